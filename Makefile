@@ -1,0 +1,46 @@
+# Two commands do all the setup (see README.md):
+#   make lab    venv + edurl (editable, with the dev extra) + Jupyter kernel, then JupyterLab on notebooks/
+#   make test   venv + edurl, then the unit tests and every notebook under nbval
+#
+# Without an NVIDIA GPU, the CPU build of torch is installed first, so that pip never pulls the
+# multi-GB CUDA wheels. Override TORCH_CPU_SPEC (e.g. with --index-url ...) if your machine needs it.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_CPU_SPEC ?= torch==2.13.0
+PYTEST_WORKERS ?= 2
+BIN := $(VENV)/bin
+HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+.PHONY: setup lab test unit notebooks clean-venv
+
+setup: $(VENV)/.edurl-installed
+
+$(VENV)/.edurl-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+ifeq ($(HAS_NVIDIA_GPU),yes)
+	@echo "NVIDIA GPU found: installing torch with CUDA through the normal dependency resolution."
+else
+	@echo "No NVIDIA GPU found: installing the CPU build of torch first ($(TORCH_CPU_SPEC))."
+	$(BIN)/python -m pip install $(TORCH_CPU_SPEC)
+endif
+	$(BIN)/python -m pip install -e ".[dev]"
+	touch $@
+
+lab: setup
+	$(BIN)/python -m ipykernel install --user --name edurl --display-name "Python (edurl)"
+	$(BIN)/jupyter lab notebooks/
+
+# Unit tests and notebooks in one pytest run; --dist loadscope keeps each notebook's cells on one worker.
+test: setup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope tests notebooks --nbval-lax --nbval-current-env
+
+unit: setup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+
+notebooks: setup
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope notebooks --nbval-lax --nbval-current-env
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,49 @@
+"""Input checks shared by the library, so a bad argument fails at the call with a message that says
+what was expected, what was given, and the fix, not deep inside a torch kernel."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+
+def check_gamma(gamma: float, name: str = "gamma") -> float:
+    """A discount factor: a real number in [0, 1]. Returns it as a float."""
+    if isinstance(gamma, torch.Tensor) and gamma.numel() == 1:
+        gamma = gamma.item()
+    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Real):
+        raise TypeError(f"{name} must be a number in [0, 1], got {type(gamma).__name__} {gamma!r}.")
+    gamma = float(gamma)
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(
+            f"{name} must be in [0, 1], got {gamma}. It weights each later reward by {name}**k; "
+            "0.99 is a common choice."
+        )
+    return gamma
+
+
+def check_tensor(x, name: str, *, ndim: tuple[int, ...] | None = None, floating: bool = False,
+                 boolean: bool = False) -> torch.Tensor:
+    """Check that ``x`` is a torch tensor with an allowed number of dimensions and dtype kind."""
+    if not isinstance(x, torch.Tensor):
+        hint = " Wrap it with torch.as_tensor(...)." if hasattr(x, "__array__") or isinstance(x, (list, tuple)) else ""
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}.{hint}")
+    if ndim is not None and x.dim() not in ndim:
+        want = " or ".join(f"{d}-D" for d in ndim)
+        raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}.")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}. Use {name}.float().")
+    if boolean and x.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be a bool tensor, got {x.dtype}. Convert it with {name}.bool() "
+            "(True where the episode ended at that step)."
+        )
+    return x
+
+
+def check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
+    if a.device != b.device:
+        raise ValueError(f"{name_a} is on {a.device} but {name_b} is on {b.device}; move both to one device.")

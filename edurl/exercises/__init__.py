@@ -1,0 +1,39 @@
+"""Exercise checkers and worked solutions.
+
+In a notebook::
+
+    def discounted_returns(rewards, dones, gamma):
+        raise NotImplementedError  # your code here
+
+    verdict = exercises.check_discounted_returns(discounted_returns)
+    discounted_returns = verdict.implementation  # yours if it passed, else the reference
+
+and, when stuck, ``exercises.show_solution("discounted_returns")`` prints a worked solution.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Verdict
+from edurl.exercises.ch01 import check_bellman_backup, check_discounted_returns
+from edurl.exercises.solutions import ch01 as _ch01_solutions
+
+#: exercise name -> (chapter, checker, worked solution)
+EXERCISES = {
+    "discounted_returns": (1, check_discounted_returns, _ch01_solutions.discounted_returns),
+    "bellman_backup": (1, check_bellman_backup, _ch01_solutions.bellman_backup),
+}
+
+
+def show_solution(name: str) -> str:
+    """Print (and return) the source of the worked solution to exercise ``name``."""
+    if name not in EXERCISES:
+        raise KeyError(f"no exercise named {name!r}; the exercises are: {', '.join(sorted(EXERCISES))}.")
+    source = inspect.getsource(EXERCISES[name][2])
+    print(source)
+    return source
+
+
+__all__ = ["Verdict", "PASSED", "FAILED", "NOT_ATTEMPTED", "EXERCISES", "show_solution",
+           "check_discounted_returns", "check_bellman_backup"]

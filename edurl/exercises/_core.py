@@ -1,0 +1,204 @@
+"""The machinery behind every exercise checker.
+
+A checker calls the learner's function on a list of :class:`Case` inputs, compares each result with
+the reference implementation, and returns a :class:`Verdict`:
+
+- ``"passed"``: every case matched. ``verdict.implementation`` is the learner's function.
+- ``"failed"``: the first failing case is shown (inputs, expected, got) with a hint.
+  ``verdict.implementation`` is the reference, so the rest of the notebook still runs.
+- ``"not attempted"``: the stub still raises ``NotImplementedError``. The notebook carries on
+  with the reference.
+
+A learner's exception is caught and reported in one line with the line of their code that raised
+it; it never surfaces as a bare traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+
+
+@dataclass
+class Case:
+    """One input to check: a short name a learner can read, and the keyword arguments."""
+
+    name: str
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class Diagnosis:
+    """A known mistake: if the learner's output matches ``buggy(**kwargs)``, show ``hint``."""
+
+    buggy: Callable[..., Any]
+    hint: str
+
+
+@dataclass
+class Verdict:
+    """The result of a check. ``print(verdict)`` gives the readable report."""
+
+    exercise: str
+    status: str
+    message: str
+    implementation: Callable[..., Any]
+    """The function to use from here on: the learner's if it passed, else the reference."""
+    case: str | None = None
+    """Name of the first failing case, if any."""
+    details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        icon = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}[self.status]
+        return f"{icon} {self.exercise}: {self.status}. {self.message}"
+
+
+def format_value(x: Any) -> str:
+    """Short, readable text for a tensor, array or scalar."""
+    if isinstance(x, torch.Tensor):
+        body = np.array2string(x.detach().cpu().numpy(), precision=4, suppress_small=True, threshold=60,
+                               max_line_width=100)
+        return f"tensor(shape={tuple(x.shape)}, dtype={str(x.dtype).replace('torch.', '')})\n{body}"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return repr(x)
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _where_it_raised(err: BaseException) -> str:
+    """The last frame of the traceback outside edurl, i.e. the learner's own line."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if "edurl/exercises" not in f.filename.replace("\\", "/")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    code = (f.line or "").strip()
+    return f" (at line {f.lineno}: `{code}`)" if code else f" (at line {f.lineno})"
+
+
+def _clone(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in kwargs.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Exact equality that also looks inside tensors, arrays and dataclasses (such as a TabularMDP)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and torch.equal(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(a, b)
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a is b or a == b
+
+
+def compare_tensors(got: Any, expected: torch.Tensor, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
+    """Return None if ``got`` matches ``expected`` (type, shape, dtype, device, values), else what is wrong."""
+    if not isinstance(got, torch.Tensor):
+        extra = " (a tuple: return just the tensor)" if isinstance(got, tuple) else ""
+        if isinstance(got, np.ndarray):
+            extra = " (a NumPy array: build the result with torch operations, or torch.as_tensor(...) it)"
+        if got is None:
+            extra = " (did you forget the `return` statement?)"
+        return f"expected a torch.Tensor, got {type(got).__name__}{extra}."
+    if got.shape != expected.shape:
+        return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}."
+    if got.dtype != expected.dtype:
+        return f"expected dtype {expected.dtype} (the same as the input), got {got.dtype}."
+    if got.device != expected.device:
+        return f"expected the result on {expected.device}, got it on {got.device}."
+    if not torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
+        diff = (got - expected).abs()
+        idx = tuple(int(i) for i in np.unravel_index(int(diff.argmax()), tuple(diff.shape))) if diff.dim() else ()
+        return (f"values differ: largest error {diff.max().item():.4g} at index {idx} "
+                f"(expected {expected[idx].item():.6g}, got {got[idx].item():.6g}).")
+    return None
+
+
+def run_checker(
+    exercise: str,
+    fn: Callable[..., Any],
+    reference: Callable[..., Any],
+    cases: Sequence[Case],
+    *,
+    diagnoses: Sequence[Diagnosis] = (),
+    default_hint: str = "",
+    compare: Callable[[Any, Any], str | None] = compare_tensors,
+    verbose: bool = True,
+) -> Verdict:
+    """Check ``fn`` against ``reference`` on every case and return (and, if verbose, print) the verdict."""
+    verdict = _check(exercise, fn, reference, cases, diagnoses, default_hint, compare)
+    if verbose:
+        print(verdict)
+    return verdict
+
+
+def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare) -> Verdict:
+    def fail(case: Case, problem: str, got: Any = None, expected: Any = None, hint: str = "") -> Verdict:
+        parts = [f"Case '{case.name}': {problem}"]
+        details = {"inputs": "\n".join(f"{k} = {format_value(v)}" for k, v in case.kwargs.items())}
+        parts.append("  inputs:\n" + _indent(details["inputs"]))
+        if expected is not None:
+            details["expected"], details["got"] = format_value(expected), format_value(got)
+            parts.append("  expected:\n" + _indent(details["expected"]))
+            parts.append("  got:\n" + _indent(details["got"]))
+        hint = hint or default_hint
+        if hint:
+            parts.append(f"  hint: {hint}")
+        parts.append("  The notebook continues with the reference implementation; fix yours and run this cell again.")
+        return Verdict(exercise, FAILED, "\n".join(parts), reference, case.name, details)
+
+    if not callable(fn):
+        return Verdict(exercise, FAILED,
+                       f"expected a function, got {type(fn).__name__}. Pass the function itself "
+                       f"(check(my_fn)), not the result of calling it (check(my_fn(...))).", reference)
+
+    for i, case in enumerate(cases):
+        kwargs = _clone(case.kwargs)
+        expected = reference(*_clone(case.kwargs).values())
+        try:
+            got = fn(*kwargs.values())  # positional, so a learner may rename the parameters
+        except NotImplementedError as err:
+            if i == 0:
+                return Verdict(exercise, NOT_ATTEMPTED,
+                               "Your function still raises NotImplementedError. Fill in the body and run this cell "
+                               "again; until then the notebook uses the reference implementation.", reference)
+            return fail(case, f"raised NotImplementedError{_where_it_raised(err)}: {err}")
+        except Exception as err:  # a learner's bug is reported, never re-raised
+            return fail(case, f"your function raised {type(err).__name__}{_where_it_raised(err)}: {err}")
+        for name, value in kwargs.items():
+            if not _same(value, case.kwargs[name]):
+                return fail(case, f"your function changed its input `{name}` in place. Work on a copy "
+                                  "(or build a new tensor) so the caller's data stays intact.")
+        problem = compare(got, expected)
+        if problem is None:
+            continue
+        hint = ""
+        for diagnosis in diagnoses:
+            try:
+                if compare(got, diagnosis.buggy(*_clone(case.kwargs).values())) is None:
+                    hint = diagnosis.hint
+                    break
+            except Exception:
+                continue
+        return fail(case, problem, got, expected, hint)
+
+    return Verdict(exercise, PASSED, f"All {len(cases)} cases match the reference. "
+                                     "The notebook now uses your implementation.", fn)

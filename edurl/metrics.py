@@ -1,0 +1,128 @@
+"""``metrics.jsonl``: one JSON object per step, written as the run goes, read back with one call.
+
+Every training loop in the course logs through :class:`MetricsLogger`, and every notebook reads
+the file back with :func:`load_metrics`. Names follow the Tinker Cookbook's where one exists
+(``env/all/reward/total``, ``optim/entropy``, ``time/...``; see COURSE.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+__all__ = ["MetricsLogger", "load_metrics"]
+
+_IF_EXISTS = ("error", "append", "overwrite")
+
+
+def _to_json_value(key: str, value):
+    """Turn a scalar metric into something ``json`` writes; reject what a table cannot hold."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log a scalar, e.g. x.mean().item().")
+        value = value.item()
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars and 0-d arrays
+        try:
+            value = value.item()
+        except (ValueError, TypeError):
+            pass
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)  # NaN and inf are kept: json writes NaN/Infinity and load_metrics reads them back
+    raise TypeError(
+        f"metric {key!r} has type {type(value).__name__}; log numbers, bools or strings, one scalar per name."
+    )
+
+
+class MetricsLogger:
+    """Append one JSON object per step to ``log_dir/metrics.jsonl``.
+
+    Each line holds ``step``, the metrics given, and ``time/total``: seconds since the logger was
+    made (plus the last ``time/total`` already in the file when appending), so curves can be drawn
+    against wall time. Lines are flushed as they are written, so a crash keeps every logged step.
+
+    ``if_exists`` says what to do when the file is already there: ``"error"`` (the default, so a
+    rerun never silently mixes two runs), ``"append"`` (resume) or ``"overwrite"``.
+
+    >>> logger = MetricsLogger("runs/demo", if_exists="overwrite")
+    >>> logger.log(step=0, **{"env/all/reward/total": 0.5})
+    """
+
+    def __init__(self, log_dir: str | Path, *, if_exists: str = "error"):
+        if if_exists not in _IF_EXISTS:
+            raise ValueError(f"if_exists must be one of {_IF_EXISTS}, got {if_exists!r}.")
+        self.log_dir = Path(log_dir)
+        self.path = self.log_dir / "metrics.jsonl"
+        self._time_offset = 0.0
+        if self.path.exists() and self.path.stat().st_size > 0:
+            if if_exists == "error":
+                raise FileExistsError(
+                    f"{self.path} already holds a run. Pass if_exists='append' to resume it, "
+                    "if_exists='overwrite' to replace it, or choose another log_dir."
+                )
+            if if_exists == "append":
+                previous = load_metrics(self.path)
+                if "time/total" in previous and previous["time/total"].notna().any():
+                    self._time_offset = float(previous["time/total"].dropna().iloc[-1])
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a" if if_exists == "append" else "w", encoding="utf-8")
+        self._start = time.perf_counter()
+
+    def log(self, step: int, **metrics) -> dict:
+        """Write one line: ``{"step": step, **metrics, "time/total": seconds}``. Returns the record.
+
+        Metric names may contain ``/``; pass them with ``**{"optim/entropy": x}``. Every value is
+        checked before anything is written, so a bad value never leaves a half-written line.
+        """
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+            raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}.")
+        if self._file.closed:
+            raise ValueError(f"this logger is closed; make a new MetricsLogger({str(self.log_dir)!r}, if_exists='append').")
+        record = {"step": int(step)}
+        for key, value in metrics.items():
+            record[key] = _to_json_value(key, value)
+        record.setdefault("time/total", self._time_offset + time.perf_counter() - self._start)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_metrics(path: str | Path) -> pd.DataFrame:
+    """Read ``metrics.jsonl`` (or a folder holding one) into a DataFrame, one row per line.
+
+    NaN and infinities that were logged come back as NaN and ±inf. Blank lines are skipped;
+    a line that is not JSON raises ``ValueError`` naming the file and line.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics file at {path}; a MetricsLogger writes <log_dir>/metrics.jsonl.")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {lineno} is not valid JSON ({err.msg}): {line[:80]!r}") from None
+    return pd.DataFrame.from_records(records)

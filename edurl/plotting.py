@@ -1,0 +1,133 @@
+"""Figures the chapters share: learning curves over seeds, and value grids for tabular MDPs.
+
+``align_curves`` does the arithmetic (rolling mean, common x grid) and is tested on hand-computed
+values; the ``plot_*`` functions only draw what it returns.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+
+__all__ = ["rolling_mean", "align_curves", "plot_learning_curves", "plot_value_grid"]
+
+
+def rolling_mean(values, window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` values; the first ``window - 1`` use what exists so far.
+
+    rolling_mean([1, 2, 3, 4], 2) = [1, 1.5, 2.5, 3.5]. The "100-episode mean return" of Chapter 2 is
+    rolling_mean(returns, 100)[-1].
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive int, got {window!r}.")
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1:
+        raise ValueError(f"values must be 1-D, got shape {x.shape}.")
+    csum = np.concatenate([[0.0], np.cumsum(x)])
+    idx = np.arange(1, len(x) + 1)
+    start = np.maximum(idx - window, 0)
+    return (csum[idx] - csum[start]) / (idx - start)
+
+
+def align_curves(curves: Sequence[pd.DataFrame], x: str, y: str, *, window: int = 1,
+                 num_points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Smooth each seed's curve with ``rolling_mean`` and interpolate all of them onto one x grid.
+
+    Seeds log at different x (episodes end at different steps; wall times differ), so their curves
+    are resampled by linear interpolation onto ``num_points`` evenly spaced x values. The grid spans
+    only the x range every seed covers: no curve is extrapolated past its own data.
+
+    Returns ``grid`` (num_points,) and ``Y`` (num_seeds, num_points).
+    """
+    if len(curves) == 0:
+        raise ValueError("no curves to align: pass one DataFrame per seed.")
+    series = []
+    for i, df in enumerate(curves):
+        for col in (x, y):
+            if col not in df.columns:
+                raise KeyError(f"curve {i} has no column {col!r}; its columns are {list(df.columns)}.")
+        d = df[[x, y]].dropna().sort_values(x)
+        if len(d) == 0:
+            raise ValueError(f"curve {i} has no rows with both {x!r} and {y!r}.")
+        series.append((d[x].to_numpy(float), rolling_mean(d[y].to_numpy(float), window)))
+    lo = max(s[0][0] for s in series)
+    hi = min(s[0][-1] for s in series)
+    if lo > hi:
+        raise ValueError(f"the curves share no common {x!r} range; they cannot be averaged point by point.")
+    grid = np.linspace(lo, hi, num_points) if hi > lo else np.array([lo])
+    Y = np.stack([np.interp(grid, xs, ys) for xs, ys in series])
+    return grid, Y
+
+
+def plot_learning_curves(runs: Mapping[str, Sequence[pd.DataFrame]] | Sequence[pd.DataFrame], *,
+                         x: str = "step", y: str = "episode_return", window: int = 100, band: str = "minmax",
+                         ax: plt.Axes | None = None, xlabel: str | None = None, ylabel: str | None = None,
+                         title: str | None = None) -> plt.Axes:
+    """Draw the seed-mean of each run's smoothed curve, with a band across seeds.
+
+    ``runs`` maps a label to one DataFrame per seed (a plain list is one unlabelled run). ``x`` is a
+    column such as ``"step"`` (env steps) or ``"time/total"`` (wall seconds). ``band`` is
+    ``"minmax"`` (the range over seeds), ``"std"`` (mean ± one standard deviation) or ``"none"``.
+    """
+    if band not in ("minmax", "std", "none"):
+        raise ValueError(f"band must be 'minmax', 'std' or 'none', got {band!r}.")
+    if not isinstance(runs, Mapping):
+        runs = {None: runs}
+    ax = ax if ax is not None else plt.subplots(figsize=(7, 4))[1]
+    for label, curves in runs.items():
+        grid, Y = align_curves(curves, x, y, window=window)
+        mean = Y.mean(0)
+        n = Y.shape[0]
+        line, = ax.plot(grid, mean, label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label else None)
+        if band != "none" and n > 1:
+            lo, hi = (Y.min(0), Y.max(0)) if band == "minmax" else (mean - Y.std(0), mean + Y.std(0))
+            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    default_x = {"step": "env steps", "time/total": "wall time (s)"}.get(x, x)
+    ax.set_xlabel(xlabel or default_x)
+    ax.set_ylabel(ylabel or (f"{y} (rolling mean of {window})" if window > 1 else y))
+    if title:
+        ax.set_title(title)
+    if any(label for label in runs):
+        ax.legend()
+    ax.grid(alpha=0.3)
+    return ax
+
+
+_ARROWS = {"left": (-1, 0), "down": (0, 1), "right": (1, 0), "up": (0, -1)}
+
+
+def plot_value_grid(V: torch.Tensor, mdp, *, policy: torch.Tensor | None = None, ax: plt.Axes | None = None,
+                    title: str | None = None) -> plt.Axes:
+    """Heatmap of V over a grid world's map, with its letters and, optionally, greedy-policy arrows.
+
+    ``mdp`` is a :class:`edurl.rl.TabularMDP` built from a grid env (it carries ``grid`` and
+    ``action_names``). ``policy`` is (S, A); the arrow shows its most likely action in each
+    non-terminal state.
+    """
+    if mdp.grid is None:
+        raise ValueError("this MDP has no grid map; plot_value_grid draws grid worlds such as FrozenLake.")
+    rows, cols = mdp.grid.shape
+    values = V.detach().cpu().numpy().reshape(rows, cols)
+    ax = ax if ax is not None else plt.subplots(figsize=(4.5, 4.5))[1]
+    im = ax.imshow(values, cmap="viridis")
+    plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="V(s)")
+    terminal = mdp.terminal.cpu().numpy().reshape(rows, cols)
+    best = policy.argmax(-1).cpu().numpy().reshape(rows, cols) if policy is not None else None
+    mid = (values.max() + values.min()) / 2
+    for r in range(rows):
+        for c in range(cols):
+            color = "black" if values[r, c] > mid else "white"
+            ax.text(c - 0.38, r - 0.28, mdp.grid[r, c], color=color, fontsize=10, fontweight="bold")
+            ax.text(c, r + 0.4, f"{values[r, c]:.2f}", color=color, fontsize=8, ha="center")
+            if best is not None and not terminal[r, c] and mdp.action_names:
+                dx, dy = _ARROWS[mdp.action_names[best[r, c]]]
+                ax.arrow(c - 0.15 * dx, r - 0.05 - 0.15 * dy, 0.18 * dx, 0.18 * dy, head_width=0.12, color=color)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title)
+    return ax

@@ -1,0 +1,84 @@
+"""Small utilities every chapter uses: picking a device and seeding every RNG.
+
+Chapter 1 introduces both; notebooks call them in their first cell.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+
+import numpy as np
+import torch
+
+__all__ = ["device", "seed_everything"]
+
+_DEVICE_RE = re.compile(r"^(cpu|mps|cuda)(:\d+)?$")
+
+
+def device(name: str | None = None) -> torch.device:
+    """Return the torch device the course should run on.
+
+    Order of precedence: the ``name`` argument, then the ``EDURL_DEVICE``
+    environment variable, then CUDA if ``torch.cuda.is_available()``, else CPU.
+
+    Accepted names are ``"cpu"``, ``"cuda"``, ``"cuda:N"`` and ``"mps"``. A name
+    that is not one of these, or that names hardware this machine lacks, raises
+    ``ValueError`` with the fix, rather than failing later inside a kernel.
+    """
+    source = "device()"
+    if name is None:
+        name = os.environ.get("EDURL_DEVICE", "").strip() or None
+        source = "EDURL_DEVICE"
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    if not isinstance(name, str) or not _DEVICE_RE.match(name.strip().lower()):
+        raise ValueError(
+            f"{source}: unknown device {name!r}. Use 'cpu', 'cuda', 'cuda:N' or 'mps' "
+            "(or leave it unset to pick CUDA when available, else CPU)."
+        )
+    name = name.strip().lower()
+    kind, _, index = name.partition(":")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"{source} asks for {name!r}, but torch.cuda.is_available() is False "
+                f"(torch {torch.__version__}). Use 'cpu', or install a CUDA build of torch on a GPU machine."
+            )
+        count = torch.cuda.device_count()
+        if index and int(index) >= count:
+            raise ValueError(
+                f"{source} asks for {name!r}, but this machine has {count} CUDA device(s): "
+                f"use cuda:0 to cuda:{count - 1}."
+            )
+    if kind == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise ValueError(f"{source} asks for 'mps', but the MPS backend is not available here. Use 'cpu'.")
+    if kind == "cpu" and index:
+        raise ValueError(f"{source}: {name!r} is not a device; write 'cpu' without an index.")
+    return torch.device(name)
+
+
+def seed_everything(seed: int, *, deterministic: bool = False) -> int:
+    """Seed Python's ``random``, NumPy's global RNG and torch (CPU and every CUDA device).
+
+    With ``deterministic=True`` torch is also asked for deterministic kernels,
+    which makes GPU runs repeatable at some cost in speed. Returns the seed.
+    Gymnasium environments take their own seed through ``env.reset(seed=...)``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be in [0, 2**32), got {seed}. NumPy's legacy RNG accepts no other range.")
+    seed = int(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+    os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses; this process's hash seed is fixed at start
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return seed
+

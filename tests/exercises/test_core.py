@@ -1,0 +1,93 @@
+"""The checker machinery: verdicts for every way a learner's function can go wrong, never a bare traceback."""
+
+import numpy as np
+import torch
+
+from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Case, Diagnosis, compare_tensors, run_checker
+
+
+def double(x):
+    return 2 * x
+
+
+CASES = [Case("small", {"x": torch.tensor([1.0, 2.0])}), Case("bigger", {"x": torch.arange(6.0)})]
+
+
+def check(fn, **kw):
+    return run_checker("double", fn, double, CASES, verbose=False, **kw)
+
+
+def test_pass_uses_learner_function():
+    mine = lambda x: x + x  # noqa: E731
+    verdict = check(mine)
+    assert verdict.status == PASSED and verdict.implementation is mine and verdict
+
+
+def test_not_attempted_only_on_first_case():
+    def stub(x):
+        raise NotImplementedError
+
+    assert check(stub).status == NOT_ATTEMPTED
+
+    def half_done(x):
+        if len(x) > 2:
+            raise NotImplementedError("big inputs")
+        return 2 * x
+
+    verdict = check(half_done)
+    assert verdict.status == FAILED and verdict.case == "bigger" and "big inputs" in verdict.message
+
+
+def test_exception_is_reported_with_the_learners_line():
+    def broken(x):
+        return x.nonexistent_method()
+
+    verdict = check(broken)
+    assert verdict.status == FAILED
+    assert "raised AttributeError" in verdict.message and "x.nonexistent_method()" in verdict.message
+    assert verdict.implementation is double
+
+
+def test_wrong_type_shape_dtype_and_none():
+    assert "got ndarray" in check(lambda x: (2 * x).numpy()).message
+    assert "forget the `return`" in check(lambda x: None).message
+    assert "a tuple" in check(lambda x: (2 * x, 0)).message
+    assert "expected shape (2,), got (1, 2)" in check(lambda x: (2 * x)[None]).message
+    assert "expected dtype torch.float32" in check(lambda x: (2 * x).double()).message
+
+
+def test_values_report_the_largest_error():
+    verdict = check(lambda x: 2 * x + (x == 2).float())
+    assert "largest error 1 at index (1,) (expected 4, got 5)" in verdict.message
+    assert verdict.details["expected"].startswith("tensor(shape=(2,)")
+
+
+def test_in_place_mutation_is_caught():
+    def mutate(x):
+        x.mul_(2)
+        return x
+
+    assert "changed its input `x` in place" in check(mutate).message
+
+
+def test_diagnosis_hint_is_shown_when_output_matches_a_known_bug():
+    verdict = check(lambda x: 3 * x, diagnoses=[Diagnosis(lambda x: 3 * x, "you tripled it")])
+    assert "hint: you tripled it" in verdict.message
+    verdict = check(lambda x: 4 * x, diagnoses=[Diagnosis(lambda x: 3 * x, "you tripled it")], default_hint="double")
+    assert "hint: double" in verdict.message
+
+
+def test_not_callable():
+    verdict = check(torch.tensor([2.0, 4.0]))
+    assert verdict.status == FAILED and "Pass the function itself" in verdict.message
+
+
+def test_printed_verdict(capsys):
+    run_checker("double", double, double, CASES)
+    assert capsys.readouterr().out.startswith("✅ double: passed")
+
+
+def test_compare_tensors_nan_equal_and_none():
+    nan = torch.tensor([np.nan, 1.0])
+    assert compare_tensors(nan.clone(), nan) is None
+    assert compare_tensors(torch.tensor([1.0]), torch.tensor([1.0])) is None

@@ -1,0 +1,81 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from edurl import MetricsLogger, load_metrics
+
+
+def test_log_writes_one_json_object_per_step(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, **{"env/all/reward/total": 0.5, "optim/entropy": torch.tensor(1.25)})
+        logger.log(1, **{"env/all/reward/total": np.float32(0.75), "note": "ok", "count": np.int64(3)})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0])
+    assert first["step"] == 0 and first["env/all/reward/total"] == 0.5 and first["optim/entropy"] == 1.25
+    assert first["time/total"] >= 0
+    df = load_metrics(tmp_path)
+    assert list(df["step"]) == [0, 1]
+    assert df["env/all/reward/total"].tolist() == [0.5, 0.75]
+    assert df["count"].iloc[1] == 3 and math.isnan(df["count"].iloc[0])  # missing metric becomes NaN
+
+
+def test_nan_and_inf_round_trip(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, a=float("nan"), b=float("inf"), c=-float("inf"))
+    row = load_metrics(tmp_path / "metrics.jsonl").iloc[0]
+    assert math.isnan(row["a"]) and row["b"] == math.inf and row["c"] == -math.inf
+
+
+def test_existing_file_is_not_overwritten_by_default(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, x=1.0)
+    with pytest.raises(FileExistsError, match="if_exists='append'"):
+        MetricsLogger(tmp_path)
+    assert len(load_metrics(tmp_path)) == 1
+
+
+def test_append_resumes_and_continues_wall_time(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, x=1.0, **{"time/total": 10.0})
+    with MetricsLogger(tmp_path, if_exists="append") as logger:
+        record = logger.log(1, x=2.0)
+    df = load_metrics(tmp_path)
+    assert df["x"].tolist() == [1.0, 2.0]
+    assert record["time/total"] >= 10.0
+
+
+def test_overwrite_replaces(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, x=1.0)
+    with MetricsLogger(tmp_path, if_exists="overwrite") as logger:
+        logger.log(5, x=9.0)
+    assert load_metrics(tmp_path)["step"].tolist() == [5]
+
+
+def test_bad_values_are_rejected_before_anything_is_written(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        with pytest.raises(ValueError, match="tensor of shape \\(3,\\)"):
+            logger.log(0, good=1.0, bad=torch.zeros(3))
+        with pytest.raises(TypeError, match="metric 'bad' has type list"):
+            logger.log(0, bad=[1, 2])
+        with pytest.raises(TypeError, match="step must be an int"):
+            logger.log(0.5, x=1.0)
+        logger.log(1, x=1.0)
+    assert load_metrics(tmp_path)["step"].tolist() == [1]
+
+
+def test_bad_if_exists_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="if_exists"):
+        MetricsLogger(tmp_path, if_exists="keep")
+    with pytest.raises(FileNotFoundError, match="no metrics file"):
+        load_metrics(tmp_path / "nowhere")
+
+
+def test_corrupt_line_names_file_and_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1,\n')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        load_metrics(tmp_path)

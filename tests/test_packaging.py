@@ -1,0 +1,59 @@
+"""The two ways to install (pip with pyproject.toml, conda with environment.yml) ask for the same packages,
+and the README, Makefile and CI agree on the commands."""
+
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"pytorch": "torch"}  # conda-forge name -> PyPI name
+
+
+def _split(requirement: str) -> tuple[str, str]:
+    name, spec = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", requirement).groups()
+    return name.lower().replace("_", "-"), spec.replace(" ", "")
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [r for r in project["dependencies"] + project["optional-dependencies"]["dev"]
+              if "python_version" not in r]  # backports for old Pythons; conda ships a new enough Python
+    pip_side = dict(_split(r) for r in wanted)
+
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda_side = {}
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            assert dep["pip"] == ["-e ."], "environment.yml installs edurl itself with `pip: [-e .]`"
+            continue
+        name, spec = _split(dep)
+        if name in ("python", "pip"):
+            continue
+        conda_side[CONDA_NAMES.get(name, name)] = spec
+    assert conda_side == pip_side
+
+
+def test_python_floor_is_the_same():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert project["requires-python"] == ">=3.10"
+    assert "python>=3.10" in env["dependencies"]
+
+
+def test_readme_makefile_and_ci_agree():
+    readme = (ROOT / "README.md").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in ("make lab", "make test", 'pip install -e ".[dev]"'):
+        assert command in readme, f"README must show `{command}`"
+    assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    assert "jupyter lab notebooks/" in makefile and "ipykernel install" in makefile
+    assert "--nbval-lax" in makefile and "torch==2.13.0" in makefile
+    assert "make test" in ci and "mktemp -d" in ci

@@ -1,0 +1,68 @@
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from edurl.plotting import align_curves, plot_learning_curves, plot_value_grid, rolling_mean
+
+
+def test_rolling_mean_hand_computed():
+    np.testing.assert_allclose(rolling_mean([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
+    np.testing.assert_allclose(rolling_mean([2, 4, 6], 10), [2, 3, 4])
+    np.testing.assert_allclose(rolling_mean([5.0], 1), [5.0])
+    with pytest.raises(ValueError, match="window"):
+        rolling_mean([1, 2], 0)
+
+
+def test_align_curves_interpolates_on_the_common_range():
+    a = pd.DataFrame({"step": [0, 10, 20], "r": [0.0, 10.0, 20.0]})
+    b = pd.DataFrame({"step": [5, 15, 30], "r": [0.0, 0.0, 0.0]})
+    grid, Y = align_curves([a, b], "step", "r", num_points=3)
+    np.testing.assert_allclose(grid, [5, 12.5, 20])  # the range both cover
+    np.testing.assert_allclose(Y[0], [5, 12.5, 20])  # a is y = x
+    np.testing.assert_allclose(Y[1], [0, 0, 0])
+
+
+def test_align_curves_smooths_before_interpolating():
+    a = pd.DataFrame({"step": [0, 1, 2, 3], "r": [0.0, 2.0, 0.0, 2.0]})
+    grid, Y = align_curves([a], "step", "r", window=2, num_points=4)
+    np.testing.assert_allclose(Y[0], [0, 1, 1, 1])
+
+
+def test_align_curves_errors():
+    with pytest.raises(KeyError, match="no column 'reward'"):
+        align_curves([pd.DataFrame({"step": [0]})], "step", "reward")
+    with pytest.raises(ValueError, match="no common"):
+        align_curves([pd.DataFrame({"s": [0, 1], "r": [0, 0]}), pd.DataFrame({"s": [5, 6], "r": [0, 0]})], "s", "r")
+    with pytest.raises(ValueError, match="one DataFrame per seed"):
+        align_curves([], "s", "r")
+
+
+def test_plot_learning_curves_draws_mean_and_band():
+    seeds = [pd.DataFrame({"step": np.arange(10) * 10, "episode_return": np.full(10, v)}) for v in (1.0, 3.0)]
+    ax = plot_learning_curves({"ppo": seeds}, window=1, x="step")
+    line = ax.get_lines()[0]
+    np.testing.assert_allclose(line.get_ydata(), 2.0)  # mean of 1 and 3
+    assert "ppo (2 seeds)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(ax.collections) == 1  # the min-max band
+    plt.close("all")
+    with pytest.raises(ValueError, match="band"):
+        plot_learning_curves(seeds, band="iqr")
+
+
+def test_plot_value_grid_draws_every_cell():
+    import gymnasium as gym
+
+    from edurl.rl import TabularMDP, value_iteration
+
+    mdp = TabularMDP.from_gymnasium(gym.make("FrozenLake-v1"))
+    V, policy, _ = value_iteration(mdp, 0.9)
+    ax = plot_value_grid(V, mdp, policy=policy)
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("H") == 4 and texts.count("G") == 1 and f"{V[0].item():.2f}" in texts
+    assert len(ax.patches) == 16 - 5  # one arrow per non-terminal state
+    plt.close("all")
+    no_grid = TabularMDP(mdp.P, mdp.R, mdp.terminal)
+    with pytest.raises(ValueError, match="no grid"):
+        plot_value_grid(V, no_grid)

@@ -1,0 +1,70 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+import edurl
+
+
+def test_device_defaults_to_cuda_if_available_else_cpu():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert edurl.device().type == expected
+
+
+def test_device_env_override(monkeypatch):
+    monkeypatch.setenv("EDURL_DEVICE", "cpu")
+    assert edurl.device() == torch.device("cpu")
+    monkeypatch.setenv("EDURL_DEVICE", "  CPU ")  # case and spaces forgiven
+    assert edurl.device() == torch.device("cpu")
+
+
+def test_device_argument_beats_env(monkeypatch):
+    monkeypatch.setenv("EDURL_DEVICE", "tpu")
+    assert edurl.device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("bad", ["tpu", "gpu", "cuda:x", "", "cpu:0"])
+def test_unknown_device_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="device|cpu"):
+        edurl.device(bad)
+
+
+def test_unknown_device_from_env_names_the_variable(monkeypatch):
+    monkeypatch.setenv("EDURL_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="EDURL_DEVICE: unknown device 'tpu'"):
+        edurl.device()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_without_gpu_says_so():
+    with pytest.raises(ValueError, match="torch.cuda.is_available\\(\\) is False"):
+        edurl.device("cuda")
+
+
+@pytest.mark.cuda
+def test_cuda_device_works():
+    dev = edurl.device("cuda")
+    assert dev.type == "cuda"
+    assert torch.ones(2, device=dev).sum().item() == 2.0
+    with pytest.raises(ValueError, match="CUDA device"):
+        edurl.device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_seed_everything_repeats_python_numpy_and_torch():
+    def draw():
+        return random.random(), np.random.rand(), torch.rand(1).item()
+
+    edurl.seed_everything(123)
+    first = draw()
+    edurl.seed_everything(123)
+    assert draw() == first
+    edurl.seed_everything(124)
+    assert draw() != first
+
+
+@pytest.mark.parametrize("bad, err", [(-1, ValueError), (2**32, ValueError), (1.5, TypeError), ("7", TypeError),
+                                      (True, TypeError)])
+def test_seed_everything_rejects_bad_seeds(bad, err):
+    with pytest.raises(err, match="seed"):
+        edurl.seed_everything(bad)
