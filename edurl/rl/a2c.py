@@ -1,0 +1,128 @@
+"""Advantage actor-critic (A2C; Mnih et al., 2016, synchronous variant) with GAE advantages. Chapter 3.
+
+Each update: collect T steps from N envs (same-step autoreset, true final observations kept),
+compute GAE(lambda) advantages with termination and truncation kept apart (Chapter 4), then take
+one gradient step on
+
+    loss = -mean(log pi(a_t|s_t) * A_t)  +  vf_coef * 0.5 * mean((V(s_t) - R_t)^2)  -  ent_coef * mean(entropy)
+
+where R_t = A_t + V(s_t) are the GAE value targets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+import edurl
+from edurl.metrics import MetricsLogger
+from edurl.rl.advantages import gae
+from edurl.rl.episodes import TrainResult, solved_at
+from edurl.rl.networks import CategoricalPolicy, ValueNet
+from edurl.rl.rollout import collect_rollout, make_vector_env
+
+__all__ = ["A2CConfig", "train_a2c"]
+
+
+@dataclass
+class A2CConfig:
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of an env with a discrete action space and vector observations."""
+    seed: int = 0
+    """Seeds torch, numpy and the vector env."""
+    num_envs: int = 8
+    """Environments stepped in parallel (N)."""
+    num_steps: int = 64
+    """Steps per env per update (T); a batch holds N*T transitions."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 0.95
+    """GAE lambda: 0 = one-step TD errors, 1 = Monte Carlo returns minus V."""
+    lr: float = 2.5e-3
+    """Adam learning rate (policy and value together)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy and value MLPs."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm to this."""
+    normalize_advantages: bool = True
+    """Standardise advantages over the batch before the policy loss."""
+    total_steps: int = 300_000
+    """Stop after this many env steps."""
+    solve_threshold: float = 475.0
+    """Solved when the mean return of the last ``solve_window`` training episodes reaches this."""
+    solve_window: int = 100
+    """Number of training episodes in the solve criterion's moving mean."""
+    stop_when_solved: bool = True
+    """End training at the solve point, or keep going to total_steps."""
+    device: str | None = None
+    """"cpu", "cuda", ...; None picks with edurl.device()."""
+    log_dir: str | None = None
+    """If set, write metrics.jsonl there (overwriting a previous run)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+
+def train_a2c(config: A2CConfig) -> TrainResult:
+    """Train with A2C + GAE until solved (or ``total_steps``). See ``A2CConfig``."""
+    edurl.seed_everything(config.seed)
+    device = edurl.device(config.device)
+    envs = make_vector_env(config.env_id, config.num_envs)
+    obs, _ = envs.reset(seed=config.seed)
+    obs_dim, num_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
+    policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
+    value = ValueNet(obs_dim, config.hidden_sizes).to(device)
+    params = list(policy.parameters()) + list(value.parameters())
+    optimizer = torch.optim.Adam(params, lr=config.lr)
+    logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
+
+    episode_rows: list[dict] = []
+    counter, env_steps, start = None, 0, time.perf_counter()
+    bar = tqdm(total=config.total_steps, desc="A2C env steps", disable=not config.progress)
+    while env_steps < config.total_steps:
+        ro, obs, counter = collect_rollout(envs, policy, obs, config.num_steps, device, counter)
+        values = value(ro.obs)  # (T, N), with grad for the value loss
+        with torch.no_grad():
+            next_values = value(ro.next_obs)  # V(true s_{t+1}); zeroed by gae() where terminated
+        advantages, returns = gae(ro.rewards, values.detach(), next_values, ro.terminated, ro.truncated,
+                                  config.gamma, config.lam)
+        dist = policy(ro.obs)
+        adv = advantages.flatten()
+        if config.normalize_advantages:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -(dist.log_prob(ro.actions).flatten() * adv).mean()
+        value_loss = 0.5 * ((values - returns) ** 2).mean()
+        entropy = dist.entropy().mean()
+        loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        optimizer.step()
+
+        env_steps += config.num_steps * config.num_envs
+        elapsed = time.perf_counter() - start
+        for ret, length in zip(ro.episode_returns, ro.episode_lengths):
+            episode_rows.append({"episode": len(episode_rows), "step": env_steps, "episode_return": ret,
+                                 "episode_length": length, "time/total": elapsed})
+        if logger:
+            logger.log(env_steps, **{"episodes": len(episode_rows), "optim/policy_loss": policy_loss.item(),
+                                     "optim/value_loss": value_loss.item(), "optim/entropy": entropy.item(),
+                                     "time/total": elapsed})
+        bar.update(config.num_steps * config.num_envs)
+        if episode_rows:
+            bar.set_postfix(mean_return=f"{np.mean([r['episode_return'] for r in episode_rows[-config.solve_window:]]):.0f}")
+        if config.stop_when_solved and ro.episode_returns and solved_at(
+                [r["episode_return"] for r in episode_rows], config.solve_threshold, config.solve_window) is not None:
+            break
+    bar.close()
+    envs.close()
+    if logger:
+        logger.close()
+    return TrainResult.from_episodes(episode_rows, config, policy, value)

@@ -1,0 +1,145 @@
+"""REINFORCE (Williams, 1992) with reward-to-go and an optional learned baseline. Chapters 2 and 3.
+
+The policy gradient theorem (Sutton et al., 2000) gives
+
+    grad J(theta) = E[ sum_t grad log pi_theta(a_t | s_t) * G_t ],
+
+so minimising  -mean_t( log pi(a_t | s_t) * A_t )  with A_t = G_t (or G_t - b(s_t)) climbs J.
+Each update here uses ``num_envs`` complete, fresh episodes: exact returns, strictly on-policy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+import edurl
+from edurl.metrics import MetricsLogger
+from edurl.rl.episodes import TrainResult, solved_at
+from edurl.rl.networks import CategoricalPolicy, ValueNet
+from edurl.rl.returns import discounted_returns
+from edurl.rl.rollout import collect_episodes
+
+__all__ = ["ReinforceConfig", "reinforce_loss", "train_reinforce"]
+
+
+@dataclass
+class ReinforceConfig:
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of an env with a discrete action space and vector observations."""
+    seed: int = 0
+    """Seeds torch, numpy, and the envs' resets."""
+    episodes_per_update: int = 8
+    """Complete episodes collected (in parallel, one per env) for each gradient step."""
+    gamma: float = 0.99
+    """Discount factor for the reward-to-go."""
+    lr: float = 0.01
+    """Adam learning rate of the policy."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Hidden layer widths of the policy (and value) MLPs."""
+    normalize: bool = True
+    """Standardise the weights A_t over the batch (subtract mean, divide by std)."""
+    baseline: str = "none"
+    """"none": weight by G_t. "value": weight by G_t - V(s_t), with V learned by regression on G_t."""
+    value_lr: float = 0.01
+    """Adam learning rate of the value baseline (only with baseline="value")."""
+    max_episodes: int = 3000
+    """Stop after this many training episodes."""
+    solve_threshold: float = 475.0
+    """Solved when the mean return of the last ``solve_window`` training episodes reaches this."""
+    solve_window: int = 100
+    """Number of training episodes in the solve criterion's moving mean."""
+    stop_when_solved: bool = True
+    """End training at the solve point (benchmarks and notebooks), or keep going to max_episodes."""
+    device: str | None = None
+    """"cpu", "cuda", ...; None picks with edurl.device()."""
+    log_dir: str | None = None
+    """If set, write metrics.jsonl there (overwriting a previous run)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+
+def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """Surrogate loss whose gradient is the (negated) REINFORCE estimator.
+
+    ``logprobs`` (B,) log pi(a_t | s_t) with grad; ``weights`` (B,) returns or advantages (no grad is
+    taken through them). With ``normalize``, weights become (w - mean) / (std + 1e-8) first: a batch
+    baseline plus a fixed step scale. Returns -mean(logprobs * weights), a scalar.
+    """
+    if logprobs.shape != weights.shape or logprobs.dim() != 1:
+        raise ValueError(f"logprobs and weights must both be 1-D of the same length, got "
+                         f"{tuple(logprobs.shape)} and {tuple(weights.shape)}; flatten the valid steps first.")
+    weights = weights.detach()
+    if normalize:
+        weights = (weights - weights.mean()) / (weights.std() + 1e-8) if weights.numel() > 1 else weights * 0
+    return -(logprobs * weights).mean()
+
+
+def train_reinforce(config: ReinforceConfig) -> TrainResult:
+    """Train a policy with REINFORCE until solved (or ``max_episodes``). See ``ReinforceConfig``."""
+    if config.baseline not in ("none", "value"):
+        raise ValueError(f"baseline must be 'none' or 'value', got {config.baseline!r}.")
+    edurl.seed_everything(config.seed)
+    device = edurl.device(config.device)
+    envs = [gym.make(config.env_id) for _ in range(config.episodes_per_update)]
+    obs_dim, num_actions = envs[0].observation_space.shape[0], envs[0].action_space.n
+    policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    value = value_opt = None
+    if config.baseline == "value":
+        value = ValueNet(obs_dim, config.hidden_sizes).to(device)
+        value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
+    logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
+
+    episode_rows: list[dict] = []
+    env_steps, start = 0, time.perf_counter()
+    bar = tqdm(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
+    while len(episode_rows) < config.max_episodes:
+        # 1. Sample fresh episodes with the current policy.
+        first_seed = config.seed * 1_000_003 + len(episode_rows)
+        batch = collect_episodes(envs, policy.act, device,
+                                 seeds=[first_seed + i for i in range(len(envs))])
+        # 2. Reward-to-go for every real step (padding has reward 0 and sits after a done).
+        returns = discounted_returns(batch.rewards, batch.dones, config.gamma)  # (T, N)
+        obs, acts, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]  # (B, ...)
+        weights = G
+        if value is not None:
+            # Baseline: weights G_t - V(s_t); V regresses on G_t (Chapter 3).
+            v = value(obs)
+            value_loss = 0.5 * ((v - G) ** 2).mean()
+            value_opt.zero_grad()
+            value_loss.backward()
+            value_opt.step()
+            weights = G - v.detach()
+        # 3. One gradient step on the surrogate loss.
+        dist = policy(obs)
+        loss = reinforce_loss(dist.log_prob(acts), weights, config.normalize)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+        env_steps += int(batch.mask.sum())
+        elapsed = time.perf_counter() - start
+        for ret, length in zip(batch.episode_returns.tolist(), batch.lengths.tolist()):
+            episode_rows.append({"episode": len(episode_rows), "step": env_steps, "episode_return": ret,
+                                 "episode_length": length, "time/total": elapsed})
+        if logger:
+            logger.log(env_steps, **{"episodes": len(episode_rows),
+                                     "env/episode_return_mean": float(batch.episode_returns.mean()),
+                                     "optim/policy_loss": loss.item(), "optim/entropy": dist.entropy().mean().item(),
+                                     "time/total": elapsed})
+        recent = [row["episode_return"] for row in episode_rows[-config.solve_window:]]
+        bar.update(len(batch.lengths))
+        bar.set_postfix(mean_return=f"{np.mean(recent):.0f}")
+        if config.stop_when_solved and solved_at([r["episode_return"] for r in episode_rows],
+                                                 config.solve_threshold, config.solve_window) is not None:
+            break
+    bar.close()
+    if logger:
+        logger.close()
+    return TrainResult.from_episodes(episode_rows, config, policy, value)

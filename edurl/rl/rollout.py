@@ -1,0 +1,172 @@
+"""Collecting experience from Gymnasium environments, correctly under Gymnasium 1.x autoreset. Chapters 2–5.
+
+Two collectors:
+
+- :func:`collect_episodes` (REINFORCE): one complete episode per environment, from fresh resets,
+  so every step is on-policy and every return is exact. Finished environments are not stepped again.
+- :func:`collect_rollout` (A2C, PPO): ``T`` steps from ``N`` environments that keep running across
+  calls. It uses a vector env with **same-step** autoreset. When step t ends an episode, the env
+  returns the *reset* observation of the next episode, and puts the true last observation in
+  ``info["final_obs"]``. We store that final observation as s_{t+1}, so V(s_{t+1}) at a
+  truncation is the value of the state the episode was cut at, never of a fresh start state.
+  (With the default next-step mode, the step *after* a done is a reset step with no real
+  transition in it. Training on it is a classic bug, and same-step mode has no such steps.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+__all__ = ["EpisodeBatch", "collect_episodes", "make_vector_env", "Rollout", "collect_rollout", "evaluate_policy"]
+
+
+@dataclass
+class EpisodeBatch:
+    """N complete episodes, padded to the longest (T = its length). Time-major."""
+
+    obs: torch.Tensor       # (T, N, obs_dim)
+    actions: torch.Tensor   # (T, N) int64
+    rewards: torch.Tensor   # (T, N) float32, 0 after an episode's end
+    dones: torch.Tensor     # (T, N) bool, True at each episode's last step
+    mask: torch.Tensor      # (T, N) bool, True for real steps, False for padding
+    terminated: torch.Tensor  # (N,) bool: did the episode end by termination (else truncation)?
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(0)
+
+    @property
+    def episode_returns(self) -> torch.Tensor:
+        return self.rewards.sum(0)
+
+
+def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list[int] | None = None) -> EpisodeBatch:
+    """Run one episode in each env, choosing actions with ``act(obs (B, obs_dim)) -> (B,)``.
+
+    Only the envs still running are stepped, so no step is simulated and thrown away.
+    """
+    n = len(envs)
+    cur = np.stack([env.reset(seed=None if seeds is None else seeds[i])[0] for i, env in enumerate(envs)])
+    cur = cur.astype(np.float32)  # (N, obs_dim), the current observation of each env
+    obs_buf, act_buf, rew_buf = [], [], []
+    lengths = np.zeros(n, dtype=np.int64)
+    running = np.ones(n, dtype=bool)
+    terminated_flags = np.zeros(n, dtype=bool)
+    while running.any():
+        idx = np.nonzero(running)[0]
+        actions = act(torch.as_tensor(cur[idx], device=device)).cpu().numpy()
+        obs_buf.append(cur.copy())
+        step_act, step_rew = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float32)
+        for a, i in zip(actions, idx):
+            cur[i], step_rew[i], terminated, truncated, _ = envs[i].step(int(a))
+            step_act[i] = a
+            lengths[i] += 1
+            if terminated or truncated:
+                running[i] = False
+                terminated_flags[i] = terminated
+        act_buf.append(step_act)
+        rew_buf.append(step_rew)
+    T = len(obs_buf)
+    t = torch.arange(T)[:, None]
+    lengths_t = torch.as_tensor(lengths)[None, :]
+    return EpisodeBatch(
+        obs=torch.as_tensor(np.stack(obs_buf), device=device),
+        actions=torch.as_tensor(np.stack(act_buf), device=device),
+        rewards=torch.as_tensor(np.stack(rew_buf), device=device),
+        dones=(t == lengths_t - 1).to(device),
+        mask=(t < lengths_t).to(device),
+        terminated=torch.as_tensor(terminated_flags, device=device),
+    )
+
+
+def make_vector_env(env_id: str, num_envs: int, **kwargs) -> gym.vector.VectorEnv:
+    """A synchronous vector env with same-step autoreset (see the module docstring for why)."""
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
+
+
+@dataclass
+class Rollout:
+    """T steps from N envs; every row is a real transition (s_t, a_t, r_t, s_{t+1}). Time-major."""
+
+    obs: torch.Tensor         # (T, N, obs_dim) s_t
+    actions: torch.Tensor     # (T, N)
+    logprobs: torch.Tensor    # (T, N) log pi(a_t | s_t) when sampled
+    rewards: torch.Tensor     # (T, N)
+    next_obs: torch.Tensor    # (T, N, obs_dim) the true s_{t+1}: the final observation when step t ended an episode
+    terminated: torch.Tensor  # (T, N) bool
+    truncated: torch.Tensor   # (T, N) bool
+    episode_returns: list[float]  # returns of the episodes that finished during this rollout
+    episode_lengths: list[int]
+
+
+class _EpisodeCounter:
+    """Running return and length per env, to report finished training episodes."""
+
+    def __init__(self, n: int):
+        self.ret, self.len = np.zeros(n), np.zeros(n, dtype=np.int64)
+
+    def update(self, rewards: np.ndarray, done: np.ndarray, out_returns: list, out_lengths: list) -> None:
+        self.ret += rewards
+        self.len += 1
+        for i in np.nonzero(done)[0]:
+            out_returns.append(float(self.ret[i]))
+            out_lengths.append(int(self.len[i]))
+            self.ret[i], self.len[i] = 0.0, 0
+
+
+def collect_rollout(envs: gym.vector.VectorEnv, policy, obs: np.ndarray, num_steps: int, device: torch.device,
+                    counter: _EpisodeCounter | None = None) -> tuple[Rollout, np.ndarray, _EpisodeCounter]:
+    """Step a same-step-autoreset vector env ``num_steps`` times from ``obs``.
+
+    Returns the rollout, the observation to continue from, and the episode counter to pass back next time.
+    """
+    autoreset = envs.metadata.get("autoreset_mode")
+    if autoreset != gym.vector.AutoresetMode.SAME_STEP:
+        raise ValueError(f"collect_rollout needs a vector env with SAME_STEP autoreset, got {autoreset}; "
+                         "build it with edurl.rl.make_vector_env(...).")
+    n = envs.num_envs
+    counter = counter or _EpisodeCounter(n)
+    buf = {k: [] for k in ("obs", "actions", "logprobs", "rewards", "next_obs", "terminated", "truncated")}
+    finished_returns, finished_lengths = [], []
+    for _ in range(num_steps):
+        obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            dist = policy(obs_t)
+            actions = dist.sample()
+            logprobs = dist.log_prob(actions)
+        next_obs, rewards, terminated, truncated, info = envs.step(actions.cpu().numpy())
+        true_next = np.array(next_obs, dtype=np.float32, copy=True)
+        done = terminated | truncated
+        if done.any():  # s_{t+1} of a finished episode is its final observation, not the reset one
+            for i in np.nonzero(done)[0]:
+                true_next[i] = info["final_obs"][i]
+        counter.update(rewards, done, finished_returns, finished_lengths)
+        for key, value in (("obs", obs_t), ("actions", actions), ("logprobs", logprobs)):
+            buf[key].append(value)
+        buf["rewards"].append(torch.as_tensor(rewards, dtype=torch.float32))
+        buf["next_obs"].append(torch.as_tensor(true_next))
+        buf["terminated"].append(torch.as_tensor(terminated))
+        buf["truncated"].append(torch.as_tensor(truncated))
+        obs = next_obs
+    stacked = {k: torch.stack(v).to(device) for k, v in buf.items()}
+    return Rollout(**stacked, episode_returns=finished_returns, episode_lengths=finished_lengths), obs, counter
+
+
+def evaluate_policy(policy, env_id: str, num_episodes: int, device: torch.device, *, greedy: bool = True,
+                    seed: int = 10_000) -> np.ndarray:
+    """Returns of ``num_episodes`` fresh episodes (greedy actions by default), run in batches of up to 16 envs."""
+    returns = []
+    remaining = num_episodes
+    while remaining > 0:
+        k = min(16, remaining)
+        envs = [gym.make(env_id) for _ in range(k)]
+        batch = collect_episodes(envs, lambda obs: policy.act(obs, greedy=greedy), device,
+                                 seeds=[seed + len(returns) + i for i in range(k)])
+        returns.extend(batch.episode_returns.tolist())
+        remaining -= k
+    return np.asarray(returns)

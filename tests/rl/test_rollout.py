@@ -1,0 +1,87 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from edurl.rl import CategoricalPolicy, collect_episodes, collect_rollout, evaluate_policy, make_vector_env
+
+CPU = torch.device("cpu")
+
+
+def _policy(seed=0):
+    torch.manual_seed(seed)
+    return CategoricalPolicy(4, 2)
+
+
+def test_rollout_keeps_final_observations_and_never_uses_reset_obs_as_next():
+    envs = make_vector_env("CartPole-v1", 3, max_episode_steps=7)  # forces truncations every 7 steps
+    obs, _ = envs.reset(seed=0)
+    ro, obs_after, _ = collect_rollout(envs, _policy(), obs, 40, CPU)
+    done = ro.terminated | ro.truncated
+    assert ro.truncated.any() and ro.obs.shape == (40, 3, 4) and ro.next_obs.shape == (40, 3, 4)
+    # Inside an episode, s_{t+1} is the next row's s_t.
+    same = ~done[:-1]
+    assert torch.equal(ro.next_obs[:-1][same], ro.obs[1:][same])
+    # At an episode end, the next row starts a new episode from a reset observation (all |x| <= 0.05),
+    # while next_obs holds the final observation of the old one, a different state.
+    ends = done[:-1]
+    assert (ro.obs[1:][ends].abs() <= 0.05).all()
+    assert not torch.isclose(ro.next_obs[:-1][ends], ro.obs[1:][ends]).all(-1).any()
+    # The last row continues from the returned observation.
+    last_live = ~done[-1]
+    assert torch.equal(ro.next_obs[-1][last_live], torch.as_tensor(obs_after, dtype=torch.float32)[last_live])
+
+
+def test_truncated_final_obs_is_where_the_episode_really_was():
+    # Replaying the same seed and actions in a plain env reaches the same state at the truncation step.
+    envs = make_vector_env("CartPole-v1", 1, max_episode_steps=5)
+    obs, _ = envs.reset(seed=3)
+    ro, _, _ = collect_rollout(envs, _policy(1), obs, 5, CPU)
+    assert ro.truncated[4, 0] and not ro.terminated[:, 0].any()
+    env = gym.make("CartPole-v1", max_episode_steps=5)
+    env.reset(seed=3)
+    for a in ro.actions[:, 0].tolist():
+        final, *_ = env.step(a)
+    np.testing.assert_allclose(ro.next_obs[4, 0].numpy(), final, rtol=1e-6)
+
+
+def test_episode_counter_reports_finished_episodes():
+    envs = make_vector_env("CartPole-v1", 2, max_episode_steps=10)
+    obs, _ = envs.reset(seed=0)
+    ro, obs, counter = collect_rollout(envs, _policy(), obs, 25, CPU)
+    done = (ro.terminated | ro.truncated)
+    assert len(ro.episode_returns) == int(done.sum())
+    assert all(ret == length for ret, length in zip(ro.episode_returns, ro.episode_lengths))  # +1 per step
+    assert all(length <= 10 for length in ro.episode_lengths)
+
+
+def test_rollout_rejects_next_step_autoreset():
+    envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    obs, _ = envs.reset(seed=0)
+    with pytest.raises(ValueError, match="SAME_STEP autoreset"):
+        collect_rollout(envs, _policy(), obs, 4, CPU)
+
+
+def test_collect_episodes_pads_and_masks():
+    envs = [gym.make("CartPole-v1") for _ in range(4)]
+    policy = _policy()
+    batch = collect_episodes(envs, policy.act, CPU, seeds=[0, 1, 2, 3])
+    T = batch.rewards.shape[0]
+    assert T == int(batch.lengths.max())
+    torch.testing.assert_close(batch.episode_returns, batch.lengths.float())  # CartPole: reward 1 per real step
+    assert torch.equal(batch.dones.sum(0), torch.ones(4, dtype=torch.long))  # exactly one end per episode
+    last = batch.lengths - 1
+    assert batch.dones[last, torch.arange(4)].all() and batch.mask[last, torch.arange(4)].all()
+    assert not batch.mask[batch.lengths.clamp(max=T - 1)[batch.lengths < T], torch.arange(4)[batch.lengths < T]].any()
+    assert batch.terminated.all()  # a random-ish policy never lasts 500 steps
+    # Same seeds, same policy weights and torch seed: same episodes.
+    torch.manual_seed(5)
+    a = collect_episodes(envs, policy.act, CPU, seeds=[0, 1, 2, 3])
+    torch.manual_seed(5)
+    b = collect_episodes(envs, policy.act, CPU, seeds=[0, 1, 2, 3])
+    assert torch.equal(a.actions, b.actions)
+
+
+def test_evaluate_policy_counts_episodes():
+    returns = evaluate_policy(_policy(), "CartPole-v1", 20, CPU)
+    assert returns.shape == (20,) and (returns >= 8).all()
