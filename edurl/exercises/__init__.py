@@ -17,12 +17,21 @@ import inspect
 
 from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Verdict
 from edurl.exercises.ch01 import check_bellman_backup, check_discounted_returns
+from edurl.exercises.ch02 import check_reinforce_loss
+from edurl.exercises.ch03 import check_baseline_losses
+from edurl.exercises.ch04 import check_gae
 from edurl.exercises.solutions import ch01 as _ch01_solutions
+from edurl.exercises.solutions import ch02 as _ch02_solutions
+from edurl.exercises.solutions import ch03 as _ch03_solutions
+from edurl.exercises.solutions import ch04 as _ch04_solutions
 
 #: exercise name -> (chapter, checker, worked solution)
 EXERCISES = {
     "discounted_returns": (1, check_discounted_returns, _ch01_solutions.discounted_returns),
     "bellman_backup": (1, check_bellman_backup, _ch01_solutions.bellman_backup),
+    "reinforce_loss": (2, check_reinforce_loss, _ch02_solutions.reinforce_loss),
+    "baseline_losses": (3, check_baseline_losses, _ch03_solutions.baseline_losses),
+    "gae": (4, check_gae, _ch04_solutions.gae),
 }
 
 
@@ -36,4 +45,5 @@ def show_solution(name: str) -> str:
 
 
 __all__ = ["Verdict", "PASSED", "FAILED", "NOT_ATTEMPTED", "EXERCISES", "show_solution",
-           "check_discounted_returns", "check_bellman_backup"]
+           "check_discounted_returns", "check_bellman_backup", "check_reinforce_loss", "check_baseline_losses",
+           "check_gae"]

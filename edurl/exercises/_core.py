@@ -27,6 +27,10 @@ import torch
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 
 
+class CheckFailure(Exception):
+    """Raised by a checker's wrapper around the learner's function to report a problem in plain words."""
+
+
 @dataclass
 class Case:
     """One input to check: a short name a learner can read, and the keyword arguments."""
@@ -76,6 +80,8 @@ def format_value(x: Any) -> str:
         return f"tensor(shape={tuple(x.shape)}, dtype={str(x.dtype).replace('torch.', '')})\n{body}"
     if isinstance(x, float):
         return f"{x:.6g}"
+    if isinstance(x, tuple) and any(isinstance(v, torch.Tensor) for v in x):
+        return "\n".join(f"[{i}] {format_value(v)}" for i, v in enumerate(x))
     return repr(x)
 
 
@@ -124,12 +130,32 @@ def compare_tensors(got: Any, expected: torch.Tensor, *, rtol: float = 1e-5, ato
         return f"expected dtype {expected.dtype} (the same as the input), got {got.dtype}."
     if got.device != expected.device:
         return f"expected the result on {expected.device}, got it on {got.device}."
+    bad = torch.isnan(got) & ~torch.isnan(expected)
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
+        return f"got NaN at index {idx} where {expected[idx].item():.6g} was expected (a division by zero?)."
     if not torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
         diff = (got - expected).abs()
         idx = tuple(int(i) for i in np.unravel_index(int(diff.argmax()), tuple(diff.shape))) if diff.dim() else ()
         return (f"values differ: largest error {diff.max().item():.4g} at index {idx} "
                 f"(expected {expected[idx].item():.6g}, got {got[idx].item():.6g}).")
     return None
+
+
+def compare_outputs(names: Sequence[str], **tolerances) -> Callable[[Any, Any], str | None]:
+    """A ``compare`` for functions that return a tuple of tensors, naming the element that is wrong."""
+
+    def compare(got: Any, expected: tuple) -> str | None:
+        if not isinstance(got, tuple) or len(got) != len(expected):
+            return f"expected a tuple of {len(expected)} tensors ({', '.join(names)}), got {type(got).__name__}" + (
+                f" of length {len(got)}." if isinstance(got, tuple) else ".")
+        for name, g, e in zip(names, got, expected):
+            problem = compare_tensors(g, e, **tolerances)
+            if problem:
+                return f"{name}: {problem}"
+        return None
+
+    return compare
 
 
 def run_checker(
@@ -141,16 +167,22 @@ def run_checker(
     diagnoses: Sequence[Diagnosis] = (),
     default_hint: str = "",
     compare: Callable[[Any, Any], str | None] = compare_tensors,
+    wrap: Callable[[Callable], Callable] | None = None,
     verbose: bool = True,
 ) -> Verdict:
-    """Check ``fn`` against ``reference`` on every case and return (and, if verbose, print) the verdict."""
-    verdict = _check(exercise, fn, reference, cases, diagnoses, default_hint, compare)
+    """Check ``fn`` against ``reference`` on every case and return (and, if verbose, print) the verdict.
+
+    ``wrap``, if given, turns a function into what is actually compared (for example its loss *and*
+    its gradients); it is applied alike to the learner's function, the reference and the diagnoses.
+    The verdict's ``implementation`` is always the unwrapped function.
+    """
+    verdict = _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wrap or (lambda f: f))
     if verbose:
         print(verdict)
     return verdict
 
 
-def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare) -> Verdict:
+def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wrap) -> Verdict:
     def fail(case: Case, problem: str, got: Any = None, expected: Any = None, hint: str = "") -> Verdict:
         parts = [f"Case '{case.name}': {problem}"]
         details = {"inputs": "\n".join(f"{k} = {format_value(v)}" for k, v in case.kwargs.items())}
@@ -172,15 +204,17 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare) -> 
 
     for i, case in enumerate(cases):
         kwargs = _clone(case.kwargs)
-        expected = reference(*_clone(case.kwargs).values())
+        expected = wrap(reference)(*_clone(case.kwargs).values())
         try:
-            got = fn(*kwargs.values())  # positional, so a learner may rename the parameters
+            got = wrap(fn)(*kwargs.values())  # positional, so a learner may rename the parameters
         except NotImplementedError as err:
             if i == 0:
                 return Verdict(exercise, NOT_ATTEMPTED,
                                "Your function still raises NotImplementedError. Fill in the body and run this cell "
                                "again; until then the notebook uses the reference implementation.", reference)
             return fail(case, f"raised NotImplementedError{_where_it_raised(err)}: {err}")
+        except CheckFailure as err:
+            return fail(case, str(err))
         except Exception as err:  # a learner's bug is reported, never re-raised
             return fail(case, f"your function raised {type(err).__name__}{_where_it_raised(err)}: {err}")
         for name, value in kwargs.items():
@@ -193,7 +227,7 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare) -> 
         hint = ""
         for diagnosis in diagnoses:
             try:
-                if compare(got, diagnosis.buggy(*_clone(case.kwargs).values())) is None:
+                if compare(got, wrap(diagnosis.buggy)(*_clone(case.kwargs).values())) is None:
                     hint = diagnosis.hint
                     break
             except Exception:

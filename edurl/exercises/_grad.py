@@ -1,0 +1,53 @@
+"""Wrappers that turn a loss function into (loss values, gradients), so a checker compares both."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from edurl.exercises._core import CheckFailure
+
+
+def _as_loss(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise CheckFailure(f"{name} should be a scalar torch.Tensor, got {type(x).__name__}"
+                           + (" (did you call .item()? keep it a tensor so it can be backpropagated)."
+                              if isinstance(x, float) else "."))
+    if x.numel() != 1:
+        raise CheckFailure(f"{name} should be a scalar (one number), got shape {tuple(x.shape)}: "
+                           "reduce it with .mean().")
+    if not x.requires_grad:
+        raise CheckFailure(f"{name} has no gradient: something detached it from the inputs "
+                           "(.detach(), .item(), torch.no_grad() or a NumPy round trip).")
+    return x.reshape(())
+
+
+def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]]) -> Callable[[Callable], Callable]:
+    """Wrap ``fn(*args) -> loss or tuple of losses`` into ``(*losses, *grads)``.
+
+    ``grad_wrt`` lists (loss name, argument index) pairs: the gradient of that loss with respect to
+    that argument (zeros where the loss does not depend on it). Arguments that get gradients are
+    floating-point tensors and become fresh leaves with ``requires_grad``.
+    """
+    grad_args = sorted({i for _, i in grad_wrt})
+
+    def wrap(fn: Callable) -> Callable:
+        def run(*args):
+            args = list(args)
+            for i in grad_args:
+                args[i] = args[i].detach().clone().requires_grad_(True)
+            out = fn(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            if len(outs) != len(loss_names):
+                raise CheckFailure(f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got {len(outs)}.")
+            losses = {name: _as_loss(x, name) for name, x in zip(loss_names, outs)}
+            grads = []
+            for name, i in grad_wrt:
+                (g,) = torch.autograd.grad(losses[name], args[i], retain_graph=True, allow_unused=True)
+                grads.append(torch.zeros_like(args[i]) if g is None else g)
+            return (*[x.detach() for x in losses.values()], *grads)
+
+        return run
+
+    return wrap

@@ -1,0 +1,154 @@
+"""Chapters 2–4 checkers: pass the reference and the worked solution, reject realistic buggy versions."""
+
+import pytest
+import torch
+
+from edurl import exercises
+from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises.solutions import ch02, ch03, ch04
+from edurl.rl import gae, reinforce_loss
+
+# ---------------------------------------------------------------- 2.1 reinforce_loss
+
+
+def rl_no_minus(logprobs, returns):
+    w = (returns - returns.mean()) / (returns.std() + 1e-8)
+    return (logprobs * w).mean()
+
+
+def rl_raw_returns(logprobs, returns):
+    return -(logprobs * returns).mean()
+
+
+def rl_no_eps(logprobs, returns):
+    return -(logprobs * (returns - returns.mean()) / returns.std()).mean()
+
+
+def rl_sum(logprobs, returns):
+    return -(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).sum()
+
+
+def rl_item(logprobs, returns):
+    return -(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean().item()
+
+
+@pytest.mark.parametrize("fn", [lambda lp, g: reinforce_loss(lp, g, normalize=True), ch02.reinforce_loss])
+def test_reinforce_loss_checker_passes(fn):
+    assert exercises.check_reinforce_loss(fn, verbose=False).status == PASSED
+
+
+@pytest.mark.parametrize("buggy, message", [
+    (rl_no_minus, "sign is flipped"),
+    (rl_raw_returns, "not normalised"),
+    (rl_no_eps, "add 1e-8"),
+    (rl_sum, "mean over steps, not the sum"),
+    (rl_item, "did you call .item()"),
+])
+def test_reinforce_loss_checker_rejects(buggy, message):
+    verdict = exercises.check_reinforce_loss(buggy, verbose=False)
+    assert verdict.status == FAILED and message in verdict.message
+
+
+# ---------------------------------------------------------------- 3.1 baseline_losses
+
+
+def bl_not_detached(logprobs, returns, values):
+    adv = returns - values
+    return -(logprobs * adv).mean(), ((values - returns) ** 2).mean() / 2
+
+
+def bl_value_detached(logprobs, returns, values):
+    adv = (returns - values).detach()
+    return -(logprobs * adv).mean(), 0.5 * ((values.detach() - returns) ** 2).mean()
+
+
+def bl_flipped(logprobs, returns, values):
+    adv = (values - returns).detach()
+    return -(logprobs * adv).mean(), 0.5 * ((values - returns) ** 2).mean()
+
+
+def bl_value_loss_no_half(logprobs, returns, values):
+    adv = (returns - values).detach()
+    return -(logprobs * adv).mean(), ((values - returns) ** 2).mean()
+
+
+@pytest.mark.parametrize("fn", [exercises.ch03.baseline_losses, ch03.baseline_losses])
+def test_baseline_checker_passes(fn):
+    assert exercises.check_baseline_losses(fn, verbose=False).status == PASSED
+
+
+@pytest.mark.parametrize("buggy, message", [
+    (bl_not_detached, "sends gradients into the critic"),
+    (bl_value_detached, "value_loss has no gradient"),
+    (bl_flipped, "upside down"),
+    (bl_value_loss_no_half, "value_loss: values differ"),
+])
+def test_baseline_checker_rejects(buggy, message):
+    verdict = exercises.check_baseline_losses(buggy, verbose=False)
+    assert verdict.status == FAILED and message in verdict.message
+
+
+# ---------------------------------------------------------------- 4.1 gae
+
+
+def _gae_loop(rewards, values, next_values, terminated, truncated, gamma, lam, *, boot_mask, reset_mask,
+              forward=False):
+    deltas = rewards + gamma * next_values * (~boot_mask).float() - values
+    adv = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[0])
+    steps = range(len(rewards)) if forward else reversed(range(len(rewards)))
+    for t in steps:
+        if forward:
+            running = deltas[t] + gamma * lam * running
+            adv[t] = running
+            running = running * (~reset_mask[t]).float()
+        else:
+            running = deltas[t] + gamma * lam * (~reset_mask[t]).float() * running
+            adv[t] = running
+    return adv, adv + values
+
+
+def gae_through_terminal(r, v, nv, term, trunc, gamma, lam):
+    return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=torch.zeros_like(term), reset_mask=term | trunc)
+
+
+def gae_no_trunc_bootstrap(r, v, nv, term, trunc, gamma, lam):
+    done = term | trunc  # the CleanRL #198 / #457 bug: truncation treated as termination
+    return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=done, reset_mask=done)
+
+
+def gae_across_boundaries(r, v, nv, term, trunc, gamma, lam):
+    return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=term, reset_mask=torch.zeros_like(term))
+
+
+def gae_forward(r, v, nv, term, trunc, gamma, lam):
+    return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=term, reset_mask=term | trunc, forward=True)
+
+
+def gae_reset_only_at_termination(r, v, nv, term, trunc, gamma, lam):
+    return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=term, reset_mask=term)
+
+
+@pytest.mark.parametrize("fn", [gae, ch04.gae])
+def test_gae_checker_passes(fn):
+    assert exercises.check_gae(fn, verbose=False).status == PASSED
+
+
+@pytest.mark.parametrize("buggy, message", [
+    (gae_through_terminal, "bootstrap through a terminal state"),
+    (gae_no_trunc_bootstrap, "did not bootstrap"),
+    (gae_across_boundaries, "accumulates across episode boundaries"),
+    (gae_forward, "runs forwards"),
+    (gae_reset_only_at_termination, "runs across a truncation"),
+])
+def test_gae_checker_rejects(buggy, message):
+    verdict = exercises.check_gae(buggy, verbose=False)
+    assert verdict.status == FAILED and message in verdict.message, verdict.message
+
+
+def test_stubs_not_attempted():
+    def stub(*args):
+        raise NotImplementedError
+
+    for check in (exercises.check_reinforce_loss, exercises.check_baseline_losses, exercises.check_gae):
+        assert check(stub, verbose=False).status == NOT_ATTEMPTED
