@@ -1,0 +1,85 @@
+"""CartPole-v1 in torch, batched over ``num_envs``: the same physics as Gymnasium's, on any device.
+
+The constants, the Euler integration, the termination thresholds and the 500-step time limit follow
+Gymnasium's ``CartPoleEnv`` (Barto, Sutton & Anderson, 1983; equations from Florian, 2007), and a
+test checks step-for-step agreement in float64. Being a tensor program, a whole batch steps at once,
+on a GPU if you like, and any state can be set directly (``env.state = ...``) to start Monte Carlo
+rollouts from chosen states (Chapter 4). Used by PPO in Chapter 5.
+
+Autoreset is same-step: an env that finishes is reset inside ``step``, the observation returned is
+the new episode's first, and the finished episode's last observation is in ``info["final_obs"]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["TorchCartPole"]
+
+
+class TorchCartPole:
+    gravity = 9.8
+    masscart = 1.0
+    masspole = 0.1
+    total_mass = masspole + masscart
+    length = 0.5  # half the pole's length
+    polemass_length = masspole * length
+    force_mag = 10.0
+    tau = 0.02  # seconds between state updates
+    theta_threshold_radians = 12 * 2 * math.pi / 360
+    x_threshold = 2.4
+    obs_dim, num_actions = 4, 2
+
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 max_episode_steps: int = 500):
+        if not isinstance(num_envs, int) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
+        self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
+        self.max_episode_steps = max_episode_steps
+        self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
+        """(num_envs, 4): cart position, cart velocity, pole angle, pole angular velocity. Settable."""
+        self.elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        """(num_envs,) steps taken in the current episode (for the time limit)."""
+        self._gen = torch.Generator(device=self.device)
+        self._gen.seed()
+
+    def _random_states(self, n: int) -> torch.Tensor:
+        u = torch.rand(n, 4, generator=self._gen, device=self.device, dtype=self.dtype)
+        return u * 0.1 - 0.05  # uniform in [-0.05, 0.05), as Gymnasium
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        if seed is not None:
+            self._gen.manual_seed(seed)
+        self.state = self._random_states(self.num_envs)
+        self.elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        return self.state.clone(), {}
+
+    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Advance every env one step. ``actions`` is (num_envs,) of 0 (push left) or 1 (push right)."""
+        if not isinstance(actions, torch.Tensor) or actions.shape != (self.num_envs,):
+            got = tuple(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
+            raise ValueError(f"actions must be a tensor of shape ({self.num_envs},), got {got}.")
+        x, x_dot, theta, theta_dot = self.state.unbind(-1)
+        force = torch.where(actions.to(self.device) == 1, self.force_mag, -self.force_mag).to(self.dtype)
+        costheta, sintheta = torch.cos(theta), torch.sin(theta)
+        temp = (force + self.polemass_length * theta_dot**2 * sintheta) / self.total_mass
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * costheta**2 / self.total_mass))
+        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        # Euler: positions move with the *old* velocities
+        new_state = torch.stack([x + self.tau * x_dot, x_dot + self.tau * xacc,
+                                 theta + self.tau * theta_dot, theta_dot + self.tau * thetaacc], dim=-1)
+        self.elapsed = self.elapsed + 1
+        terminated = (new_state[:, 0].abs() > self.x_threshold) | (new_state[:, 2].abs() > self.theta_threshold_radians)
+        truncated = self.elapsed >= self.max_episode_steps
+        reward = torch.ones(self.num_envs, device=self.device, dtype=self.dtype)  # +1 on every step, the last included
+        done = terminated | truncated
+        final_obs = new_state.clone()
+        # Same-step autoreset, without a host sync: finished rows get a fresh start state.
+        self.state = torch.where(done[:, None], self._random_states(self.num_envs), new_state)
+        self.elapsed = torch.where(done, torch.zeros_like(self.elapsed), self.elapsed)
+        return self.state.clone(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}

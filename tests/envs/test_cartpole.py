@@ -1,0 +1,92 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from edurl.envs import TorchCartPole
+
+
+def test_matches_gymnasium_step_for_step_in_float64():
+    """10,000 random-action steps over 4 envs, resets included: observations, rewards and both flags agree."""
+    n, steps = 4, 10_000
+    gyms = [gym.make("CartPole-v1") for _ in range(n)]
+    ours = TorchCartPole(n, dtype=torch.float64)
+    ours.reset(seed=0)
+    for i, env in enumerate(gyms):
+        env.reset(seed=i)
+        ours.state[i] = torch.as_tensor(env.unwrapped.state)  # identical starting states
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(steps // n):
+        actions = rng.integers(0, 2, size=n)
+        obs, reward, terminated, truncated, info = ours.step(torch.as_tensor(actions))
+        for i, env in enumerate(gyms):
+            _, g_rew, g_term, g_trunc, _ = env.step(int(actions[i]))
+            g_state = torch.as_tensor(env.unwrapped.state)
+            torch.testing.assert_close(info["final_obs"][i], g_state, rtol=0, atol=1e-10)
+            assert reward[i].item() == g_rew and terminated[i].item() == g_term and truncated[i].item() == g_trunc
+            if g_term or g_trunc:
+                ends += 1
+                env.reset()
+                ours.state[i] = torch.as_tensor(env.unwrapped.state)
+                ours.elapsed[i] = 0
+            else:
+                torch.testing.assert_close(obs[i], g_state, rtol=0, atol=1e-10)
+    assert ends > 100  # random play ends an episode every ~20 steps: resets were exercised
+
+
+def test_truncation_at_500_steps_with_final_obs():
+    env = TorchCartPole(2, dtype=torch.float64)
+    env.reset(seed=1)
+    env.state.zero_()  # upright and still
+    env.elapsed[:] = torch.tensor([498, 0])
+    alternate = torch.tensor([0, 1])
+    _, _, term, trunc, _ = env.step(alternate)
+    assert not trunc.any() and not term.any()
+    before = env.state.clone()
+    obs, reward, term, trunc, info = env.step(alternate.flip(0))
+    assert trunc.tolist() == [True, False] and not term.any()
+    assert (info["final_obs"][0, [0, 2]] - before[0, [0, 2]]).abs().max() < 0.01  # one small step on from where it was cut
+    assert (obs[0].abs() <= 0.05).all() and env.elapsed.tolist() == [0, 2]  # env 0 restarted in the same step
+    assert info["_final_obs"].tolist() == [True, False] and reward.tolist() == [1.0, 1.0]
+
+
+def test_termination_thresholds():
+    env = TorchCartPole(3, dtype=torch.float64)
+    env.reset(seed=0)
+    env.state = torch.tensor([[2.39, 1.0, 0.0, 0.0], [0.0, 0.0, 0.2, 1.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    _, _, term, trunc, info = env.step(torch.tensor([1, 1, 1]))
+    assert term.tolist() == [True, True, False] and not trunc.any()
+    assert info["final_obs"][0, 0] > 2.4
+
+
+def test_reset_is_seeded_and_in_range():
+    a, _ = TorchCartPole(5).reset(seed=3)
+    b, _ = TorchCartPole(5).reset(seed=3)
+    assert torch.equal(a, b) and a.dtype == torch.float32 and (a.abs() <= 0.05).all()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="num_envs"):
+        TorchCartPole(0)
+    with pytest.raises(ValueError, match="dtype"):
+        TorchCartPole(2, dtype=torch.int32)
+    env = TorchCartPole(2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="shape \\(2,\\)"):
+        env.step(torch.tensor([1, 0, 1]))
+
+
+@pytest.mark.cuda
+def test_runs_on_cuda_and_matches_cpu():
+    cpu, gpu = TorchCartPole(64, dtype=torch.float64), TorchCartPole(64, device="cuda", dtype=torch.float64)
+    cpu.reset(seed=0)
+    gpu.reset(seed=0)
+    gpu.state = cpu.state.cuda()
+    for t in range(20):
+        a = torch.randint(0, 2, (64,))
+        o1, *_ = cpu.step(a)
+        o2, *_ = gpu.step(a.cuda())
+        assert o2.device.type == "cuda"
+        alive = cpu.elapsed > 0
+        torch.testing.assert_close(o2.cpu()[alive], o1[alive])
