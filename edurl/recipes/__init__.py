@@ -1,0 +1,1 @@
+"""Runnable recipes: ``python -m edurl.recipes.NAME --field value ...``; ``--help`` lists the fields."""

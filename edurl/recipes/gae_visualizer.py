@@ -1,0 +1,51 @@
+"""The GAE visualiser of Chapter 4 as a PNG: TD errors and GAE(lambda) advantages along one CartPole episode.
+
+``python -m edurl.recipes.gae_visualizer --gamma 0.99 --out gae.png``
+
+The policy and critic come from a short REINFORCE run with a value baseline (a few seconds), so the
+critic is a real, imperfect one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edurl.recipes._cli import parse_config
+
+
+@dataclass
+class GAEVisualizerConfig:
+    gamma: float = 0.99
+    """Discount factor."""
+    lams: tuple[float, ...] = (0.0, 0.5, 0.9, 0.95, 1.0)
+    """The lambdas to draw, comma-separated on the command line."""
+    train_episodes: int = 64
+    """REINFORCE (value baseline) episodes to train the policy and critic before drawing."""
+    seed: int = 0
+    """Seed for training and for the episode drawn."""
+    out: str = "gae_visualizer.png"
+    """Where to write the PNG."""
+
+
+def main(argv=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from edurl.rl.gae_study import plot_gae, sample_trajectory
+    from edurl.rl.reinforce import ReinforceConfig, train_reinforce
+
+    config = parse_config(GAEVisualizerConfig, argv)
+    trained = train_reinforce(ReinforceConfig(seed=config.seed, max_episodes=config.train_episodes, baseline="value",
+                                              stop_when_solved=False, device="cpu"))
+    traj = sample_trajectory(trained.policy, trained.value, seed=config.seed)
+    ax = plot_gae(traj, config.gamma, config.lams)
+    ax.figure.savefig(config.out, dpi=120, bbox_inches="tight")
+    plt.close(ax.figure)
+    print(f"episode of {len(traj['rewards'])} steps; wrote {config.out}")
+    return config.out
+
+
+if __name__ == "__main__":
+    main()

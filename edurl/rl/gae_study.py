@@ -1,0 +1,147 @@
+"""GAE(lambda) under the microscope (Chapter 4): a plot of TD errors and advantages for one trajectory,
+and the bias and variance of GAE(lambda) measured against Monte Carlo ground truth.
+
+Ground truth needs many rollouts from the *same* states, so it runs on ``TorchCartPole``, whose
+state can be set: thousands of continuations from each saved state step together as one batch.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from edurl.envs import TorchCartPole
+from edurl.rl.advantages import gae, td_errors
+
+__all__ = ["Trajectory", "sample_trajectory", "plot_gae", "rollouts_from", "gae_bias_variance"]
+
+DEFAULT_LAMS = (0.0, 0.5, 0.9, 0.95, 1.0)
+
+
+class Trajectory(dict):
+    """One episode as (T, 1) tensors: rewards, values, next_values, terminated, truncated, plus states (T, 4)."""
+
+
+@torch.no_grad()
+def sample_trajectory(policy, value, *, seed: int = 0, max_steps: int = 500) -> Trajectory:
+    """Play one CartPole episode with ``policy`` and record the critic's V(s_t) and V(s_{t+1})."""
+    env = TorchCartPole(1, max_episode_steps=max_steps)
+    obs, _ = env.reset(seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    rows = {k: [] for k in ("states", "actions", "rewards", "next_obs", "terminated", "truncated")}
+    while True:
+        probs = policy(obs).probs
+        action = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+        rows["states"].append(obs[0])
+        rows["actions"].append(action[0])
+        obs, reward, terminated, truncated, info = env.step(action)
+        rows["rewards"].append(reward[0])
+        rows["next_obs"].append(info["final_obs"][0])
+        rows["terminated"].append(terminated[0])
+        rows["truncated"].append(truncated[0])
+        if terminated[0] or truncated[0]:
+            break
+    states, next_obs = torch.stack(rows["states"]), torch.stack(rows["next_obs"])
+    return Trajectory(states=states, actions=torch.stack(rows["actions"]),
+                      rewards=torch.stack(rows["rewards"])[:, None], values=value(states)[:, None],
+                      next_values=value(next_obs)[:, None], terminated=torch.stack(rows["terminated"])[:, None],
+                      truncated=torch.stack(rows["truncated"])[:, None])
+
+
+def plot_gae(traj: Trajectory, gamma: float = 0.99, lams=DEFAULT_LAMS, *, ax=None, gae_fn=gae):
+    """TD errors (bars) and GAE(lambda) advantages (lines) along one trajectory."""
+    ax = ax if ax is not None else plt.subplots(figsize=(9, 4))[1]
+    args = (traj["rewards"], traj["values"], traj["next_values"], traj["terminated"])
+    deltas = td_errors(*args, gamma)[:, 0]
+    t = np.arange(len(deltas))
+    ax.bar(t, deltas.numpy(), color="lightgray", label="TD error $\\delta_t$")
+    for lam in lams:
+        adv, _ = gae_fn(*args, traj["truncated"], gamma, lam)
+        ax.plot(t, adv[:, 0].numpy(), label=f"GAE, $\\lambda$ = {lam:g}")
+    ax.axhline(0, color="black", lw=0.5)
+    ax.set(xlabel="t", ylabel="advantage", title=f"TD errors and GAE advantages, $\\gamma$ = {gamma:g}")
+    ax.legend(fontsize=8, ncol=2)
+    return ax
+
+
+@torch.no_grad()
+def rollouts_from(policy, states: torch.Tensor, first_actions: torch.Tensor, horizon: int,
+                  generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Continue CartPole from each row of ``states`` (B, 4): take ``first_actions`` (B,), then follow the policy.
+
+    Returns time-major (H, B) rewards / terminated / truncated and (H + 1, B, 4) observations. Rows after
+    an episode's end belong to the env's next episode; ``truncated`` is True at the last step so that
+    GAE bootstraps whatever is still running there.
+    """
+    B = states.shape[0]
+    env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9)
+    env.reset(seed=int(torch.randint(0, 2**31, (1,), generator=generator)))
+    env.state = states.clone()
+    obs = states.clone()
+    out = {k: [] for k in ("obs", "rewards", "terminated")}
+    for t in range(horizon):
+        if t == 0:
+            actions = first_actions
+        else:
+            actions = torch.multinomial(policy(obs.float()).probs, 1, generator=generator).squeeze(-1)
+        out["obs"].append(obs)
+        obs, reward, terminated, _, info = env.step(actions)
+        out["rewards"].append(reward)
+        out["terminated"].append(terminated)
+        out["next_obs_last"] = info["final_obs"]
+    terminated = torch.stack(out["terminated"])
+    truncated = torch.zeros_like(terminated)
+    truncated[-1] = ~terminated[-1]
+    next_obs = torch.stack(out["obs"][1:] + [out["next_obs_last"]])
+    return {"obs": torch.stack(out["obs"]), "next_obs": next_obs, "rewards": torch.stack(out["rewards"]),
+            "terminated": terminated, "truncated": truncated}
+
+
+def _first_episode_returns(ro: dict, gamma: float) -> torch.Tensor:
+    """Discounted return of the first episode in each column. (B,)"""
+    H = ro["rewards"].shape[0]
+    alive = torch.cumprod(torch.cat([torch.ones_like(ro["terminated"][:1]), ~ro["terminated"][:-1]]).float(), 0)
+    discounts = gamma ** torch.arange(H, dtype=ro["rewards"].dtype)[:, None]
+    return (ro["rewards"] * alive * discounts).sum(0)
+
+
+@torch.no_grad()
+def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor, *, gamma: float = 0.99,
+                      lams=np.linspace(0, 1, 11), num_truth: int = 2048, num_samples: int = 256,
+                      horizon: int = 300, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """Bias and variance of GAE(lambda) at t = 0 from each saved (state, action), against Monte Carlo truth.
+
+    Target: Q^pi(s, a) - V(s), with Q^pi the mean discounted return of ``num_truth`` rollouts that start
+    with action a and then follow pi, and V the fixed critic. Any function of the state alone can be
+    subtracted without biasing the policy gradient, so this is the advantage whose errors matter: the
+    true A^pi(s, a) = Q^pi(s, a) - V^pi(s) differs from it only by V^pi(s) - V(s), the same for every
+    action. Estimates: ``num_samples`` independent rollouts from (s, a), each turned into GAE(lambda)
+    advantages with the same critic. Returns one row per lambda: bias^2 and variance averaged over the
+    states, and their sum (the mean squared error of a single GAE estimate). bias^2 is corrected for the
+    two sources of noise in measuring it (the sample mean's variance/num_samples and ``truth_se2``, the
+    squared standard error of the Monte Carlo target), so a value near 0 may come out slightly negative.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    per_state = []
+    for s, a in tqdm(list(zip(states, actions)), desc="states", disable=not progress):
+        s64 = s.to(torch.float64)
+        q = _first_episode_returns(rollouts_from(policy, s64.expand(num_truth, 4), a.expand(num_truth), horizon, gen),
+                                   gamma)
+        truth = q.mean() - value(s[None].float()).double()[0]
+        truth_se2 = q.var() / num_truth
+        est = rollouts_from(policy, s64.expand(num_samples, 4), a.expand(num_samples), horizon, gen)
+        values = value(est["obs"].float()).double()
+        next_values = value(est["next_obs"].float()).double()
+        for lam in lams:
+            adv, _ = gae(est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam))
+            a0 = adv[0]
+            # E[(mean - truth)^2] = bias^2 + var/num_samples + truth_se2: remove the two noise terms
+            bias2 = (a0.mean() - truth) ** 2 - a0.var() / num_samples - truth_se2
+            per_state.append({"lam": float(lam), "bias2": bias2.item(), "variance": a0.var().item(),
+                              "truth_se2": truth_se2.item()})
+    df = pd.DataFrame(per_state).groupby("lam", as_index=False).mean()
+    df["mse"] = df["bias2"] + df["variance"]
+    return df

@@ -1,0 +1,48 @@
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from edurl.rl import CategoricalPolicy, ValueNet, gae
+from edurl.rl.gae_study import gae_bias_variance, plot_gae, rollouts_from, sample_trajectory
+
+
+def _nets():
+    torch.manual_seed(0)
+    return CategoricalPolicy(4, 2), ValueNet(4)
+
+
+def test_sample_trajectory_shapes_and_end():
+    policy, value = _nets()
+    traj = sample_trajectory(policy, value, seed=0)
+    T = traj["rewards"].shape[0]
+    assert traj["values"].shape == (T, 1) and traj["states"].shape == (T, 4)
+    assert traj["terminated"][-1, 0] and not traj["terminated"][:-1].any()
+
+
+def test_plot_gae_draws_one_line_per_lambda():
+    policy, value = _nets()
+    ax = plot_gae(sample_trajectory(policy, value, seed=1), 0.99, (0.0, 1.0))
+    assert len(ax.get_lines()) == 3  # two lambdas and the zero line
+    plt.close("all")
+
+
+def test_rollouts_start_from_the_given_state_and_action():
+    policy, _ = _nets()
+    start = torch.tensor([[0.01, 0.0, 0.02, 0.0]], dtype=torch.float64).expand(5, 4)
+    ro = rollouts_from(policy, start, torch.ones(5, dtype=torch.long), 30, torch.Generator().manual_seed(0))
+    assert torch.equal(ro["obs"][0], start)
+    # action 1 pushes right: the cart's velocity rises by tau * xacc > 0 on the first step
+    assert (ro["next_obs"][0, :, 1] > 0).all()
+    assert ro["truncated"][-1].logical_or(ro["terminated"][-1]).all()
+
+
+def test_gae_bias_variance_lambda_one_is_unbiased_and_most_variable():
+    policy, value = _nets()  # an untrained critic: badly wrong, so small lambdas are biased
+    traj = sample_trajectory(policy, value, seed=2)
+    df = gae_bias_variance(policy, value, traj["states"][:3], traj["actions"][:3], lams=[0.0, 0.5, 1.0],
+                           num_truth=512, num_samples=256, horizon=200, progress=False)
+    assert list(df["lam"]) == [0.0, 0.5, 1.0]
+    assert df["bias2"].iloc[0] > 10 * max(df["bias2"].iloc[-1], 0.1)  # lambda = 0 trusts the bad critic
+    assert abs(df["bias2"].iloc[-1]) < 2.0  # lambda = 1 is a Monte Carlo return: unbiased up to noise
+    assert df["variance"].is_monotonic_increasing
+    np.testing.assert_allclose(df["mse"], df["bias2"] + df["variance"])
