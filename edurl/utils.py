@@ -5,6 +5,7 @@ Chapter 1 introduces both; notebooks call them in their first cell.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -12,7 +13,7 @@ import re
 import numpy as np
 import torch
 
-__all__ = ["device", "seed_everything"]
+__all__ = ["device", "seed_everything", "torch_threads"]
 
 _DEVICE_RE = re.compile(r"^(cpu|mps|cuda)(:\d+)?$")
 
@@ -82,3 +83,24 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return seed
 
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None):
+    """Run the block with ``torch.set_num_threads(num_threads)``, then restore the previous setting.
+
+    The course's small MLPs run fastest on one CPU thread, and a fixed thread count makes CPU runs
+    repeat exactly on machines with different core counts (floating-point sums depend on how the
+    work is split). ``None`` leaves torch's setting alone.
+    """
+    if num_threads is None:
+        yield
+        return
+    if not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}.")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

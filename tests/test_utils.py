@@ -68,3 +68,15 @@ def test_seed_everything_repeats_python_numpy_and_torch():
 def test_seed_everything_rejects_bad_seeds(bad, err):
     with pytest.raises(err, match="seed"):
         edurl.seed_everything(bad)
+
+
+def test_torch_threads_sets_and_restores():
+    before = torch.get_num_threads()
+    with edurl.torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with edurl.torch_threads(None):
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="num_threads"):
+        with edurl.torch_threads(0):
+            pass

@@ -13,14 +13,16 @@ from pathlib import Path
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstring written under each field of a dataclass (the config convention of STYLE.md)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """The docstring written under each field of a dataclass and its dataclass bases (STYLE.md's config convention)."""
     docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
-            docs[node.target.id] = nxt.value.value.strip()
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
+                    and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
+                docs[node.target.id] = nxt.value.value.strip()
     return docs
 
 
@@ -90,6 +92,15 @@ def save_learning_curve(result, path: Path, title: str) -> Path:
     ax.figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(ax.figure)
     return path
+
+
+def run_trainer_recipe(config_cls, train, name: str, argv=None):
+    """Parse ``--field value`` overrides, train, write the learning curve PNG beside metrics.jsonl, report."""
+    config = parse_config(config_cls, argv, log_dir=f"runs/{name.lower().replace(' ', '_')}_cartpole")
+    result = train(config)
+    png = save_learning_curve(result, Path(config.log_dir) / "learning_curve.png", name)
+    report(result, png)
+    return result
 
 
 def report(result, png: Path) -> None:

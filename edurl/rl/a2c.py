@@ -11,17 +11,15 @@ where R_t = A_t + V(s_t) are the GAE value targets.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 import edurl
 from edurl.metrics import MetricsLogger
 from edurl.rl.advantages import gae
-from edurl.rl.episodes import TrainResult, solved_at
+from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
 
@@ -29,11 +27,7 @@ __all__ = ["A2CConfig", "train_a2c"]
 
 
 @dataclass
-class A2CConfig:
-    env_id: str = "CartPole-v1"
-    """Gymnasium id of an env with a discrete action space and vector observations."""
-    seed: int = 0
-    """Seeds torch, numpy and the vector env."""
+class A2CConfig(TrainerConfig):
     num_envs: int = 8
     """Environments stepped in parallel (N)."""
     num_steps: int = 64
@@ -56,22 +50,15 @@ class A2CConfig:
     """Standardise advantages over the batch before the policy loss."""
     total_steps: int = 300_000
     """Stop after this many env steps."""
-    solve_threshold: float = 475.0
-    """Solved when the mean return of the last ``solve_window`` training episodes reaches this."""
-    solve_window: int = 100
-    """Number of training episodes in the solve criterion's moving mean."""
-    stop_when_solved: bool = True
-    """End training at the solve point, or keep going to total_steps."""
-    device: str | None = None
-    """"cpu", "cuda", ...; None picks with edurl.device()."""
-    log_dir: str | None = None
-    """If set, write metrics.jsonl there (overwriting a previous run)."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
 
 
 def train_a2c(config: A2CConfig) -> TrainResult:
     """Train with A2C + GAE until solved (or ``total_steps``). See ``A2CConfig``."""
+    with config.threads():
+        return _train(config)
+
+
+def _train(config: A2CConfig) -> TrainResult:
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     envs = make_vector_env(config.env_id, config.num_envs)
@@ -83,8 +70,7 @@ def train_a2c(config: A2CConfig) -> TrainResult:
     optimizer = torch.optim.Adam(params, lr=config.lr)
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
-    episode_rows: list[dict] = []
-    counter, env_steps, start = None, 0, time.perf_counter()
+    log, counter, env_steps = EpisodeLog(config), None, 0
     bar = tqdm(total=config.total_steps, desc="A2C env steps", disable=not config.progress)
     while env_steps < config.total_steps:
         ro, obs, counter = collect_rollout(envs, policy, obs, config.num_steps, device, counter)
@@ -107,22 +93,17 @@ def train_a2c(config: A2CConfig) -> TrainResult:
         optimizer.step()
 
         env_steps += config.num_steps * config.num_envs
-        elapsed = time.perf_counter() - start
-        for ret, length in zip(ro.episode_returns, ro.episode_lengths):
-            episode_rows.append({"episode": len(episode_rows), "step": env_steps, "episode_return": ret,
-                                 "episode_length": length, "time/total": elapsed})
+        log.add(ro.episode_returns, ro.episode_lengths, env_steps)
         if logger:
-            logger.log(env_steps, **{"episodes": len(episode_rows), "optim/policy_loss": policy_loss.item(),
+            logger.log(env_steps, **{"episodes": len(log), "optim/policy_loss": policy_loss.item(),
                                      "optim/value_loss": value_loss.item(), "optim/entropy": entropy.item(),
-                                     "time/total": elapsed})
+                                     "time/total": log.elapsed()})
         bar.update(config.num_steps * config.num_envs)
-        if episode_rows:
-            bar.set_postfix(mean_return=f"{np.mean([r['episode_return'] for r in episode_rows[-config.solve_window:]]):.0f}")
-        if config.stop_when_solved and ro.episode_returns and solved_at(
-                [r["episode_return"] for r in episode_rows], config.solve_threshold, config.solve_window) is not None:
+        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}")
+        if ro.episode_returns and log.should_stop():
             break
     bar.close()
     envs.close()
     if logger:
         logger.close()
-    return TrainResult.from_episodes(episode_rows, config, policy, value)
+    return log.result(policy, value)

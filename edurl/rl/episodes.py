@@ -1,14 +1,46 @@
-"""Bookkeeping shared by the trainers: the "solved" rule and the table of finished training episodes."""
+"""What the classic-RL trainers share: their common config fields, the "solved" rule, and the table of
+finished training episodes that every trainer returns."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
-__all__ = ["solved_at", "TrainResult"]
+import edurl
+
+__all__ = ["TrainerConfig", "solved_at", "TrainResult", "EpisodeLog"]
+
+
+@dataclass
+class TrainerConfig:
+    """Fields every trainer of Chapters 2–5 has; each algorithm's config adds its own below these."""
+
+    env_id: str = "CartPole-v1"
+    """Gymnasium id of an env with a discrete action space and vector observations."""
+    seed: int = 0
+    """Seeds torch, numpy and the environments."""
+    solve_threshold: float = 475.0
+    """Solved when the mean return of the last ``solve_window`` training episodes reaches this."""
+    solve_window: int = 100
+    """Number of training episodes in the solve criterion's moving mean."""
+    stop_when_solved: bool = True
+    """End training at the solve point (benchmarks and notebooks), or keep going to the budget."""
+    device: str | None = None
+    """"cpu", "cuda", ...; None picks with edurl.device()."""
+    num_threads: int | None = 1
+    """CPU threads for torch during training (1: fastest for these small nets, and repeatable across machines)."""
+    log_dir: str | None = None
+    """If set, write metrics.jsonl there (overwriting a previous run)."""
+    progress: bool = True
+    """Show a tqdm progress bar."""
+
+    def threads(self):
+        """Context manager: ``num_threads`` torch threads while training on CPU (no change on a GPU)."""
+        return edurl.torch_threads(self.num_threads if edurl.device(self.device).type == "cpu" else None)
 
 
 def solved_at(episode_returns, threshold: float = 475.0, window: int = 100) -> int | None:
@@ -56,3 +88,34 @@ class TrainResult:
     @property
     def solved(self) -> bool:
         return self.solved_episode is not None
+
+
+class EpisodeLog:
+    """Finished training episodes as they come in, with the wall clock started at creation."""
+
+    def __init__(self, config: TrainerConfig):
+        self.config, self.rows, self.start = config, [], time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def add(self, returns, lengths, step: int) -> None:
+        """Record episodes that finished by env step ``step``."""
+        now = self.elapsed()
+        for ret, length in zip(returns, lengths):
+            self.rows.append({"episode": len(self.rows), "step": step, "episode_return": float(ret),
+                              "episode_length": int(length), "time/total": now})
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def recent_mean(self) -> float:
+        recent = [r["episode_return"] for r in self.rows[-self.config.solve_window:]]
+        return float(np.mean(recent)) if recent else float("nan")
+
+    def should_stop(self) -> bool:
+        return self.config.stop_when_solved and solved_at(
+            [r["episode_return"] for r in self.rows], self.config.solve_threshold, self.config.solve_window) is not None
+
+    def result(self, policy, value) -> TrainResult:
+        return TrainResult.from_episodes(self.rows, self.config, policy, value)

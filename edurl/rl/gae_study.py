@@ -13,6 +13,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from edurl.utils import torch_threads
+
 from edurl.envs import TorchCartPole
 from edurl.rl.advantages import gae, td_errors
 
@@ -124,24 +126,25 @@ def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor
     two sources of noise in measuring it (the sample mean's variance/num_samples and ``truth_se2``, the
     squared standard error of the Monte Carlo target), so a value near 0 may come out slightly negative.
     """
-    gen = torch.Generator().manual_seed(seed)
-    per_state = []
-    for s, a in tqdm(list(zip(states, actions)), desc="states", disable=not progress):
-        s64 = s.to(torch.float64)
-        q = _first_episode_returns(rollouts_from(policy, s64.expand(num_truth, 4), a.expand(num_truth), horizon, gen),
-                                   gamma)
-        truth = q.mean() - value(s[None].float()).double()[0]
-        truth_se2 = q.var() / num_truth
-        est = rollouts_from(policy, s64.expand(num_samples, 4), a.expand(num_samples), horizon, gen)
-        values = value(est["obs"].float()).double()
-        next_values = value(est["next_obs"].float()).double()
-        for lam in lams:
-            adv, _ = gae(est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam))
-            a0 = adv[0]
-            # E[(mean - truth)^2] = bias^2 + var/num_samples + truth_se2: remove the two noise terms
-            bias2 = (a0.mean() - truth) ** 2 - a0.var() / num_samples - truth_se2
-            per_state.append({"lam": float(lam), "bias2": bias2.item(), "variance": a0.var().item(),
-                              "truth_se2": truth_se2.item()})
-    df = pd.DataFrame(per_state).groupby("lam", as_index=False).mean()
-    df["mse"] = df["bias2"] + df["variance"]
-    return df
+    with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
+        gen = torch.Generator().manual_seed(seed)
+        per_state = []
+        for s, a in tqdm(list(zip(states, actions)), desc="states", disable=not progress):
+            s64 = s.to(torch.float64)
+            q = _first_episode_returns(rollouts_from(policy, s64.expand(num_truth, 4), a.expand(num_truth), horizon, gen),
+                                       gamma)
+            truth = q.mean() - value(s[None].float()).double()[0]
+            truth_se2 = q.var() / num_truth
+            est = rollouts_from(policy, s64.expand(num_samples, 4), a.expand(num_samples), horizon, gen)
+            values = value(est["obs"].float()).double()
+            next_values = value(est["next_obs"].float()).double()
+            for lam in lams:
+                adv, _ = gae(est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam))
+                a0 = adv[0]
+                # E[(mean - truth)^2] = bias^2 + var/num_samples + truth_se2: remove the two noise terms
+                bias2 = (a0.mean() - truth) ** 2 - a0.var() / num_samples - truth_se2
+                per_state.append({"lam": float(lam), "bias2": bias2.item(), "variance": a0.var().item(),
+                                  "truth_se2": truth_se2.item()})
+        df = pd.DataFrame(per_state).groupby("lam", as_index=False).mean()
+        df["mse"] = df["bias2"] + df["variance"]
+        return df

@@ -11,6 +11,8 @@ import gymnasium as gym
 import torch
 from tqdm.auto import tqdm
 
+from edurl.utils import torch_threads
+
 from edurl.rl.networks import ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, collect_episodes
@@ -51,18 +53,19 @@ def flat_policy_gradient(policy: torch.nn.Module, batch: EpisodeBatch, weights: 
 def fit_value_baseline(policy: torch.nn.Module, env_id: str, num_episodes: int, gamma: float, *, steps: int = 500,
                        lr: float = 3e-3, seed: int = 0, device: torch.device = torch.device("cpu")) -> ValueNet:
     """Regress a fresh ValueNet on the reward-to-go of ``num_episodes`` episodes of ``policy`` (kept fixed)."""
-    envs = [gym.make(env_id) for _ in range(num_episodes)]
-    batch = collect_episodes(envs, policy.act, device, seeds=[seed + i for i in range(num_episodes)])
-    G = discounted_returns(batch.rewards, batch.dones, gamma)[batch.mask]
-    obs = batch.obs[batch.mask]
-    value = ValueNet(obs.shape[-1]).to(device)
-    opt = torch.optim.Adam(value.parameters(), lr=lr)
-    for _ in range(steps):
-        loss = ((value(obs) - G) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return value
+    with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
+        envs = [gym.make(env_id) for _ in range(num_episodes)]
+        batch = collect_episodes(envs, policy.act, device, seeds=[seed + i for i in range(num_episodes)])
+        G = discounted_returns(batch.rewards, batch.dones, gamma)[batch.mask]
+        obs = batch.obs[batch.mask]
+        value = ValueNet(obs.shape[-1]).to(device)
+        opt = torch.optim.Adam(value.parameters(), lr=lr)
+        for _ in range(steps):
+            loss = ((value(obs) - G) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return value
 
 
 def gradient_variance(policy: torch.nn.Module, env_id: str, baselines: dict, *, num_batches: int = 100,
@@ -74,15 +77,16 @@ def gradient_variance(policy: torch.nn.Module, env_id: str, baselines: dict, *, 
     fixed quantities: ``lambda obs, G: 0`` (none), a constant, or a value network's V(s). Returns
     name -> (num_batches, P) gradients. The total variance is ``grads.var(0).sum()``.
     """
-    envs = [gym.make(env_id) for _ in range(episodes_per_batch)]
-    out = {name: [] for name in baselines}
-    for k in tqdm(range(num_batches), desc="gradient batches", disable=not progress):
-        batch = collect_episodes(envs, policy.act, device,
-                                 seeds=[seed + k * episodes_per_batch + i for i in range(episodes_per_batch)])
-        G = discounted_returns(batch.rewards, batch.dones, gamma)
-        for name, baseline in baselines.items():
-            with torch.no_grad():
-                b = torch.zeros_like(G)
-                b[batch.mask] = torch.as_tensor(baseline(batch.obs[batch.mask], G[batch.mask]), dtype=G.dtype)
-            out[name].append(flat_policy_gradient(policy, batch, G - b))
-    return {name: torch.stack(grads) for name, grads in out.items()}
+    with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
+        envs = [gym.make(env_id) for _ in range(episodes_per_batch)]
+        out = {name: [] for name in baselines}
+        for k in tqdm(range(num_batches), desc="gradient batches", disable=not progress):
+            batch = collect_episodes(envs, policy.act, device,
+                                     seeds=[seed + k * episodes_per_batch + i for i in range(episodes_per_batch)])
+            G = discounted_returns(batch.rewards, batch.dones, gamma)
+            for name, baseline in baselines.items():
+                with torch.no_grad():
+                    b = torch.zeros_like(G)
+                    b[batch.mask] = torch.as_tensor(baseline(batch.obs[batch.mask], G[batch.mask]), dtype=G.dtype)
+                out[name].append(flat_policy_gradient(policy, batch, G - b))
+        return {name: torch.stack(grads) for name, grads in out.items()}

@@ -5,22 +5,20 @@ The policy gradient theorem (Sutton et al., 2000) gives
     grad J(theta) = E[ sum_t grad log pi_theta(a_t | s_t) * G_t ],
 
 so minimising  -mean_t( log pi(a_t | s_t) * A_t )  with A_t = G_t (or G_t - b(s_t)) climbs J.
-Each update here uses ``num_envs`` complete, fresh episodes: exact returns, strictly on-policy.
+Each update here uses ``episodes_per_update`` complete, fresh episodes: exact returns, strictly on-policy.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import gymnasium as gym
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 import edurl
 from edurl.metrics import MetricsLogger
-from edurl.rl.episodes import TrainResult, solved_at
+from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import collect_episodes
@@ -29,11 +27,7 @@ __all__ = ["ReinforceConfig", "reinforce_loss", "train_reinforce"]
 
 
 @dataclass
-class ReinforceConfig:
-    env_id: str = "CartPole-v1"
-    """Gymnasium id of an env with a discrete action space and vector observations."""
-    seed: int = 0
-    """Seeds torch, numpy, and the envs' resets."""
+class ReinforceConfig(TrainerConfig):
     episodes_per_update: int = 8
     """Complete episodes collected (in parallel, one per env) for each gradient step."""
     gamma: float = 0.99
@@ -50,18 +44,6 @@ class ReinforceConfig:
     """Adam learning rate of the value baseline (only with baseline="value")."""
     max_episodes: int = 3000
     """Stop after this many training episodes."""
-    solve_threshold: float = 475.0
-    """Solved when the mean return of the last ``solve_window`` training episodes reaches this."""
-    solve_window: int = 100
-    """Number of training episodes in the solve criterion's moving mean."""
-    stop_when_solved: bool = True
-    """End training at the solve point (benchmarks and notebooks), or keep going to max_episodes."""
-    device: str | None = None
-    """"cpu", "cuda", ...; None picks with edurl.device()."""
-    log_dir: str | None = None
-    """If set, write metrics.jsonl there (overwriting a previous run)."""
-    progress: bool = True
-    """Show a tqdm progress bar."""
 
 
 def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize: bool = True) -> torch.Tensor:
@@ -80,10 +62,20 @@ def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize: boo
     return -(logprobs * weights).mean()
 
 
-def train_reinforce(config: ReinforceConfig) -> TrainResult:
-    """Train a policy with REINFORCE until solved (or ``max_episodes``). See ``ReinforceConfig``."""
+def train_reinforce(config: ReinforceConfig, loss_fn=None) -> TrainResult:
+    """Train a policy with REINFORCE until solved (or ``max_episodes``). See ``ReinforceConfig``.
+
+    ``loss_fn(logprobs, weights) -> scalar`` replaces the surrogate loss, e.g. with your own from
+    exercise 2.1 (it should normalise the weights itself). By default it is ``reinforce_loss`` with
+    ``config.normalize``.
+    """
     if config.baseline not in ("none", "value"):
         raise ValueError(f"baseline must be 'none' or 'value', got {config.baseline!r}.")
+    with config.threads():
+        return _train(config, loss_fn)
+
+
+def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     envs = [gym.make(config.env_id) for _ in range(config.episodes_per_update)]
@@ -96,14 +88,12 @@ def train_reinforce(config: ReinforceConfig) -> TrainResult:
         value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
-    episode_rows: list[dict] = []
-    env_steps, start = 0, time.perf_counter()
+    log, env_steps = EpisodeLog(config), 0
     bar = tqdm(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
-    while len(episode_rows) < config.max_episodes:
+    while len(log) < config.max_episodes:
         # 1. Sample fresh episodes with the current policy.
-        first_seed = config.seed * 1_000_003 + len(episode_rows)
-        batch = collect_episodes(envs, policy.act, device,
-                                 seeds=[first_seed + i for i in range(len(envs))])
+        first_seed = config.seed * 1_000_003 + len(log)
+        batch = collect_episodes(envs, policy.act, device, seeds=[first_seed + i for i in range(len(envs))])
         # 2. Reward-to-go for every real step (padding has reward 0 and sits after a done).
         returns = discounted_returns(batch.rewards, batch.dones, config.gamma)  # (T, N)
         obs, acts, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]  # (B, ...)
@@ -118,28 +108,23 @@ def train_reinforce(config: ReinforceConfig) -> TrainResult:
             weights = G - v.detach()
         # 3. One gradient step on the surrogate loss.
         dist = policy(obs)
-        loss = reinforce_loss(dist.log_prob(acts), weights, config.normalize)
+        logprobs = dist.log_prob(acts)
+        loss = loss_fn(logprobs, weights) if loss_fn else reinforce_loss(logprobs, weights, config.normalize)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
         env_steps += int(batch.mask.sum())
-        elapsed = time.perf_counter() - start
-        for ret, length in zip(batch.episode_returns.tolist(), batch.lengths.tolist()):
-            episode_rows.append({"episode": len(episode_rows), "step": env_steps, "episode_return": ret,
-                                 "episode_length": length, "time/total": elapsed})
+        log.add(batch.episode_returns.tolist(), batch.lengths.tolist(), env_steps)
         if logger:
-            logger.log(env_steps, **{"episodes": len(episode_rows),
-                                     "env/episode_return_mean": float(batch.episode_returns.mean()),
+            logger.log(env_steps, **{"episodes": len(log), "env/episode_return_mean": float(batch.episode_returns.mean()),
                                      "optim/policy_loss": loss.item(), "optim/entropy": dist.entropy().mean().item(),
-                                     "time/total": elapsed})
-        recent = [row["episode_return"] for row in episode_rows[-config.solve_window:]]
+                                     "time/total": log.elapsed()})
         bar.update(len(batch.lengths))
-        bar.set_postfix(mean_return=f"{np.mean(recent):.0f}")
-        if config.stop_when_solved and solved_at([r["episode_return"] for r in episode_rows],
-                                                 config.solve_threshold, config.solve_window) is not None:
+        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}")
+        if log.should_stop():
             break
     bar.close()
     if logger:
         logger.close()
-    return TrainResult.from_episodes(episode_rows, config, policy, value)
+    return log.result(policy, value)

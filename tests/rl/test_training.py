@@ -80,3 +80,18 @@ def test_trainers_run_on_cuda():
     assert next(r.policy.parameters()).device.type == "cuda"
     a = train_a2c(A2CConfig(seed=0, total_steps=2048, device="cuda", progress=False))
     assert next(a.value.parameters()).device.type == "cuda"
+
+
+def test_episode_log_rows_and_stop_rule():
+    from edurl.rl.episodes import EpisodeLog, TrainerConfig
+
+    log = EpisodeLog(TrainerConfig(solve_threshold=10, solve_window=2))
+    log.add([5.0, 20.0], [5, 20], step=25)
+    assert len(log) == 2 and log.rows[1] == {"episode": 1, "step": 25, "episode_return": 20.0, "episode_length": 20,
+                                             "time/total": log.rows[1]["time/total"]}
+    assert log.recent_mean() == 12.5 and log.should_stop()
+    result = log.result(policy=None, value=None)
+    assert result.solved_episode == 2 and result.solved_step == 25
+    never = EpisodeLog(TrainerConfig(solve_threshold=10, solve_window=2, stop_when_solved=False))
+    never.add([50.0, 50.0], [50, 50], step=100)
+    assert not never.should_stop() and never.result(None, None).solved
