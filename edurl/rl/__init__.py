@@ -4,13 +4,14 @@
 - ``tabular.py``: Bellman backups, policy evaluation and value iteration on known MDPs (Chapter 1).
 - ``advantages.py``: TD errors and GAE with termination vs truncation (Chapter 4).
 - ``networks.py``, ``rollout.py``, ``episodes.py``: MLPs, experience collection, the solve rule.
-- ``reinforce.py`` (Chapter 2) and ``a2c.py`` (Chapter 3): the trainers.
+- ``reinforce.py`` (Chapter 2), ``a2c.py`` (Chapter 3) and ``ppo.py`` (Chapter 5): the trainers.
 """
 
 from edurl.rl.a2c import A2CConfig, train_a2c
 from edurl.rl.advantages import gae, td_errors
 from edurl.rl.episodes import TrainResult, solved_at
 from edurl.rl.networks import CategoricalPolicy, ValueNet, mlp
+from edurl.rl.ppo import PPOConfig, clipped_surrogate, ppo_diagnostics, train_ppo
 from edurl.rl.reinforce import ReinforceConfig, reinforce_loss, train_reinforce
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import (EpisodeBatch, Rollout, collect_episodes, collect_rollout, evaluate_policy,
@@ -36,4 +37,5 @@ __all__ = [
     "solved_at", "TrainResult",
     "ReinforceConfig", "reinforce_loss", "train_reinforce",
     "A2CConfig", "train_a2c",
+    "PPOConfig", "clipped_surrogate", "ppo_diagnostics", "train_ppo",
 ]

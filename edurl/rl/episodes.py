@@ -75,6 +75,8 @@ class TrainResult:
     policy: torch.nn.Module
     value: torch.nn.Module | None
     config: object
+    updates: pd.DataFrame | None = None
+    """One row of optimisation diagnostics per update, for trainers that keep them (PPO)."""
 
     @classmethod
     def from_episodes(cls, rows: list[dict], config, policy, value) -> "TrainResult":

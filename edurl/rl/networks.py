@@ -41,6 +41,18 @@ class CategoricalPolicy(nn.Module):
     def forward(self, obs: torch.Tensor) -> Categorical:
         return Categorical(logits=self.net(obs))  # obs (B, obs_dim) -> distribution over (B,) actions
 
+    def logprob_and_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log pi(a|s) (B,) and the entropy of pi(.|s) (B,), without building a Distribution (PPO's inner loop)."""
+        logp = torch.log_softmax(self.net(obs), -1)  # (B, A)
+        return logp.gather(-1, actions[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+    @torch.no_grad()
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample a ~ pi(.|s) for each row: returns actions (B,) and their log-probs (B,)."""
+        logp = torch.log_softmax(self.net(obs), -1)
+        actions = torch.multinomial(logp.exp(), 1)  # (B, 1)
+        return actions.squeeze(-1), logp.gather(-1, actions).squeeze(-1)
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, greedy: bool = False) -> torch.Tensor:
         """Sample an action per observation, or take the most likely one. Returns (B,) int64."""

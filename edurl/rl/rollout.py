@@ -105,56 +105,73 @@ class Rollout:
 
 
 class _EpisodeCounter:
-    """Running return and length per env, to report finished training episodes."""
+    """Running return and length per env, kept as tensors on the rollout's device (no host syncs per step)."""
 
-    def __init__(self, n: int):
-        self.ret, self.len = np.zeros(n), np.zeros(n, dtype=np.int64)
+    def __init__(self, n: int, device: torch.device):
+        self.ret = torch.zeros(n, device=device)
+        self.len = torch.zeros(n, dtype=torch.long, device=device)
 
-    def update(self, rewards: np.ndarray, done: np.ndarray, out_returns: list, out_lengths: list) -> None:
-        self.ret += rewards
-        self.len += 1
-        for i in np.nonzero(done)[0]:
-            out_returns.append(float(self.ret[i]))
-            out_lengths.append(int(self.len[i]))
-            self.ret[i], self.len[i] = 0.0, 0
+    def step(self, rewards: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add one step; return (N,) return and length of the episodes that just ended (NaN / -1 elsewhere)."""
+        self.ret = self.ret + rewards
+        self.len = self.len + 1
+        finished = (torch.where(done, self.ret, torch.full_like(self.ret, float("nan"))),
+                    torch.where(done, self.len, torch.full_like(self.len, -1)))
+        self.ret = torch.where(done, torch.zeros_like(self.ret), self.ret)
+        self.len = torch.where(done, torch.zeros_like(self.len), self.len)
+        return finished
 
 
-def collect_rollout(envs: gym.vector.VectorEnv, policy, obs: np.ndarray, num_steps: int, device: torch.device,
-                    counter: _EpisodeCounter | None = None) -> tuple[Rollout, np.ndarray, _EpisodeCounter]:
+def _is_torch_env(envs) -> bool:
+    return isinstance(getattr(envs, "state", None), torch.Tensor)
+
+
+def collect_rollout(envs, policy, obs, num_steps: int, device: torch.device,
+                    counter: _EpisodeCounter | None = None) -> tuple[Rollout, object, _EpisodeCounter]:
     """Step a same-step-autoreset vector env ``num_steps`` times from ``obs``.
 
+    ``envs`` is a Gymnasium vector env from :func:`make_vector_env` (NumPy in and out) or a torch env
+    such as ``edurl.envs.TorchCartPole`` (tensors in and out, already on ``device``). With a torch env the
+    loop makes no host<->device copies: episode statistics stay on the device until the rollout ends.
     Returns the rollout, the observation to continue from, and the episode counter to pass back next time.
     """
-    autoreset = envs.metadata.get("autoreset_mode")
-    if autoreset != gym.vector.AutoresetMode.SAME_STEP:
-        raise ValueError(f"collect_rollout needs a vector env with SAME_STEP autoreset, got {autoreset}; "
-                         "build it with edurl.rl.make_vector_env(...).")
-    n = envs.num_envs
-    counter = counter or _EpisodeCounter(n)
-    buf = {k: [] for k in ("obs", "actions", "logprobs", "rewards", "next_obs", "terminated", "truncated")}
-    finished_returns, finished_lengths = [], []
+    torch_env = _is_torch_env(envs)
+    if not torch_env:
+        autoreset = envs.metadata.get("autoreset_mode")
+        if autoreset != gym.vector.AutoresetMode.SAME_STEP:
+            raise ValueError(f"collect_rollout needs a vector env with SAME_STEP autoreset, got {autoreset}; "
+                             "build it with edurl.rl.make_vector_env(...).")
+    counter = counter or _EpisodeCounter(envs.num_envs, device)
+    keys = ("obs", "actions", "logprobs", "rewards", "next_obs", "terminated", "truncated", "ep_ret", "ep_len")
+    buf = {k: [] for k in keys}
     for _ in range(num_steps):
-        obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device)
-        with torch.no_grad():
-            dist = policy(obs_t)
-            actions = dist.sample()
-            logprobs = dist.log_prob(actions)
-        next_obs, rewards, terminated, truncated, info = envs.step(actions.cpu().numpy())
-        true_next = np.array(next_obs, dtype=np.float32, copy=True)
-        done = terminated | truncated
-        if done.any():  # s_{t+1} of a finished episode is its final observation, not the reset one
-            for i in np.nonzero(done)[0]:
-                true_next[i] = info["final_obs"][i]
-        counter.update(rewards, done, finished_returns, finished_lengths)
-        for key, value in (("obs", obs_t), ("actions", actions), ("logprobs", logprobs)):
+        obs_t = obs if torch_env else torch.as_tensor(obs, dtype=torch.float32, device=device)
+        actions, logprobs = policy.sample(obs_t)
+        if torch_env:
+            next_obs, rewards, terminated, truncated, info = envs.step(actions)
+            done = terminated | truncated
+            # s_{t+1} of a finished episode is its final observation, not the reset one
+            true_next = torch.where(done[:, None], info["final_obs"], next_obs)
+            obs = next_obs
+        else:
+            next_np, rew_np, term_np, trunc_np, info = envs.step(actions.cpu().numpy())
+            true_np = np.array(next_np, dtype=np.float32, copy=True)
+            for i in np.nonzero(term_np | trunc_np)[0]:
+                true_np[i] = info["final_obs"][i]
+            rewards, terminated, truncated, true_next = (torch.as_tensor(x, device=device) for x in
+                                                         (rew_np.astype(np.float32), term_np, trunc_np, true_np))
+            done = terminated | truncated
+            obs = next_np
+        ep_ret, ep_len = counter.step(rewards.to(counter.ret.dtype), done)
+        for key, value in zip(keys, (obs_t, actions, logprobs, rewards, true_next, terminated, truncated,
+                                     ep_ret, ep_len)):
             buf[key].append(value)
-        buf["rewards"].append(torch.as_tensor(rewards, dtype=torch.float32))
-        buf["next_obs"].append(torch.as_tensor(true_next))
-        buf["terminated"].append(torch.as_tensor(terminated))
-        buf["truncated"].append(torch.as_tensor(truncated))
-        obs = next_obs
-    stacked = {k: torch.stack(v).to(device) for k, v in buf.items()}
-    return Rollout(**stacked, episode_returns=finished_returns, episode_lengths=finished_lengths), obs, counter
+    stacked = {k: torch.stack(v) for k, v in buf.items()}
+    ep_ret, ep_len = stacked.pop("ep_ret"), stacked.pop("ep_len")
+    ended = ~torch.isnan(ep_ret)  # (T, N); row-major order = time order, then env index
+    stacked["obs"], stacked["next_obs"] = stacked["obs"].float(), stacked["next_obs"].float()
+    stacked["rewards"] = stacked["rewards"].float()
+    return Rollout(**stacked, episode_returns=ep_ret[ended].tolist(), episode_lengths=ep_len[ended].tolist()), obs, counter
 
 
 def evaluate_policy(policy, env_id: str, num_episodes: int, device: torch.device, *, greedy: bool = True,

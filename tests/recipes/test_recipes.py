@@ -4,9 +4,9 @@ import sys
 import pytest
 
 from edurl import load_metrics
-from edurl.recipes import a2c_cartpole, gae_visualizer, reinforce_cartpole
+from edurl.recipes import a2c_cartpole, gae_visualizer, ppo_cartpole, reinforce_cartpole
 from edurl.recipes._cli import field_docs, parse_config
-from edurl.rl import A2CConfig, ReinforceConfig
+from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig
 
 
 def test_parse_config_types_and_dashes():
@@ -26,7 +26,7 @@ def test_parse_config_errors_are_readable():
 
 
 def test_every_config_field_is_documented():
-    for cls in (ReinforceConfig, A2CConfig, gae_visualizer.GAEVisualizerConfig):
+    for cls in (ReinforceConfig, A2CConfig, PPOConfig, gae_visualizer.GAEVisualizerConfig):
         docs = field_docs(cls)
         assert set(docs) == set(cls.__dataclass_fields__), cls.__name__
 
@@ -54,3 +54,10 @@ def test_gae_visualizer_writes_png(tmp_path):
     png = tmp_path / "gae.png"
     gae_visualizer.main(["--train-episodes", "8", "--out", str(png)])
     assert png.stat().st_size > 1000
+
+
+def test_ppo_recipe_on_the_torch_env(tmp_path):
+    ppo_cartpole.main(["--env-backend", "torch", "--total-steps", "2560", "--log-dir", str(tmp_path),
+                       "--progress", "false"])
+    assert (tmp_path / "learning_curve.png").exists()
+    assert "optim/approx_kl_k3" in load_metrics(tmp_path)

@@ -85,3 +85,29 @@ def test_collect_episodes_pads_and_masks():
 def test_evaluate_policy_counts_episodes():
     returns = evaluate_policy(_policy(), "CartPole-v1", 20, CPU)
     assert returns.shape == (20,) and (returns >= 8).all()
+
+
+def test_rollout_on_torch_cartpole_keeps_final_obs_and_counts_episodes():
+    from edurl.envs import TorchCartPole
+
+    env = TorchCartPole(4, max_episode_steps=6)
+    obs, _ = env.reset(seed=0)
+    ro, obs_after, _ = collect_rollout(env, _policy(), obs, 20, CPU)
+    done = ro.terminated | ro.truncated
+    assert ro.truncated.any() and isinstance(obs_after, torch.Tensor)
+    same = ~done[:-1]
+    assert torch.equal(ro.next_obs[:-1][same], ro.obs[1:][same])
+    ends = done[:-1]
+    assert not torch.isclose(ro.next_obs[:-1][ends], ro.obs[1:][ends]).all(-1).any()
+    assert len(ro.episode_returns) == int(done.sum()) and all(r <= 6 for r in ro.episode_lengths)
+    assert ro.episode_returns == [float(n) for n in ro.episode_lengths]
+
+
+def test_policy_sample_logprobs_match_the_distribution():
+    policy = _policy()
+    obs = torch.randn(50, 4)
+    actions, logprobs = policy.sample(obs)
+    torch.testing.assert_close(logprobs, policy(obs).log_prob(actions))
+    lp, ent = policy.logprob_and_entropy(obs, actions)
+    torch.testing.assert_close(lp, logprobs)
+    torch.testing.assert_close(ent, policy(obs).entropy())
