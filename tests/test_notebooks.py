@@ -62,7 +62,8 @@ def test_exercises_use_existing_checkers_and_leave_stubs(path):
         assert hasattr(edurl.exercises, name), f"{path.name} calls exercises.{name}, which does not exist"
     for src in sources:
         if "exercises.check_" in src:  # the exercise cell ships as a stub; solutions live in edurl.exercises
-            assert "raise NotImplementedError" in src
+            # a function stub raises NotImplementedError; a table exercise (Chapter 5) ships with None cells
+            assert "raise NotImplementedError" in src or re.search(r":\s*None\b", src), src[:200]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

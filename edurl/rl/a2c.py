@@ -59,6 +59,7 @@ def train_a2c(config: A2CConfig) -> TrainResult:
 
 
 def _train(config: A2CConfig) -> TrainResult:
+    log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     envs = make_vector_env(config.env_id, config.num_envs)
@@ -70,7 +71,7 @@ def _train(config: A2CConfig) -> TrainResult:
     optimizer = torch.optim.Adam(params, lr=config.lr)
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
-    log, counter, env_steps = EpisodeLog(config), None, 0
+    counter, env_steps = None, 0
     bar = tqdm(total=config.total_steps, desc="A2C env steps", disable=not config.progress)
     while env_steps < config.total_steps:
         ro, obs, counter = collect_rollout(envs, policy, obs, config.num_steps, device, counter)

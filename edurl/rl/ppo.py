@@ -7,8 +7,9 @@ batch for several epochs of minibatch steps on
     r = pi_theta(a|s) / pi_old(a|s) = exp(logprob - old_logprob),
 
 where pi_old is the policy that collected the batch. The clip removes the incentive to move r outside
-[1 - eps, 1 + eps], which is what makes the reuse safe. Implementation details that matter are marked
-"# detail:" and listed, with their sources, in chapters/05_ppo.md (Huang et al., 2022; Engstrom et al., 2020).
+[1 - eps, 1 + eps], which is what makes the reuse safe. Implementation details that matter carry a
+"detail" comment and are explained, with their sources, in chapters/05_ppo.md (Huang et al., 2022;
+Engstrom et al., 2020).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ def train_ppo(config: PPOConfig) -> TrainResult:
 
 
 def _train(config: PPOConfig) -> TrainResult:
+    log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = _make_env(config, device)
@@ -137,10 +139,10 @@ def _train(config: PPOConfig) -> TrainResult:
     batch_size = config.num_envs * config.num_steps
     minibatch_size = batch_size // config.num_minibatches
     num_updates = max(1, config.total_steps // batch_size)
-    log, counter, updates = EpisodeLog(config), None, []
+    counter, updates = None, []
     bar = tqdm(total=num_updates * batch_size, desc="PPO env steps", disable=not config.progress)
     for update in range(num_updates):
-        # ---- schedules: linear decay to 0 over the budget (detail: lr and clip annealing)
+        # detail: lr and clip_eps decay linearly to 0 over the budget
         frac = 1.0 - update / num_updates
         lr = config.lr * frac if config.anneal_lr else config.lr
         clip_eps = config.clip_eps * frac if config.anneal_clip else config.clip_eps
@@ -151,7 +153,7 @@ def _train(config: PPOConfig) -> TrainResult:
         ro, obs, counter = collect_rollout(env, policy, obs, config.num_steps, device, counter)
         with torch.no_grad():
             values = value(ro.obs)  # (T, N)
-            next_values = value(ro.next_obs)  # V(true s_{t+1}); ignored where terminated
+            next_values = value(ro.next_obs)  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
         advantages, returns = gae(ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam)
         b_obs, b_actions = ro.obs.reshape(batch_size, -1), ro.actions.reshape(-1)
         b_old_logprobs, b_adv = ro.logprobs.reshape(-1), advantages.reshape(-1)

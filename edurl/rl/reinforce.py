@@ -76,6 +76,7 @@ def train_reinforce(config: ReinforceConfig, loss_fn=None) -> TrainResult:
 
 
 def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
+    log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     envs = [gym.make(config.env_id) for _ in range(config.episodes_per_update)]
@@ -88,7 +89,7 @@ def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
         value_opt = torch.optim.Adam(value.parameters(), lr=config.value_lr)
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
-    log, env_steps = EpisodeLog(config), 0
+    env_steps = 0
     bar = tqdm(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
     while len(log) < config.max_episodes:
         # 1. Sample fresh episodes with the current policy.

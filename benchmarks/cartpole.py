@@ -1,0 +1,56 @@
+"""PPO on CartPole-v1: edurl on Gymnasium vector envs, edurl on TorchCartPole, and Stable-Baselines3, in one run.
+
+    python benchmarks/cartpole.py            # 5 seeds each, about 4 minutes on 2 CPU cores
+    python benchmarks/cartpole.py --seeds 3
+
+All three use the rl-baselines3-zoo CartPole-v1 PPO hyperparameters, which are edurl's PPOConfig
+defaults: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98, lambda 0.8, lr 1e-3 and clip
+0.2 both decayed linearly, entropy 0. Both libraries get a 200k-step budget (the schedules' horizon).
+"Solved" = the mean of the last 100 training-episode returns reaches 475; then the greedy policy plays
+100 fresh episodes. Every run uses one CPU thread. SB3 is in the `bench` extra: pip install -e ".[bench]".
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from _common import print_table, run_edurl, run_sb3, warm_up
+
+from edurl.rl import PPOConfig, train_ppo
+
+BUDGET = 200_000
+
+
+def sb3_ppo(seed):
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    def linear(start):
+        return lambda progress_remaining: progress_remaining * start
+
+    return PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=seed), n_steps=32, batch_size=256,
+               n_epochs=20, gamma=0.98, gae_lambda=0.8, learning_rate=linear(1e-3), clip_range=linear(0.2),
+               ent_coef=0.0, seed=seed, device="cpu")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--no-sb3", action="store_true", help="skip Stable-Baselines3")
+    args = parser.parse_args()
+    warm_up()
+    seeds = list(range(args.seeds))
+    print("running ...")
+    rows = []
+    for backend, name in (("gymnasium", "edurl PPO (gymnasium vector)"), ("torch", "edurl PPO (TorchCartPole)")):
+        rows += run_edurl(name, lambda s, b=backend: PPOConfig(seed=s, env_backend=b, total_steps=BUDGET,
+                                                                device="cpu", progress=False),
+                          train_ppo, seeds, greedy_episodes=100)
+    if not args.no_sb3:
+        rows += run_sb3("SB3 PPO (zoo)", sb3_ppo, seeds, BUDGET, greedy_episodes=100)
+    print_table(rows, "SB3 PPO (zoo)", f"PPO on CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean "
+                                        ">= 475; median (min-max) over solved seeds; 1 CPU thread")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The clipped objective made visible (Chapter 5): PPO's per-sample objective and its gradient against the ratio.
+
+Everything is computed with ``edurl.rl.ppo.clipped_surrogate`` and autograd, so the figure shows what the
+training code actually does, including exactly where the gradient is zero.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from edurl.rl.ppo import clipped_surrogate
+
+__all__ = ["clip_objective_and_grad", "clip_case", "plot_clip_explorer"]
+
+
+def clip_objective_and_grad(ratios: torch.Tensor, advantage: float, clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Objective min(r*A, clip(r)*A) (the negated loss) and its derivative with respect to r, at each ratio."""
+    r = ratios.detach().clone().to(torch.float64).requires_grad_(True)
+    adv = torch.full_like(r, advantage)
+    objective = -clipped_surrogate(torch.log(r), torch.zeros_like(r), adv, clip_eps)
+    objective.sum().backward()
+    return objective.detach(), r.grad
+
+
+def clip_case(ratio: float, advantage: float, clip_eps: float) -> tuple[str, bool]:
+    """Which term min() picks at this ratio ("unclipped", "clipped" or "both": equal) and whether the gradient is 0."""
+    r = torch.tensor([ratio], dtype=torch.float64)
+    objective, grad = clip_objective_and_grad(r, advantage, clip_eps)
+    unclipped = ratio * advantage
+    clipped = float(np.clip(ratio, 1 - clip_eps, 1 + clip_eps)) * advantage
+    picks = "both" if np.isclose(unclipped, clipped) else ("unclipped" if np.isclose(objective.item(), unclipped)
+                                                            else "clipped")
+    return picks, bool(grad.item() == 0.0)
+
+
+def plot_clip_explorer(clip_eps: float = 0.2, *, axes=None):
+    """Two panels (A = +1, A = -1): the objective and its gradient against r in [0, 2], clip range shaded."""
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(12, 4))
+    r = torch.linspace(0.01, 2.0, 400, dtype=torch.float64)
+    for ax, adv in zip(axes, (1.0, -1.0)):
+        objective, grad = clip_objective_and_grad(r, adv, clip_eps)
+        ax.plot(r, r * adv, color="gray", ls=":", label="unclipped $rA$")
+        ax.plot(r, objective, lw=2.5, label="PPO objective $\\min(rA, \\mathrm{clip}(r)A)$")
+        ax.plot(r, grad, color="tab:red", lw=1.5, label="its gradient $d/dr$")
+        ax.axvspan(1 - clip_eps, 1 + clip_eps, color="tab:green", alpha=0.12, label="$[1-\\epsilon, 1+\\epsilon]$")
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set(xlabel="ratio $r = \\pi_\\theta / \\pi_{old}$", title=f"A {'> 0' if adv > 0 else '< 0'}, "
+                                                                     f"$\\epsilon$ = {clip_eps:.2f}",
+               ylim=(-2.2, 2.2))
+        ax.legend(fontsize=8, loc="upper left" if adv > 0 else "lower left")
+    return axes

@@ -1,0 +1,46 @@
+import copy
+
+import pytest
+
+from edurl import exercises
+from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises.ch05 import reference_clip_table
+from edurl.exercises.solutions.ch05 import clip_table
+
+
+def test_reference_table_from_autograd_matches_the_worked_solution():
+    assert reference_clip_table() == clip_table()
+
+
+def test_correct_table_passes():
+    assert exercises.check_clip_table(clip_table(), verbose=False).status == PASSED
+
+
+def _with(changes):
+    table = copy.deepcopy(clip_table())
+    for (key, field), value in changes.items():
+        table[key][field] = value
+    return table
+
+
+@pytest.mark.parametrize("table, message", [
+    # the classic confusion: for A < 0 thinking the clip binds above 1 + eps, as for A > 0
+    (_with({(("A < 0", "r < 1 - eps"), "min picks"): "unclipped",
+            (("A < 0", "r > 1 + eps"), "min picks"): "clipped"}), "row ('A < 0', 'r < 1 - eps'): min picks"),
+    # believing the gradient vanishes whenever the ratio is outside the range
+    (_with({(("A > 0", "r < 1 - eps"), "gradient is zero"): True}), "autograd says the gradient is not zero"),
+    # believing the clipped term is used inside the range, with zero gradient
+    (_with({(("A > 0", "inside"), "min picks"): "clipped"}), "min picks 'clipped'"),
+])
+def test_wrong_tables_are_rejected(table, message):
+    verdict = exercises.check_clip_table(table, verbose=False)
+    assert verdict.status == FAILED and message in verdict.message
+
+
+def test_unfilled_and_malformed():
+    blank = {key: {"min picks": None, "gradient is zero": None} for key in clip_table()}
+    assert exercises.check_clip_table(blank, verbose=False).status == NOT_ATTEMPTED
+    assert exercises.check_clip_table([], verbose=False).status == FAILED
+    partial = copy.deepcopy(clip_table())
+    partial[("A > 0", "inside")] = {"picks": "both"}
+    assert "expected a dict with keys" in exercises.check_clip_table(partial, verbose=False).message
