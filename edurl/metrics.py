@@ -8,7 +8,6 @@ the file back with :func:`load_metrics`. Names follow the Tinker Cookbook's wher
 from __future__ import annotations
 
 import json
-import math
 import numbers
 import time
 from pathlib import Path

@@ -2,7 +2,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from edurl.plotting import align_curves, plot_learning_curves, plot_value_grid, rolling_mean
 

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from edurl import load_metrics
-from edurl.recipes import a2c_cartpole, gae_visualizer, ppo_cartpole, reinforce_cartpole
+from edurl.recipes import gae_visualizer, ppo_cartpole, reinforce_cartpole
 from edurl.recipes._cli import field_docs, parse_config
 from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig
 

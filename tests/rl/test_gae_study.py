@@ -2,7 +2,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from edurl.rl import CategoricalPolicy, ValueNet, gae
+from edurl.rl import CategoricalPolicy, ValueNet
 from edurl.rl.gae_study import gae_bias_variance, plot_gae, rollouts_from, sample_trajectory
 
 

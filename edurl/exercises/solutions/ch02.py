@@ -1,6 +1,5 @@
 """Worked solution for Chapter 2. Open it with ``edurl.exercises.show_solution("reinforce_loss")``."""
 
-import torch
 
 
 def reinforce_loss(logprobs, returns):

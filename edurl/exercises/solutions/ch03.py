@@ -1,6 +1,5 @@
 """Worked solution for Chapter 3. Open it with ``edurl.exercises.show_solution("baseline_losses")``."""
 
-import torch
 
 
 def baseline_losses(logprobs, returns, values):
