@@ -74,16 +74,17 @@ def rollouts_from(policy, states: torch.Tensor, first_actions: torch.Tensor, hor
                   generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Continue CartPole from each row of ``states`` (B, 4): take ``first_actions`` (B,), then follow the policy.
 
-    Returns time-major (H, B) rewards / terminated / truncated and (H + 1, B, 4) observations. Rows after
-    an episode's end belong to the env's next episode; ``truncated`` is True at the last step so that
-    GAE bootstraps whatever is still running there.
+    Returns time-major (H, B) rewards / terminated / truncated and (H, B, 4) ``obs`` (s_t) and ``next_obs``
+    (the true s_{t+1}: the final observation where an episode ended). Rows after an episode's end belong
+    to the env's next episode; ``truncated`` is True at the last step so that GAE bootstraps whatever is
+    still running there.
     """
     B = states.shape[0]
     env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9)
     env.reset(seed=int(torch.randint(0, 2**31, (1,), generator=generator)))
     env.state = states.clone()
     obs = states.clone()
-    out = {k: [] for k in ("obs", "rewards", "terminated")}
+    out = {k: [] for k in ("obs", "next_obs", "rewards", "terminated")}
     for t in range(horizon):
         if t == 0:
             actions = first_actions
@@ -91,15 +92,13 @@ def rollouts_from(policy, states: torch.Tensor, first_actions: torch.Tensor, hor
             actions = torch.multinomial(policy(obs.float()).probs, 1, generator=generator).squeeze(-1)
         out["obs"].append(obs)
         obs, reward, terminated, _, info = env.step(actions)
+        out["next_obs"].append(info["final_obs"])  # every env's state after the step, before any reset
         out["rewards"].append(reward)
         out["terminated"].append(terminated)
-        out["next_obs_last"] = info["final_obs"]
-    terminated = torch.stack(out["terminated"])
-    truncated = torch.zeros_like(terminated)
-    truncated[-1] = ~terminated[-1]
-    next_obs = torch.stack(out["obs"][1:] + [out["next_obs_last"]])
-    return {"obs": torch.stack(out["obs"]), "next_obs": next_obs, "rewards": torch.stack(out["rewards"]),
-            "terminated": terminated, "truncated": truncated}
+    ro = {k: torch.stack(v) for k, v in out.items()}
+    ro["truncated"] = torch.zeros_like(ro["terminated"])
+    ro["truncated"][-1] = ~ro["terminated"][-1]
+    return ro
 
 
 def _first_episode_returns(ro: dict, gamma: float) -> torch.Tensor:

@@ -46,3 +46,14 @@ def test_gae_bias_variance_lambda_one_is_unbiased_and_most_variable():
     assert abs(df["bias2"].iloc[-1]) < 2.0  # lambda = 1 is a Monte Carlo return: unbiased up to noise
     assert df["variance"].is_monotonic_increasing
     np.testing.assert_allclose(df["mse"], df["bias2"] + df["variance"])
+
+
+def test_rollouts_next_obs_is_the_final_state_at_termination():
+    policy, _ = _nets()
+    start = torch.tensor([[0.0, 0.0, 0.15, 1.5]], dtype=torch.float64).expand(8, 4)  # falling: ends within steps
+    ro = rollouts_from(policy, start, torch.zeros(8, dtype=torch.long), 40, torch.Generator().manual_seed(1))
+    assert ro["terminated"].any()
+    ended = ro["next_obs"][ro["terminated"]]
+    assert ((ended[:, 0].abs() > 2.4) | (ended[:, 2].abs() > 12 * 2 * 3.141592653589793 / 360)).all()
+    live = ~ro["terminated"][:-1]
+    assert torch.equal(ro["next_obs"][:-1][live], ro["obs"][1:][live])
