@@ -1,0 +1,93 @@
+"""The training datum: what one sampled completion becomes before a gradient step (Chapters 6 and 7).
+
+A causal LM predicts token ``t+1`` from tokens ``0..t``. So for a sequence
+``tokens = prompt + completion`` (length ``n``)::
+
+    model_input   = tokens[:-1]                       (n-1,)  what the model reads
+    target_tokens = tokens[1:]                        (n-1,)  what it is scored on
+    logprobs      = 0 ... 0, q(c_0), ..., q(c_k-1)    (n-1,)  sampling log-probs, 0 on prompt targets
+    advantages    = 0 ... 0, A, ..., A                (n-1,)  the completion's advantage on every action
+    mask          = 0 ... 0, 1, ..., 1                (n-1,)  1 where the target is a sampled action
+
+Position ``i`` of every field is about predicting ``tokens[i+1]``. The first
+completion token is predicted at position ``len(prompt) - 1``, so the prompt
+contributes ``len(prompt) - 1`` zeros, not ``len(prompt)``. Prompt tokens are
+not actions, so their advantage (and mask) is 0: the policy is never pushed
+toward or away from text it did not choose.
+
+The names mirror the Tinker API (``Datum``, ``ModelInput.from_ints``,
+``loss_fn_inputs``), so cookbook-style loops read the same here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+DATUM_FIELDS = ("target_tokens", "logprobs", "advantages", "mask")
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """The token ids a model reads."""
+
+    tokens: tuple[int, ...]
+
+    @classmethod
+    def from_ints(cls, tokens: Sequence[int]) -> ModelInput:
+        tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise TypeError(f"ModelInput.from_ints takes int token ids, got {tokens[:5]!r}...")
+        return cls(tuple(tokens))
+
+    def to_ints(self) -> list[int]:
+        return list(self.tokens)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Datum:
+    """One training sequence: the model input and per-position loss inputs of the same length."""
+
+    model_input: ModelInput
+    loss_fn_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = self.model_input.length
+        fixed = {}
+        for key, value in self.loss_fn_inputs.items():
+            t = torch.as_tensor(value)
+            if t.dim() != 1 or t.shape[0] != n:
+                raise ValueError(
+                    f"loss_fn_inputs[{key!r}] has shape {tuple(t.shape)}, but model_input has {n} tokens; "
+                    f"every field needs one value per model_input position, shape ({n},)"
+                )
+            fixed[key] = t
+        self.loss_fn_inputs = fixed
+
+
+def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float],
+                advantage: float) -> Datum:
+    """Reference implementation of the datum layout in the module docstring."""
+    prompt, completion = list(prompt_tokens), list(completion_tokens)
+    if not prompt:
+        raise ValueError("prompt_tokens is empty; the first action must be predicted from at least one token")
+    if len(sampling_logprobs) != len(completion):
+        raise ValueError(f"{len(sampling_logprobs)} sampling log-probs for {len(completion)} completion tokens; "
+                         "pass one log-prob per sampled token")
+    tokens = prompt + completion
+    n_prompt = len(prompt) - 1  # targets that are prompt tokens
+    return Datum(
+        model_input=ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": torch.tensor(tokens[1:], dtype=torch.long),
+            "logprobs": torch.tensor([0.0] * n_prompt + [float(x) for x in sampling_logprobs]),
+            "advantages": torch.tensor([0.0] * n_prompt + [float(advantage)] * len(completion)),
+            "mask": torch.tensor([0.0] * n_prompt + [1.0] * len(completion)),
+        },
+    )

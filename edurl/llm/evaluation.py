@@ -1,0 +1,59 @@
+"""Held-out evaluation of a policy on a task: pass@1 and format rate (Chapters 6 and 7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .renderer import ChatMLRenderer
+from .rewards import grade
+from .sampling import SamplingParams, sample
+from .tasks import Problem
+
+
+@dataclass
+class EvalResult:
+    """Held-out scores, each a fraction in [0, 1]."""
+
+    pass_at_1: float
+    """Share of completions graded correct (greedy: one per problem)."""
+    format: float
+    """Share of completions with a well-formed, complete ``\\boxed{}`` answer."""
+    samples: list[tuple[str, str, str]]
+    """(question, reply, reference answer) for the first few problems."""
+
+
+def evaluate(model, renderer: ChatMLRenderer, problems: Sequence[Problem], temperature: float = 0.0,
+             max_tokens: int = 16, batch_size: int = 256, seed: int = 0, keep_samples: int = 8) -> EvalResult:
+    """Answer every problem once and grade it. ``temperature=0`` (greedy) is the default."""
+    if not problems:
+        raise ValueError("problems is empty; pass e.g. task.sample(200, split='test')")
+    correct, fmt, samples = 0.0, 0.0, []
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(),
+                            seed=seed)
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start:start + batch_size]
+        prompts = [renderer.build_generation_prompt(p.messages()) for p in chunk]
+        for p, c in zip(chunk, sample(model, prompts, 1, params, pad_token_id=renderer.tokenizer.pad_token_id)):
+            message, ok = renderer.parse_response(c.tokens)
+            g = grade(message["content"], p.answer, complete=ok)
+            correct += g.correct
+            fmt += g.format
+            if len(samples) < keep_samples:
+                samples.append((p.question, message["content"], p.answer))
+    return EvalResult(pass_at_1=correct / len(problems), format=fmt / len(problems), samples=samples)
+
+
+def sequence_logprobs(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """Per-token log-probs of ``tokens[:, 1:]`` given their prefixes: shape ``(B, T-1)``.
+
+    ``out[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1])`` at ``temperature``.
+    Summing over a completion's positions gives the log-prob of the whole completion.
+    """
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)

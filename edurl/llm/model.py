@@ -1,0 +1,74 @@
+"""A tiny decoder-only transformer, built from transformers' own Qwen2 or Llama code (Chapter 6).
+
+The course model is the same architecture as Qwen2.5-0.5B-Instruct, about a
+thousand times smaller, so every line that runs it also runs the real thing:
+``save_pretrained`` and ``AutoModelForCausalLM.from_pretrained`` work unchanged.
+Dropout is 0, so a forward pass is a deterministic function of the weights --
+the sampler's log-probs and the trainer's log-probs must agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
+
+
+@dataclass
+class TinyLMConfig:
+    """Sizes of the course's tiny LM. The defaults train on a 2-core CPU in about a minute."""
+
+    arch: str = "qwen2"
+    """'qwen2' (Qwen2.5's architecture) or 'llama'."""
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_layers: int = 3
+    """Number of transformer blocks."""
+    num_heads: int = 4
+    """Attention heads (query and key/value: no grouped-query attention at this size)."""
+    intermediate_size: int = 384
+    """Width of each block's MLP."""
+    max_position_embeddings: int = 128
+    """Longest sequence (prompt + completion) in tokens."""
+
+
+def build_tiny_lm(tokenizer: PreTrainedTokenizerBase, config: TinyLMConfig | None = None, seed: int = 0) -> PreTrainedModel:
+    """A randomly initialised causal LM whose vocabulary matches ``tokenizer``."""
+    config = config or TinyLMConfig()
+    if config.arch not in ARCHITECTURES:
+        raise ValueError(f"arch must be one of {sorted(ARCHITECTURES)}, got {config.arch!r}")
+    if config.hidden_size % config.num_heads:
+        raise ValueError(f"hidden_size ({config.hidden_size}) must be divisible by num_heads ({config.num_heads})")
+    config_cls, model_cls = ARCHITECTURES[config.arch]
+    hf_config = config_cls(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        attention_dropout=0.0,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(hf_config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.eval()
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def config_dict(config: TinyLMConfig) -> dict:
+    return asdict(config)

@@ -1,0 +1,92 @@
+"""Load any Hugging Face causal LM as a policy, optionally with a LoRA adapter (Chapters 6 and 7).
+
+The same call serves the course's tiny model (a folder written by
+``save_pretrained``) and a real checkpoint such as ``Qwen/Qwen2.5-0.5B-Instruct``
+(a local folder or a hub id, when its weights are present). On CUDA the model is
+loaded in bfloat16; on CPU in float32.
+
+LoRA (Hu et al., 2021) trains two small matrices per adapted layer instead of the
+full weights. ``peft``'s ``disable_adapter()`` then gives back the base model,
+which Chapter 7 uses as the KL reference without a second copy in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..utils import device as default_device
+from .renderer import require_chat_template
+
+
+@dataclass
+class LoraSettings:
+    """LoRA hyperparameters."""
+
+    rank: int = 16
+    """Rank r of the update B @ A."""
+    alpha: float = 32.0
+    """Scale: the update is multiplied by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input; 0 keeps sampling and training log-probs equal."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Names of the linear layers to adapt (those of Qwen2 and Llama blocks)."""
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or Path(name).suffix != ""
+
+
+def load_policy(name_or_path: str | Path, lora: LoraSettings | int | None = None, device: str | torch.device | None = None,
+                dtype: torch.dtype | None = None, require_chat: bool = True, local_files_only: bool = False):
+    """Load a causal LM and its tokenizer. Returns ``(model, tokenizer)``.
+
+    Parameters
+    ----------
+    name_or_path: a folder written by ``save_pretrained``, or a hub id whose files are cached locally.
+    lora: ``None`` for full weights, an int rank, or :class:`LoraSettings`; wraps the model with peft.
+    device: defaults to :func:`edurl.device` (CUDA when available).
+    dtype: defaults to bfloat16 on CUDA and float32 elsewhere.
+    require_chat: raise if the tokenizer has no chat template (a base, non-instruct checkpoint).
+    local_files_only: never try the network for a hub id (``HF_HUB_OFFLINE=1`` does the same).
+    """
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name!r} is a file; pass the folder that holds config.json and the weights")
+    if not path.exists() and _looks_like_path(name):
+        raise FileNotFoundError(f"model path {name!r} does not exist. Pass a folder written by save_pretrained "
+                                "(e.g. the path returned by load_or_train_sft) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'.")
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    source = str(path) if path.exists() else name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"could not load {name!r}: no such local folder, and the hub id is not in the local cache ({err}). "
+            "Download the checkpoint on a machine with access, then pass its folder."
+        ) from None
+    if require_chat:
+        require_chat_template(tokenizer)
+    if tokenizer.pad_token_id is None:  # sampling pads prompts on the left
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(dev).eval()
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        settings = LoraSettings(rank=lora) if isinstance(lora, int) else lora
+        present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+        targets = [m for m in settings.target_modules if m in present]
+        if not targets:
+            raise ValueError(f"none of the LoRA target modules {settings.target_modules} exist in this model; "
+                             f"pass LoraSettings(target_modules=...) from its layer names")
+        model = get_peft_model(model, LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
+                                                 lora_dropout=settings.dropout, target_modules=targets))
+    return model, tokenizer

@@ -1,0 +1,105 @@
+"""Renderers: chat messages <-> token ids, the way a trainer needs them (Chapter 6).
+
+A chat template (Jinja in the tokenizer) turns messages into text. An RL loop
+needs three more things, which is what a renderer adds:
+
+* ``build_generation_prompt(messages)``: the prompt as token ids, ending where
+  the assistant starts speaking;
+* ``get_stop_sequences()``: the token(s) that end the assistant's turn;
+* ``parse_response(tokens)``: the sampled tokens back to a message, and whether
+  the turn ended properly (a reply cut off by ``max_tokens`` is not ``ok``).
+
+``ChatMLRenderer`` builds ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n``) from
+token pieces itself, so the test suite can check it against
+``tokenizer.apply_chat_template`` for the course tokenizer and for Qwen-style
+ones. Special tokens are inserted by id, never parsed out of user text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+Message = dict[str, str]
+
+
+def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise a helpful error if ``tokenizer`` has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no chat template, so there is no way to turn messages into a prompt. "
+            "Use an instruct/chat checkpoint (e.g. Qwen2.5-0.5B-Instruct), or set tokenizer.chat_template, "
+            "e.g. to edurl.llm.tokenizer.CHATML_TEMPLATE."
+        )
+
+
+class ChatMLRenderer:
+    """ChatML prompts and replies as token ids.
+
+    Parameters
+    ----------
+    tokenizer: a tokenizer whose vocabulary has ``<|im_start|>`` and ``<|im_end|>``.
+    default_system: a system message inserted when the conversation has none
+        (Qwen2.5's template does this with "You are Qwen, ..."); None for none.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, default_system: str | None = None):
+        require_chat_template(tokenizer)
+        self.tokenizer = tokenizer
+        self.default_system = default_system
+        vocab = tokenizer.get_vocab()
+        missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
+        if missing:
+            raise ValueError(f"ChatMLRenderer needs the special tokens {missing} in the tokenizer's vocabulary")
+        self.im_start = vocab["<|im_start|>"]
+        self.im_end = vocab["<|im_end|>"]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _turn(self, message: Message) -> list[int]:
+        """``<|im_start|>role\\ncontent<|im_end|>\\n`` as ids."""
+        return [self.im_start, *self._encode(message["role"] + "\n" + message["content"]), self.im_end,
+                *self._encode("\n")]
+
+    def _check(self, messages: Sequence[Message]) -> list[Message]:
+        if not messages:
+            raise ValueError("messages is empty; pass at least one {'role': 'user', 'content': ...} message")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
+        messages = list(messages)
+        if self.default_system is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.default_system}, *messages]
+        return messages
+
+    def build_generation_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of ``messages`` followed by the opening of an assistant turn."""
+        ids: list[int] = []
+        for m in self._check(messages):
+            ids += self._turn(m)
+        return ids + [self.im_start, *self._encode("assistant\n")]
+
+    def build_supervised_example(self, messages: Sequence[Message]) -> tuple[list[int], list[float]]:
+        """Tokens of a whole conversation and a weight per token: 1 on the final
+        assistant reply (its ``<|im_end|>`` included), 0 elsewhere. For SFT."""
+        messages = self._check(messages)
+        if messages[-1]["role"] != "assistant":
+            raise ValueError("the last message must be the assistant's reply to learn from")
+        prompt = self.build_generation_prompt(messages[:-1])
+        reply = [*self._encode(messages[-1]["content"]), self.im_end]
+        return prompt + reply, [0.0] * len(prompt) + [1.0] * len(reply)
+
+    def get_stop_sequences(self) -> list[int]:
+        """The assistant's turn ends with ``<|im_end|>``."""
+        return [self.im_end]
+
+    def parse_response(self, tokens: Sequence[int]) -> tuple[Message, bool]:
+        """Sampled tokens -> (assistant message, ok). ``ok`` is False when no
+        ``<|im_end|>`` was produced, i.e. the reply was truncated."""
+        tokens = list(tokens)
+        ok = self.im_end in tokens
+        if ok:
+            tokens = tokens[: tokens.index(self.im_end)]
+        return {"role": "assistant", "content": self.tokenizer.decode(tokens)}, ok

@@ -1,0 +1,57 @@
+"""Verifiable rewards for boxed answers (Chapter 6).
+
+The reward follows the Tinker Cookbook's ``math_rl`` convention::
+
+    reward = correct + 0.1 * (format - 1)
+
+so a correct, well-formed answer scores 1, a well-formed wrong answer 0, and a
+reply with no parseable ``\\boxed{...}`` (or one cut off before its stop token)
+-0.1. ``correct`` and ``format`` are reported separately because they fail for
+different reasons: format is learned in a few steps, correctness is the task.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+FORMAT_COEF = 0.1
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The outcome of grading one reply: ``reward`` and its two parts (each 0.0 or 1.0)."""
+
+    reward: float
+    correct: float
+    format: float
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` in ``text``, stripped, or None if there is none."""
+    found = _BOXED.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _same_answer(given: str, answer: str) -> bool:
+    if given == answer:
+        return True
+    try:  # "007" and "7", "+7" and "7" are the same integer answer
+        return int(given) == int(answer)
+    except ValueError:
+        return False
+
+
+def grade(response: str, answer: str, complete: bool = True) -> Grade:
+    """Grade a reply against the reference ``answer``. Never raises on any string.
+
+    ``complete`` is False when the reply ended without its stop token (it ran out
+    of tokens); such a reply has format 0 even if it holds a box.
+    """
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a str, got {type(response).__name__}")
+    given = extract_boxed(response)
+    fmt = float(given is not None and given != "" and complete)
+    correct = float(given is not None and _same_answer(given, str(answer).strip()))
+    return Grade(reward=correct + FORMAT_COEF * (fmt - 1.0), correct=correct, format=fmt)

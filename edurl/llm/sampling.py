@@ -1,0 +1,204 @@
+"""Batched sampling with a KV cache and per-token log-probs (Chapter 6).
+
+An RL trainer needs more than text from its sampler: for every sampled token it
+needs the log-prob under the distribution the token was actually drawn from,
+because that is the ``sampling_logprobs`` (``q``) in the importance ratio
+``exp(logprobs - sampling_logprobs)`` of Chapter 7.
+
+How it works (shapes: P prompts, G samples each, B = P*G rows)::
+
+    left-pad the P prompts             input_ids (P, L), attention_mask (P, L)
+    position ids from the mask         (P, L): padding does not shift positions
+    prefill once                       KV cache for P rows, next-token logits (P, V)
+    repeat the cache G times           (B, ...): each prompt is encoded once, not G times
+    loop over max_tokens:
+        logp = log_softmax(logits / temperature)           (B_active, V)
+        draw a token (greedy when temperature == 0)        record it and logp[token]
+        drop rows that produced a stop sequence            the cache shrinks with them
+        feed the tokens back with the next position ids
+
+Rows that finish are removed from the batch, so a group whose answers are short
+costs less than one padded to ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class SamplingParams:
+    """How to draw a completion."""
+
+    max_tokens: int = 32
+    """Most tokens to generate per completion (the stop sequence included)."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy. RL needs > 0 for groups to differ."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw from the smallest set of tokens with this much probability."""
+    stop: list[int] | list[list[int]] = field(default_factory=list)
+    """Token ids, or token-id sequences, that end a completion (kept in the output)."""
+    seed: int | None = None
+    """Seed for this call's random draws; None uses torch's global generator."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    def stop_sequences(self) -> list[list[int]]:
+        """``stop`` as a list of token-id sequences."""
+        seqs = [[s] if isinstance(s, int) else list(s) for s in self.stop]
+        if any(len(s) == 0 for s in seqs):
+            raise ValueError("stop sequences must not be empty")
+        return seqs
+
+
+@dataclass
+class Completion:
+    """One sampled completion (the prompt is not included)."""
+
+    tokens: list[int]
+    """The sampled token ids, ending with the stop sequence when one was produced."""
+    logprobs: list[float]
+    """``log q(token)`` for each token, at the sampling temperature (temperature 1 when greedy)."""
+    stop_reason: str
+    """'stop' if a stop sequence ended it, 'length' if it hit ``max_tokens``."""
+    prompt_index: int
+    """Which prompt it continues."""
+
+
+def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Validate a batch of token-id prompts and return them as lists."""
+    if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [renderer.build_generation_prompt(msgs)]")
+    out = []
+    for i, p in enumerate(prompts):
+        p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; a completion needs at least one prompt token to condition on")
+        if not all(isinstance(t, int) for t in p):
+            raise TypeError(f"prompt {i} must hold int token ids, got {p[:5]!r}...")
+        out.append(p)
+    return out
+
+
+def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, length - len(p):] = torch.tensor(p)
+        mask[i, length - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return (tokens (B,), their log-probs (B,))."""
+    logits = logits.float()
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)  # (B, V)
+        tokens = logp.argmax(dim=-1)
+    else:
+        logp = torch.log_softmax(logits / params.temperature, dim=-1)  # (B, V)
+        probs = logp.exp()
+        if params.top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # mass before this token already >= top_p
+            sorted_p = sorted_p.masked_fill(outside, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples: int = 1,
+           params: SamplingParams | None = None, pad_token_id: int | None = None) -> list[Completion]:
+    """Sample ``num_samples`` completions for each prompt.
+
+    Returns ``len(prompts) * num_samples`` completions, prompt-major: completion
+    ``i * num_samples + j`` is sample ``j`` of prompt ``i``.
+
+    The reported log-probs are ``log_softmax(logits / temperature)`` at the
+    sampled token -- exactly what a trainer recomputes from the same weights.
+    With ``top_p < 1`` the draw is from a truncated distribution, which these
+    log-probs do not reflect; RL recipes keep ``top_p = 1`` for that reason.
+    """
+    params = params or SamplingParams()
+    prompts = check_prompts(prompts)
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    stops = params.stop_sequences()
+    device = next(model.parameters()).device
+    if pad_token_id is None:
+        pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    generator = None
+    if params.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+
+    was_training = model.training
+    model.eval()
+    # ---- prefill each prompt once ------------------------------------------------------------
+    ids, mask = _left_pad(prompts, pad_token_id, device)  # (P, L)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L): first real token is position 0
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    logits = out.logits[:, -1]  # (P, V)
+    # ---- G copies of every row -----------------------------------------------------------------
+    G, B = num_samples, len(prompts) * num_samples
+    cache.batch_repeat_interleave(G)
+    logits = logits.repeat_interleave(G, dim=0)  # (B, V)
+    mask = mask.repeat_interleave(G, dim=0)  # (B, L)
+    next_pos = positions[:, -1].repeat_interleave(G, dim=0) + 1  # (B,)
+
+    T = params.max_tokens
+    out_tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
+    out_logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
+    lengths = torch.full((B,), T, dtype=torch.long, device=device)
+    stopped = torch.zeros(B, dtype=torch.bool, device=device)
+    active = torch.arange(B, device=device)  # rows still generating
+    for t in range(T):
+        tokens, logp = _draw(logits, params, generator)  # (A,), (A,)
+        out_tokens[active, t] = tokens
+        out_logprobs[active, t] = logp
+        done = torch.zeros_like(tokens, dtype=torch.bool)
+        for seq in stops:
+            k = len(seq)
+            if t + 1 >= k:
+                tail = out_tokens[active, t + 1 - k:t + 1]  # (A, k)
+                done |= (tail == torch.tensor(seq, device=device)).all(-1)
+        if done.any():
+            lengths[active[done]] = t + 1
+            stopped[active[done]] = True
+            keep = ~done
+            if not keep.any():
+                break
+            keep_idx = keep.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep_idx)
+            active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
+        if t == T - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (A, L + t + 1)
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1]
+        next_pos = next_pos + 1
+    model.train(was_training)
+
+    tokens_cpu, logprobs_cpu, lengths_cpu, stopped_cpu = (x.cpu() for x in (out_tokens, out_logprobs, lengths, stopped))
+    return [
+        Completion(
+            tokens=tokens_cpu[b, : lengths_cpu[b]].tolist(),
+            logprobs=logprobs_cpu[b, : lengths_cpu[b]].tolist(),
+            stop_reason="stop" if stopped_cpu[b] else "length",
+            prompt_index=b // G,
+        )
+        for b in range(B)
+    ]

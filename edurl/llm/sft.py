@@ -1,0 +1,173 @@
+"""Supervised fine-tuning: the warm start for RL (Chapter 6).
+
+RL needs a policy that sometimes succeeds: with a reward of 0 on every sample,
+every group-centred advantage is 0 and nothing is learned. So the course first
+trains its tiny LM on demonstrations (``\\boxed{answer}`` after each question)
+for a short, fixed budget. That leaves it well formatted but only partly
+correct, which is the head-room Chapter 7's GRPO run climbs.
+
+The loss is next-token cross-entropy on the assistant reply only (weight 0 on
+prompt tokens). Checkpoints are cached in ``$EDURL_CACHE/sft/<key>`` (default
+``~/.cache/edurl``), keyed by a hash of the config, so a notebook rerun or
+Chapter 7 loads the model in a second instead of retraining it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..utils import torch_threads
+from .evaluation import evaluate
+from .model import TinyLMConfig, build_tiny_lm
+from .renderer import ChatMLRenderer
+from .tasks import ArithmeticTask
+from .tokenizer import build_char_tokenizer
+
+CACHE_VERSION = 1  # bump when training code changes what a config produces
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start of the tiny LM on arithmetic demonstrations."""
+
+    num_digits: int = 2
+    """Task difficulty: operands have up to this many digits."""
+    ops: tuple[str, ...] = ("+",)
+    """Operations in the task."""
+    model: TinyLMConfig = field(default_factory=TinyLMConfig)
+    """Sizes of the tiny LM."""
+    num_steps: int = 300
+    """Optimizer steps. Short on purpose: the model should end partly skilled."""
+    batch_size: int = 64
+    """Problems per step (fresh ones each step)."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
+    warmup_steps: int = 30
+    """Steps of linear learning-rate warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seeds the initial weights and the training problems."""
+    num_threads: int = 2
+    """torch CPU threads while training."""
+
+    def key(self) -> str:
+        """A short hash of everything that determines the trained weights."""
+        blob = json.dumps({"v": CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def task(self) -> ArithmeticTask:
+        return ArithmeticTask(num_digits=self.num_digits, ops=self.ops)
+
+
+def cache_dir() -> Path:
+    """Where SFT checkpoints live: ``$EDURL_CACHE`` or ``~/.cache/edurl``."""
+    return Path(os.environ.get("EDURL_CACHE") or Path.home() / ".cache" / "edurl")
+
+
+def _batch(renderer: ChatMLRenderer, problems, pad_id: int):
+    """Right-padded (B, T) tokens, attention mask and loss weights for a list of problems."""
+    examples = [renderer.build_supervised_example([*p.messages(), {"role": "assistant", "content": p.demonstration()}])
+                for p in problems]
+    T = max(len(t) for t, _ in examples)
+    tokens = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), T), dtype=torch.long)
+    weights = torch.zeros((len(examples), T))
+    for i, (t, w) in enumerate(examples):
+        tokens[i, : len(t)], mask[i, : len(t)], weights[i, : len(w)] = torch.tensor(t), 1, torch.tensor(w)
+    return tokens, mask, weights
+
+
+def sft_loss(model, tokens: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over weighted target tokens: predict ``tokens[:, 1:]`` from ``tokens[:, :-1]``."""
+    logits = model(input_ids=tokens[:, :-1], attention_mask=mask[:, :-1]).logits  # (B, T-1, V)
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
+    w = weights[:, 1:].flatten()  # the weight of a target token
+    return (nll * w).sum() / w.sum()
+
+
+def train_sft(config: SFTConfig | None = None, progress: bool = True, eval_every: int = 0, num_eval: int = 200):
+    """Train the tiny LM from scratch. Returns ``(model, tokenizer, history)``.
+
+    ``history`` is a list of dicts with ``step``, ``loss``, ``lr`` and, every
+    ``eval_every`` steps (0: only at the end), held-out ``pass_at_1`` and ``format``.
+    """
+    config = config or SFTConfig()
+    tokenizer = build_char_tokenizer()
+    renderer = ChatMLRenderer(tokenizer)
+    task = config.task()
+    model = build_tiny_lm(tokenizer, config.model, seed=config.seed)
+    test = task.sample(num_eval, split="test", seed=config.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:  # linear warm-up, then cosine decay to 10%
+        if step < config.warmup_steps:
+            return config.lr * (step + 1) / config.warmup_steps
+        frac = (step - config.warmup_steps) / max(1, config.num_steps - config.warmup_steps)
+        return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    history: list[dict] = []
+    start = time.perf_counter()
+    with torch_threads(config.num_threads):
+        problems = task.sample(config.num_steps * config.batch_size, split="train", seed=config.seed)
+        bar = tqdm(range(config.num_steps), desc="SFT", disable=not progress)
+        for step in bar:
+            model.train()
+            tokens, mask, weights = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
+                                           tokenizer.pad_token_id)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            loss = sft_loss(model, tokens, mask, weights)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            row = {"step": step, "loss": loss.item(), "lr": lr_at(step), "time": time.perf_counter() - start}
+            if (eval_every and (step + 1) % eval_every == 0) or step == config.num_steps - 1:
+                result = evaluate(model, renderer, test)
+                row.update(pass_at_1=result.pass_at_1, format=result.format)
+            history.append(row)
+            bar.set_postfix(loss=f"{row['loss']:.3f}")
+    model.eval()
+    return model, tokenizer, history
+
+
+def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, retrain: bool = False):
+    """The SFT checkpoint for ``config``: loaded from the cache, or trained and cached.
+
+    Returns ``(model, tokenizer, history, path)``. Writes go to a temporary folder
+    first and are renamed into place, so two processes never see half a checkpoint.
+    """
+    config = config or SFTConfig()
+    path = cache_dir() / "sft" / config.key()
+    if path.is_dir() and not retrain:
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        history = json.loads((path / "history.json").read_text())
+        return model, tokenizer, history, path
+    model, tokenizer, history = train_sft(config, progress=progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "history.json").write_text(json.dumps(history))
+    (tmp / "config.json.edurl").write_text(json.dumps(asdict(config), indent=1))
+    if retrain and path.is_dir():
+        shutil.rmtree(path)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process cached the same config first; theirs is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model, tokenizer, history, path

@@ -1,0 +1,153 @@
+"""Synthetic problems with verifiable answers (Chapter 6).
+
+``ArithmeticTask`` generates multi-digit addition and subtraction problems from
+a seed. Every problem belongs to exactly one split, decided by a hash of the
+problem itself, so train and test are disjoint by construction no matter how
+many problems are drawn. ``JsonlTask`` reads a learner's own
+``{"question": ..., "answer": ...}`` lines instead.
+
+Answers are written as ``\\boxed{N}``, the final-answer convention of math RL
+datasets; :mod:`edurl.llm.rewards` grades it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+SPLITS = ("train", "test")
+
+
+def _unit_hash(text: str) -> float:
+    """A fixed hash of ``text`` in [0, 1): the same on every machine and Python run."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One question and its reference answer (a string, compared after stripping)."""
+
+    question: str
+    answer: str
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat messages a policy sees: a single user turn."""
+        return [{"role": "user", "content": self.question}]
+
+    def demonstration(self) -> str:
+        """The target assistant reply used for supervised fine-tuning."""
+        return format_answer(self.answer)
+
+
+def format_answer(answer: object) -> str:
+    """``42`` -> ``\\boxed{42}``."""
+    return "\\boxed{" + str(answer) + "}"
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return split
+
+
+class ArithmeticTask:
+    """Addition and subtraction of numbers with up to ``num_digits`` digits.
+
+    Parameters
+    ----------
+    num_digits: the difficulty knob; operands are drawn uniformly from
+        ``[0, 10**num_digits)``.
+    ops: any of ``"+"`` and ``"-"``.
+    allow_negative: if False (default), subtraction puts the larger operand
+        first so answers are never negative.
+    test_fraction: the share of all possible problems that belong to the test split.
+    """
+
+    def __init__(self, num_digits: int = 2, ops: tuple[str, ...] = ("+", "-"), allow_negative: bool = False,
+                 test_fraction: float = 0.1):
+        if not isinstance(num_digits, int) or not 1 <= num_digits <= 9:
+            raise ValueError(f"num_digits must be an int in [1, 9], got {num_digits!r}")
+        ops = tuple(ops)
+        if not ops or any(op not in ("+", "-") for op in ops):
+            raise ValueError(f"ops must be a non-empty tuple of '+' and '-', got {ops!r}")
+        if not 0.0 < test_fraction < 1.0:
+            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        self.num_digits = num_digits
+        self.ops = ops
+        self.allow_negative = allow_negative
+        self.test_fraction = test_fraction
+
+    def __repr__(self) -> str:
+        return f"ArithmeticTask(num_digits={self.num_digits}, ops={self.ops}, allow_negative={self.allow_negative})"
+
+    def split_of(self, a: int, op: str, b: int) -> str:
+        """Which split the problem ``a op b`` belongs to (a fixed hash, not Python's ``hash``)."""
+        return "test" if _unit_hash(f"{a}{op}{b}") < self.test_fraction else "train"
+
+    def _draw(self, rng: random.Random) -> tuple[int, str, int]:
+        hi = 10**self.num_digits
+        a, b = rng.randrange(hi), rng.randrange(hi)
+        op = rng.choice(self.ops)
+        if op == "-" and not self.allow_negative and b > a:
+            a, b = b, a
+        return a, op, b
+
+    def sample(self, n: int, split: str = "train", seed: int = 0) -> list[Problem]:
+        """``n`` problems from ``split``, reproducible from ``seed`` (repeats possible)."""
+        _check_split(split)
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng = random.Random(f"{seed}-{split}")
+        out: list[Problem] = []
+        while len(out) < n:
+            a, op, b = self._draw(rng)
+            if self.split_of(a, op, b) == split:
+                out.append(make_problem(a, op, b))
+        return out
+
+
+def make_problem(a: int, op: str, b: int) -> Problem:
+    """The problem ``a op b`` in the course's wording."""
+    value = a + b if op == "+" else a - b
+    return Problem(question=f"{a}{op}{b}=?", answer=str(value))
+
+
+class JsonlTask:
+    """Problems from a local JSONL file, one ``{"question": ..., "answer": ...}`` per line.
+
+    The file has no split of its own, so a problem's split is decided by a hash of
+    its question, like ``ArithmeticTask``.
+    """
+
+    def __init__(self, path: str | Path, test_fraction: float = 0.1):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"JSONL task file {str(path)!r} does not exist")
+        self.path = path
+        self.test_fraction = test_fraction
+        self.problems: dict[str, list[Problem]] = {s: [] for s in SPLITS}
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                problem = Problem(question=str(row["question"]), answer=str(row["answer"]).strip())
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(
+                    f"{path}:{lineno}: expected a JSON object with 'question' and 'answer', got {line[:80]!r} ({err})"
+                ) from None
+            split = "test" if _unit_hash(problem.question) < test_fraction else "train"
+            self.problems[split].append(problem)
+        if not any(self.problems.values()):
+            raise ValueError(f"{path} holds no problems")
+
+    def sample(self, n: int, split: str = "train", seed: int = 0) -> list[Problem]:
+        """``n`` problems drawn with replacement from ``split``."""
+        pool = self.problems[_check_split(split)]
+        if not pool:
+            raise ValueError(f"{self.path} has no problems in the {split!r} split")
+        rng = random.Random(f"{seed}-{split}")
+        return [rng.choice(pool) for _ in range(n)]

@@ -1,0 +1,56 @@
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from edurl.llm.model import TinyLMConfig, build_tiny_lm
+from edurl.llm.tokenizer import build_char_tokenizer
+
+SMALL = TinyLMConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+# A Qwen2.5-style ChatML template with a default system message, written for these tests.
+QWEN_STYLE_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def small_model(char_tokenizer):
+    return build_tiny_lm(char_tokenizer, SMALL, seed=0)
+
+
+def make_bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here (no hub) with Qwen's ChatML special tokens."""
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    corpus = ["You are a helpful assistant.", "What is 12+34? The answer is \\boxed{46}.", "user assistant system"] * 50
+    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = QWEN_STYLE_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="session")
+def qwen_dir(tmp_path_factory):
+    """A randomly initialised Qwen2-architecture model and its tokenizer, saved to a temp folder."""
+    path = tmp_path_factory.mktemp("qwen2-random")
+    tok = make_bpe_tokenizer()
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

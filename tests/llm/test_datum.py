@@ -1,0 +1,31 @@
+import pytest
+import torch
+
+from edurl.llm.datum import Datum, ModelInput, build_datum
+
+
+def test_layout_hand_computed():
+    d = build_datum([10, 11, 12], [20, 21], [-0.5, -0.25], advantage=2.0)
+    assert d.model_input.to_ints() == [10, 11, 12, 20]
+    f = d.loss_fn_inputs
+    assert f["target_tokens"].tolist() == [11, 12, 20, 21]
+    assert f["logprobs"].tolist() == [0.0, 0.0, -0.5, -0.25]
+    assert f["advantages"].tolist() == [0.0, 0.0, 2.0, 2.0]
+    assert f["mask"].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_one_token_prompt():
+    d = build_datum([7], [8, 9], [-1.0, -2.0], advantage=-1.0)
+    assert d.model_input.to_ints() == [7, 8]
+    assert d.loss_fn_inputs["advantages"].tolist() == [-1.0, -1.0]
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="prompt_tokens is empty"):
+        build_datum([], [1], [0.0], 1.0)
+    with pytest.raises(ValueError, match="one log-prob per sampled token"):
+        build_datum([1], [2, 3], [0.0], 1.0)
+    with pytest.raises(ValueError, match=r"has shape \(3,\), but model_input has 2 tokens"):
+        Datum(ModelInput.from_ints([1, 2]), {"advantages": torch.zeros(3)})
+    with pytest.raises(TypeError, match="int token ids"):
+        ModelInput.from_ints([1.5])

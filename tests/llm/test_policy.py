@@ -1,0 +1,69 @@
+import pytest
+import torch
+
+from edurl.llm.policy import LoraSettings, load_policy
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.sampling import SamplingParams, sample
+
+
+def test_loads_a_random_qwen2_saved_locally(qwen_dir):
+    model, tok = load_policy(qwen_dir, device="cpu")
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert model.dtype == torch.float32 and not model.training
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    r = ChatMLRenderer(tok, default_system="You are a helpful assistant.")
+    prompt = r.build_generation_prompt([{"role": "user", "content": "What is 12+34?"}])
+    out = sample(model, [prompt], 3, SamplingParams(max_tokens=5, seed=0, stop=r.get_stop_sequences()),
+                 pad_token_id=tok.pad_token_id)
+    assert len(out) == 3 and all(1 <= len(c.tokens) <= 5 for c in out)
+
+
+def test_lora_wraps_and_starts_as_the_base_model(qwen_dir):
+    base, _ = load_policy(qwen_dir, device="cpu")
+    model, _ = load_policy(qwen_dir, lora=LoraSettings(rank=4, alpha=8), device="cpu")
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    x = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():  # LoRA's B starts at zero, so the adapted model equals the base
+        assert torch.allclose(model(x).logits, base(x).logits, atol=1e-6)
+        with model.disable_adapter():
+            assert torch.allclose(model(x).logits, base(x).logits, atol=1e-6)
+    model_int, _ = load_policy(qwen_dir, lora=8, device="cpu")
+    assert model_int.peft_config["default"].r == 8
+
+
+def test_missing_path_and_file_are_explained(tmp_path, qwen_dir):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_policy(tmp_path / "no-such-model")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_policy("./runs/nothing-here")
+    with pytest.raises(ValueError, match="is a file"):
+        load_policy(qwen_dir / "config.json")
+    with pytest.raises(FileNotFoundError, match="not in the local cache"):
+        load_policy("edurl-test/no-such-hub-model", local_files_only=True)
+
+
+def test_tokenizer_without_chat_template_is_refused(tmp_path, qwen_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path)
+    AutoModelForCausalLM.from_pretrained(qwen_dir).save_pretrained(tmp_path)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no chat template"):
+        load_policy(tmp_path, device="cpu")
+    model, tok = load_policy(tmp_path, device="cpu", require_chat=False)
+    assert model is not None
+
+
+def test_unknown_lora_targets(qwen_dir):
+    with pytest.raises(ValueError, match="none of the LoRA target modules"):
+        load_policy(qwen_dir, lora=LoraSettings(target_modules=("c_attn",)), device="cpu")
+
+
+@pytest.mark.cuda
+def test_bf16_on_cuda(qwen_dir):
+    model, _ = load_policy(qwen_dir, lora=4)
+    assert next(model.parameters()).device.type == "cuda"
+    assert model.get_base_model().dtype == torch.bfloat16

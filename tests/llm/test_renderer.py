@@ -1,0 +1,65 @@
+import pytest
+from transformers import AutoTokenizer
+
+from edurl.llm.renderer import ChatMLRenderer, require_chat_template
+from edurl.llm.tokenizer import build_char_tokenizer
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "12+34=?"}],
+    [{"role": "system", "content": "Answer in a box."}, {"role": "user", "content": "What is 7-5?"}],
+    [{"role": "user", "content": "1+1=?"}, {"role": "assistant", "content": "\\boxed{2}"},
+     {"role": "user", "content": "and 2+2=?"}],
+]
+
+
+def _template_ids(tok, msgs, **kw):
+    return tok.apply_chat_template(msgs, tokenize=True, return_dict=False, **kw)
+
+
+@pytest.mark.parametrize("msgs", CONVERSATIONS)
+def test_generation_prompt_matches_chat_template(char_tokenizer, msgs):
+    r = ChatMLRenderer(char_tokenizer)
+    assert r.build_generation_prompt(msgs) == _template_ids(char_tokenizer, msgs, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("msgs", CONVERSATIONS)
+def test_matches_a_qwen_style_template_saved_with_a_random_qwen2(qwen_dir, msgs):
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    r = ChatMLRenderer(tok, default_system="You are a helpful assistant.")
+    assert r.build_generation_prompt(msgs) == _template_ids(tok, msgs, add_generation_prompt=True)
+
+
+def test_supervised_example_weights_only_the_reply(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    msgs = [*CONVERSATIONS[0], {"role": "assistant", "content": "\\boxed{46}"}]
+    tokens, weights = r.build_supervised_example(msgs)
+    assert tokens == _template_ids(char_tokenizer, msgs)[:-1]  # the template adds a final "\n" after <|im_end|>
+    n_reply = len("\\boxed{46}") + 1
+    assert weights == [0.0] * (len(tokens) - n_reply) + [1.0] * n_reply
+    assert tokens[-1] == r.get_stop_sequences()[0]
+
+
+def test_parse_response(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    stop = r.get_stop_sequences()
+    assert stop == [char_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    done = char_tokenizer.encode("\\boxed{3}", add_special_tokens=False) + stop + [5, 6]
+    assert r.parse_response(done) == ({"role": "assistant", "content": "\\boxed{3}"}, True)
+    cut = char_tokenizer.encode("\\boxed{3", add_special_tokens=False)
+    assert r.parse_response(cut) == ({"role": "assistant", "content": "\\boxed{3"}, False)
+
+
+def test_errors_are_explained(char_tokenizer):
+    bare = build_char_tokenizer()
+    bare.chat_template = None
+    with pytest.raises(ValueError, match="has no chat template"):
+        ChatMLRenderer(bare)
+    with pytest.raises(ValueError, match="no chat template"):
+        require_chat_template(bare)
+    r = ChatMLRenderer(char_tokenizer)
+    with pytest.raises(ValueError, match="messages is empty"):
+        r.build_generation_prompt([])
+    with pytest.raises(ValueError, match="'role' and 'content'"):
+        r.build_generation_prompt([{"content": "hi"}])
+    with pytest.raises(ValueError, match="assistant"):
+        r.build_supervised_example(CONVERSATIONS[0])

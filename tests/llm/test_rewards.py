@@ -1,0 +1,44 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edurl.llm.rewards import extract_boxed, grade
+
+
+@pytest.mark.parametrize("reply, answer, complete, expected", [
+    ("\\boxed{46}", "46", True, (1.0, 1.0, 1.0)),            # correct
+    ("The sum is \\boxed{ 46 }", "46", True, (1.0, 1.0, 1.0)),  # spaces inside the box
+    ("\\boxed{046}", "46", True, (1.0, 1.0, 1.0)),           # the same integer
+    ("\\boxed{45}", "46", True, (0.0, 0.0, 1.0)),            # well formed, wrong
+    ("46", "46", True, (-0.1, 0.0, 0.0)),                    # right number, no box: malformed
+    ("\\boxed{46", "46", True, (-0.1, 0.0, 0.0)),            # unclosed box
+    ("\\boxed{}", "46", True, (-0.1, 0.0, 0.0)),             # empty box
+    ("\\boxed{46}", "46", False, (0.9, 1.0, 0.0)),           # truncated before the stop token
+    ("\\boxed{1} then \\boxed{46}", "46", True, (1.0, 1.0, 1.0)),  # the last box counts
+    ("", "46", True, (-0.1, 0.0, 0.0)),
+])
+def test_worked_examples(reply, answer, complete, expected):
+    g = grade(reply, answer, complete=complete)
+    assert (g.reward, g.correct, g.format) == pytest.approx(expected)
+
+
+def test_extract_boxed():
+    assert extract_boxed("x \\boxed{7} y") == "7"
+    assert extract_boxed("no box") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.text(max_size=10_000).map(lambda s: s * 2),
+                 st.builds(lambda a, b: a + "\\boxed{" + b, st.text(), st.text())),
+       st.one_of(st.integers().map(str), st.text()), st.booleans())
+def test_grade_never_raises_and_is_bounded(reply, answer, complete):
+    g = grade(reply, answer, complete=complete)
+    assert g.correct in (0.0, 1.0) and g.format in (0.0, 1.0)
+    assert g.reward == pytest.approx(g.correct + 0.1 * (g.format - 1.0))
+    assert -0.1 <= g.reward <= 1.0
+
+
+def test_long_unicode_reply():
+    assert grade("é∑😀" * 4000 + "\\boxed{5}", "5").reward == 1.0
+    with pytest.raises(TypeError, match="str"):
+        grade(None, "5")

@@ -1,0 +1,121 @@
+import pytest
+import torch
+
+from edurl.llm.evaluation import sequence_logprobs
+from edurl.llm.sampling import SamplingParams, sample
+
+TEXTS = ["12+34=?", "a much longer prompt, 99-17=?", "x"]  # three different prompt lengths
+
+
+def _prompts(tok):
+    return [tok.encode(t, add_special_tokens=False) for t in TEXTS]
+
+
+def _recomputed(model, prompt, completion, temperature):
+    """log-softmax(logits / T) of each completion token, from one unpadded forward pass."""
+    tokens = torch.tensor([prompt + completion])
+    lp = sequence_logprobs(model, tokens, temperature=temperature)[0]  # (n-1,)
+    return lp[len(prompt) - 1:]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
+def test_logprobs_match_recomputed_log_softmax(small_model, char_tokenizer, temperature):
+    prompts = _prompts(char_tokenizer)
+    params = SamplingParams(max_tokens=12, temperature=temperature, seed=0)
+    out = sample(small_model, prompts, num_samples=4, params=params, pad_token_id=char_tokenizer.pad_token_id)
+    assert len(out) == 12 and [c.prompt_index for c in out] == [0] * 4 + [1] * 4 + [2] * 4
+    for c in out:
+        ref = _recomputed(small_model, prompts[c.prompt_index], c.tokens, temperature)
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4), (c, ref)
+
+
+def test_padding_does_not_change_a_prompts_samples(small_model, char_tokenizer):
+    """Greedy continuations are the same alone and in a batch with longer prompts."""
+    prompts = _prompts(char_tokenizer)
+    params = SamplingParams(max_tokens=10, temperature=0.0)
+    batch = sample(small_model, prompts, 1, params, pad_token_id=char_tokenizer.pad_token_id)
+    for i, p in enumerate(prompts):
+        alone = sample(small_model, [p], 1, params, pad_token_id=char_tokenizer.pad_token_id)[0]
+        assert batch[i].tokens == alone.tokens
+        assert batch[i].logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_greedy_is_argmax_and_reports_logprobs(small_model, char_tokenizer):
+    prompt = _prompts(char_tokenizer)[0]
+    out = sample(small_model, [prompt], 2, SamplingParams(max_tokens=8, temperature=0.0))
+    assert out[0].tokens == out[1].tokens
+    tokens = prompt[:]
+    for tok, lp in zip(out[0].tokens, out[0].logprobs):
+        logits = small_model(torch.tensor([tokens])).logits[0, -1]
+        assert tok == logits.argmax().item()
+        assert lp == pytest.approx(torch.log_softmax(logits, -1)[tok].item(), abs=1e-4)
+        tokens.append(tok)
+
+
+def test_stop_sequences_end_completions(small_model, char_tokenizer):
+    prompts = _prompts(char_tokenizer)
+    free = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1))
+    assert all(c.stop_reason == "length" and len(c.tokens) == 12 for c in free)
+    stop_tok = free[0].tokens[2]  # a token we know gets sampled
+    out = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1, stop=[stop_tok]))
+    stopped = [c for c in out if c.stop_reason == "stop"]
+    assert stopped
+    for c in out:
+        assert len(c.logprobs) == len(c.tokens)
+        if c.stop_reason == "stop":
+            assert c.tokens[-1] == stop_tok and stop_tok not in c.tokens[:-1]
+        else:
+            assert stop_tok not in c.tokens and len(c.tokens) == 12
+    # the same seed gives the same draws up to the stop
+    assert out[0].tokens == free[0].tokens[: len(out[0].tokens)]
+    # a two-token stop sequence
+    pair = free[0].tokens[3:5]
+    two = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1, stop=[pair]))
+    assert two[0].stop_reason == "stop" and two[0].tokens[-2:] == pair
+
+
+def test_seeded_draws_are_reproducible_and_diverse(small_model, char_tokenizer):
+    prompts = _prompts(char_tokenizer)
+    a = sample(small_model, prompts, 6, SamplingParams(max_tokens=6, seed=3))
+    b = sample(small_model, prompts, 6, SamplingParams(max_tokens=6, seed=3))
+    assert [c.tokens for c in a] == [c.tokens for c in b]
+    assert len({tuple(c.tokens) for c in a[:6]}) > 1  # a random model's samples differ within a group
+
+
+def test_top_p_keeps_only_the_nucleus(small_model, char_tokenizer):
+    prompt = _prompts(char_tokenizer)[0]
+    probs = torch.softmax(small_model(torch.tensor([prompt])).logits[0, -1], -1)
+    top = probs.argmax().item()
+    out = sample(small_model, [prompt], 50, SamplingParams(max_tokens=1, top_p=1e-6, seed=0))
+    assert {c.tokens[0] for c in out} == {top}
+
+
+@pytest.mark.parametrize("prompts, kwargs, match", [
+    ([[]], {}, "prompt 0 is empty"),
+    ([], {}, "non-empty list"),
+    ([[1, 2]], {"num_samples": 0}, "num_samples"),
+])
+def test_bad_inputs_are_explained(small_model, prompts, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sample(small_model, prompts, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
+                                           ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p")])
+def test_bad_sampling_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.cuda
+def test_sampler_on_cuda(char_tokenizer):
+    from edurl.llm.model import build_tiny_lm
+
+    from .conftest import SMALL
+
+    model = build_tiny_lm(char_tokenizer, SMALL).to("cuda")
+    prompts = _prompts(char_tokenizer)
+    out = sample(model, prompts, 4, SamplingParams(max_tokens=10, temperature=0.8, seed=0))
+    for c in out:
+        ref = _recomputed(model, prompts[c.prompt_index], c.tokens, 0.8).cpu()
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
