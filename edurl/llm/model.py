@@ -1,8 +1,14 @@
-"""A tiny decoder-only transformer, built from transformers' own Qwen2 or Llama code (Chapter 6).
+"""A tiny decoder-only transformer, built from transformers' own Llama or Qwen2 code (Chapter 6).
 
-The course model is the same architecture as Qwen2.5-0.5B-Instruct, about a
-thousand times smaller, so every line that runs it also runs the real thing:
+The course model is a ``LlamaForCausalLM`` -- the decoder family of Llama, Qwen2.5 and
+SmolLM2 (RMSNorm, rotary positions, SwiGLU MLP) -- about a thousand times smaller than
+Qwen2.5-0.5B, so every line that runs it also runs the real thing:
 ``save_pretrained`` and ``AutoModelForCausalLM.from_pretrained`` work unchanged.
+
+Why Llama and not Qwen2 by default: in transformers 5, ``AutoTokenizer.from_pretrained``
+on a folder whose ``config.json`` says ``qwen2`` builds a ``Qwen2Tokenizer``, which
+replaces our character-level pre-tokenizer with Qwen's BPE one and silently changes
+the token ids. A ``llama`` folder keeps the tokenizer it was saved with.
 Dropout is 0, so a forward pass is a deterministic function of the weights --
 the sampler's log-probs and the trainer's log-probs must agree.
 """
@@ -12,7 +18,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
@@ -21,8 +34,8 @@ ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig
 class TinyLMConfig:
     """Sizes of the course's tiny LM. The defaults train on a 2-core CPU in about a minute."""
 
-    arch: str = "qwen2"
-    """'qwen2' (Qwen2.5's architecture) or 'llama'."""
+    arch: str = "llama"
+    """'llama' or 'qwen2' (see the module docstring before saving a 'qwen2' model with the char tokenizer)."""
     hidden_size: int = 128
     """Width of the residual stream."""
     num_layers: int = 3

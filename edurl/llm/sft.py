@@ -48,8 +48,15 @@ class SFTConfig:
     """Operations in the task."""
     model: TinyLMConfig = field(default_factory=TinyLMConfig)
     """Sizes of the tiny LM."""
-    num_steps: int = 300
-    """Optimizer steps. Short on purpose: the model should end partly skilled."""
+    max_steps: int = 1000
+    """Most optimizer steps (the learning-rate schedule spans this many)."""
+    target_pass_at_1: float | None = 0.3
+    """Stop as soon as greedy pass@1 on the validation split reaches this: a warm start for RL
+    should be partly skilled. None trains for ``max_steps``."""
+    check_every: int = 10
+    """Steps between validation checks of ``target_pass_at_1``."""
+    num_valid: int = 200
+    """Validation problems for that check."""
     batch_size: int = 64
     """Problems per step (fresh ones each step)."""
     lr: float = 3e-3
@@ -98,31 +105,33 @@ def sft_loss(model, tokens: torch.Tensor, mask: torch.Tensor, weights: torch.Ten
     return (nll * w).sum() / w.sum()
 
 
-def train_sft(config: SFTConfig | None = None, progress: bool = True, eval_every: int = 0, num_eval: int = 200):
+def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: int = 200):
     """Train the tiny LM from scratch. Returns ``(model, tokenizer, history)``.
 
-    ``history`` is a list of dicts with ``step``, ``loss``, ``lr`` and, every
-    ``eval_every`` steps (0: only at the end), held-out ``pass_at_1`` and ``format``.
+    ``history`` is a list of dicts, one per step, with ``step``, ``loss``, ``lr`` and
+    ``time``; every ``check_every`` steps also ``valid_pass_at_1``; the last row also
+    ``pass_at_1`` and ``format`` on ``num_eval`` test problems.
     """
     config = config or SFTConfig()
     tokenizer = build_char_tokenizer()
     renderer = ChatMLRenderer(tokenizer)
     task = config.task()
     model = build_tiny_lm(tokenizer, config.model, seed=config.seed)
+    valid = task.sample(config.num_valid, split="valid", seed=config.seed)
     test = task.sample(num_eval, split="test", seed=config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:  # linear warm-up, then cosine decay to 10%
         if step < config.warmup_steps:
             return config.lr * (step + 1) / config.warmup_steps
-        frac = (step - config.warmup_steps) / max(1, config.num_steps - config.warmup_steps)
+        frac = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
         return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     history: list[dict] = []
     start = time.perf_counter()
     with torch_threads(config.num_threads):
-        problems = task.sample(config.num_steps * config.batch_size, split="train", seed=config.seed)
-        bar = tqdm(range(config.num_steps), desc="SFT", disable=not progress)
+        problems = task.sample(config.max_steps * config.batch_size, split="train", seed=config.seed)
+        bar = tqdm(range(config.max_steps), desc="SFT", disable=not progress)
         for step in bar:
             model.train()
             tokens, mask, weights = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
@@ -135,11 +144,16 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, eval_every
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             row = {"step": step, "loss": loss.item(), "lr": lr_at(step), "time": time.perf_counter() - start}
-            if (eval_every and (step + 1) % eval_every == 0) or step == config.num_steps - 1:
-                result = evaluate(model, renderer, test)
-                row.update(pass_at_1=result.pass_at_1, format=result.format)
             history.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}")
+            if config.target_pass_at_1 is not None and (step + 1) % config.check_every == 0:
+                row["valid_pass_at_1"] = evaluate(model, renderer, valid).pass_at_1
+                bar.set_postfix(loss=f"{row['loss']:.3f}", valid_pass=f"{row['valid_pass_at_1']:.2f}")
+                if row["valid_pass_at_1"] >= config.target_pass_at_1:
+                    break
+        bar.close()
+        result = evaluate(model, renderer, test)
+    history[-1].update(pass_at_1=result.pass_at_1, format=result.format)
     model.eval()
     return model, tokenizer, history
 
@@ -155,6 +169,10 @@ def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, re
     if path.is_dir() and not retrain:
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
+        probe = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
+        if tokenizer.encode(probe) != build_char_tokenizer().encode(probe):
+            raise RuntimeError(f"AutoTokenizer loaded {path} as {type(tokenizer).__name__}, which tokenizes differently "
+                               "from the course tokenizer (see edurl/llm/model.py on arch='qwen2'). Use arch='llama'.")
         history = json.loads((path / "history.json").read_text())
         return model, tokenizer, history, path
     model, tokenizer, history = train_sft(config, progress=progress)

@@ -12,18 +12,27 @@ datasets; :mod:`edurl.llm.rewards` grades it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "valid", "test")
 
 
-def _unit_hash(text: str) -> float:
-    """A fixed hash of ``text`` in [0, 1): the same on every machine and Python run."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
+def split_by_hash(text: str, test_fraction: float, valid_fraction: float) -> str:
+    """The split of the problem written ``text``, from a fixed hash (the same on every machine and run)."""
+    h = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64  # in [0, 1)
+    if h < test_fraction:
+        return "test"
+    return "valid" if h < test_fraction + valid_fraction else "train"
+
+
+def check_fractions(test_fraction: float, valid_fraction: float) -> None:
+    if not (0.0 < test_fraction < 1.0 and 0.0 <= valid_fraction < 1.0 and test_fraction + valid_fraction < 1.0):
+        raise ValueError(f"test_fraction ({test_fraction}) must be in (0, 1) and valid_fraction ({valid_fraction}) "
+                         "in [0, 1), leaving some problems for train")
 
 
 @dataclass(frozen=True)
@@ -63,29 +72,30 @@ class ArithmeticTask:
     ops: any of ``"+"`` and ``"-"``.
     allow_negative: if False (default), subtraction puts the larger operand
         first so answers are never negative.
-    test_fraction: the share of all possible problems that belong to the test split.
+    test_fraction, valid_fraction: the shares of all possible problems in the test and
+        validation splits; the rest is train.
     """
 
     def __init__(self, num_digits: int = 2, ops: tuple[str, ...] = ("+", "-"), allow_negative: bool = False,
-                 test_fraction: float = 0.1):
+                 test_fraction: float = 0.1, valid_fraction: float = 0.05):
         if not isinstance(num_digits, int) or not 1 <= num_digits <= 9:
             raise ValueError(f"num_digits must be an int in [1, 9], got {num_digits!r}")
         ops = tuple(ops)
         if not ops or any(op not in ("+", "-") for op in ops):
             raise ValueError(f"ops must be a non-empty tuple of '+' and '-', got {ops!r}")
-        if not 0.0 < test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        check_fractions(test_fraction, valid_fraction)
         self.num_digits = num_digits
         self.ops = ops
         self.allow_negative = allow_negative
         self.test_fraction = test_fraction
+        self.valid_fraction = valid_fraction
 
     def __repr__(self) -> str:
         return f"ArithmeticTask(num_digits={self.num_digits}, ops={self.ops}, allow_negative={self.allow_negative})"
 
     def split_of(self, a: int, op: str, b: int) -> str:
         """Which split the problem ``a op b`` belongs to (a fixed hash, not Python's ``hash``)."""
-        return "test" if _unit_hash(f"{a}{op}{b}") < self.test_fraction else "train"
+        return split_by_hash(f"{a}{op}{b}", self.test_fraction, self.valid_fraction)
 
     def _draw(self, rng: random.Random) -> tuple[int, str, int]:
         hi = 10**self.num_digits
@@ -122,7 +132,8 @@ class JsonlTask:
     its question, like ``ArithmeticTask``.
     """
 
-    def __init__(self, path: str | Path, test_fraction: float = 0.1):
+    def __init__(self, path: str | Path, test_fraction: float = 0.1, valid_fraction: float = 0.05):
+        check_fractions(test_fraction, valid_fraction)
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"JSONL task file {str(path)!r} does not exist")
@@ -139,8 +150,7 @@ class JsonlTask:
                 raise ValueError(
                     f"{path}:{lineno}: expected a JSON object with 'question' and 'answer', got {line[:80]!r} ({err})"
                 ) from None
-            split = "test" if _unit_hash(problem.question) < test_fraction else "train"
-            self.problems[split].append(problem)
+            self.problems[split_by_hash(problem.question, test_fraction, valid_fraction)].append(problem)
         if not any(self.problems.values()):
             raise ValueError(f"{path} holds no problems")
 

@@ -2,7 +2,13 @@ import json
 
 import pytest
 
-from edurl.llm.tasks import ArithmeticTask, JsonlTask, Problem, format_answer, make_problem
+from edurl.llm.tasks import (
+    ArithmeticTask,
+    JsonlTask,
+    Problem,
+    format_answer,
+    make_problem,
+)
 
 
 def test_problems_are_correct_and_reproducible():
@@ -12,7 +18,7 @@ def test_problems_are_correct_and_reproducible():
     assert a != task.sample(200, seed=2)
     for p in a:
         expr = p.question.removesuffix("=?")
-        assert int(p.answer) == eval(expr)  # noqa: S307 -- our own generated arithmetic
+        assert int(p.answer) == eval(expr)
         assert int(p.answer) >= 0  # no negatives by default
         assert max(int(x) for x in expr.replace("-", "+").split("+")) < 1000
 
@@ -20,14 +26,17 @@ def test_problems_are_correct_and_reproducible():
 def test_train_and_test_are_disjoint_by_construction():
     task = ArithmeticTask(num_digits=2)
     train = {p.question for p in task.sample(5000, "train", seed=0)}
+    valid = {p.question for p in task.sample(500, "valid", seed=0)}
     test = {p.question for p in task.sample(1000, "test", seed=0)}
-    assert train and test and not train & test
+    assert train and valid and test and not train & test and not train & valid and not valid & test
     # Every possible problem has exactly one split, so no seed can make them overlap.
     for a in range(100):
         for b in range(a + 1):
-            assert task.split_of(a, "+", b) in ("train", "test")
+            assert task.split_of(a, "+", b) in ("train", "valid", "test")
     share = sum(task.split_of(a, "+", b) == "test" for a in range(100) for b in range(100)) / 10_000
     assert 0.08 < share < 0.12
+    share = sum(task.split_of(a, "+", b) == "valid" for a in range(100) for b in range(100)) / 10_000
+    assert 0.035 < share < 0.065
 
 
 def test_difficulty_knob_and_negatives():
@@ -44,21 +53,22 @@ def test_demonstration_format():
 
 
 @pytest.mark.parametrize("kwargs, match", [({"num_digits": 0}, "num_digits"), ({"ops": ("*",)}, "ops"),
-                                           ({"test_fraction": 1.0}, "test_fraction")])
+                                           ({"test_fraction": 1.0}, "test_fraction"),
+                                           ({"valid_fraction": 0.95}, "valid_fraction")])
 def test_bad_settings_are_explained(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ArithmeticTask(**kwargs)
     with pytest.raises(ValueError, match="split"):
-        ArithmeticTask().sample(3, split="valid")
+        ArithmeticTask().sample(3, split="validation")
 
 
 def test_jsonl_task(tmp_path):
     path = tmp_path / "mine.jsonl"
     rows = [{"question": f"Capital number {i}?", "answer": i} for i in range(60)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    task = JsonlTask(path, test_fraction=0.3)
+    task = JsonlTask(path, test_fraction=0.3, valid_fraction=0.0)
     train, test = task.problems["train"], task.problems["test"]
-    assert len(train) + len(test) == 60 and train and test
+    assert len(train) + len(test) == 60 and train and test and not task.problems["valid"]
     assert not {p.question for p in train} & {p.question for p in test}
     assert all(isinstance(p.answer, str) for p in train)
     assert set(task.sample(20, "test")) <= set(test)

@@ -46,3 +46,15 @@ def test_custom_alphabet():
     tok = build_char_tokenizer("0123456789+-=?")
     assert len(tok) == 5 + 14
     assert tok.decode(tok.encode("12+3=?", add_special_tokens=False)) == "12+3=?"
+
+
+def test_round_trip_next_to_the_tiny_models_config(char_tokenizer, tmp_path):
+    """AutoTokenizer picks a class from config.json's model type; ours must survive that."""
+    from edurl.llm.model import TinyLMConfig, build_tiny_lm
+
+    build_tiny_lm(char_tokenizer, TinyLMConfig(hidden_size=16, num_layers=1, num_heads=2,
+                                               intermediate_size=32)).save_pretrained(tmp_path)
+    char_tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    text = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
+    assert loaded.encode(text, add_special_tokens=False) == char_tokenizer.encode(text, add_special_tokens=False)

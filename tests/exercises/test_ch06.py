@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from edurl import exercises
+from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises.ch06 import (
+    _full_sequence_input,
+    _shift_by_prompt_length,
+    _targets_not_shifted,
+    _unmasked_prompt,
+)
+from edurl.exercises.solutions.ch06 import build_datum
+from edurl.llm.datum import Datum, ModelInput
+from edurl.llm.datum import build_datum as reference
+
+
+def test_reference_and_worked_solution_pass():
+    assert exercises.check_build_datum(reference, verbose=False).status == PASSED
+    assert exercises.check_build_datum(build_datum, verbose=False).status == PASSED
+
+
+def _no_mask_field(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+    d = reference(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
+    return Datum(d.model_input, {k: v for k, v in d.loss_fn_inputs.items() if k != "mask"})
+
+
+def _mask_only_advantages(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+    # masks the advantages but leaves mask = 1 on the prompt: token-mean losses would count the prompt
+    d = reference(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
+    return Datum(d.model_input, {**d.loss_fn_inputs, "mask": torch.ones(d.model_input.length)})
+
+
+@pytest.mark.parametrize("buggy, message", [
+    (_shift_by_prompt_length, "off by one"),
+    (_unmasked_prompt, "the prompt is not masked"),
+    (_targets_not_shifted, "target_tokens must be the input shifted left by one"),
+    (_full_sequence_input, "model_input is tokens[:-1]"),
+    (_no_mask_field, "loss_fn_inputs lacks ['mask']"),
+    (_mask_only_advantages, "mask: values differ"),
+])
+def test_buggy_versions_are_rejected_with_the_right_hint(buggy, message):
+    verdict = exercises.check_build_datum(buggy, verbose=False)
+    assert verdict.status == FAILED
+    assert message in verdict.message
+    assert verdict.implementation is reference
+
+
+def test_stub_and_wrong_types():
+    def stub(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+        raise NotImplementedError
+
+    assert exercises.check_build_datum(stub, verbose=False).status == NOT_ATTEMPTED
+
+    def returns_dict(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+        return {"model_input": prompt_tokens}
+
+    assert "expected a Datum, got dict" in exercises.check_build_datum(returns_dict, verbose=False).message
+
+    def model_input_too_long(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+        tokens = list(prompt_tokens) + list(completion_tokens)
+        return Datum(ModelInput.from_ints(tokens), {"target_tokens": torch.tensor(tokens[1:])})
+
+    verdict = exercises.check_build_datum(model_input_too_long, verbose=False)
+    assert verdict.status == FAILED and "has shape" in verdict.message
+
+
+def test_solution_is_registered(capsys):
+    assert "len(prompt_tokens) - 1" in exercises.show_solution("build_datum")
