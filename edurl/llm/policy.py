@@ -79,14 +79,19 @@ def load_policy(name_or_path: str | Path, lora: LoraSettings | int | None = None
     tokenizer.padding_side = "left"
     model.to(dev).eval()
     if lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        settings = LoraSettings(rank=lora) if isinstance(lora, int) else lora
-        present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-        targets = [m for m in settings.target_modules if m in present]
-        if not targets:
-            raise ValueError(f"none of the LoRA target modules {settings.target_modules} exist in this model; "
-                             f"pass LoraSettings(target_modules=...) from its layer names")
-        model = get_peft_model(model, LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
-                                                 lora_dropout=settings.dropout, target_modules=targets))
+        model = wrap_lora(model, lora)
     return model, tokenizer
+
+
+def wrap_lora(model, lora: LoraSettings | int):
+    """Wrap ``model`` with a peft LoRA adapter; only the adapter's weights stay trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    settings = LoraSettings(rank=lora) if isinstance(lora, int) else lora
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    targets = [m for m in settings.target_modules if m in present]
+    if not targets:
+        raise ValueError(f"none of the LoRA target modules {settings.target_modules} exist in this model; "
+                         f"pass LoraSettings(target_modules=...) from its layer names")
+    return get_peft_model(model, LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
+                                            lora_dropout=settings.dropout, target_modules=targets))

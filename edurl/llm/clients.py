@@ -1,0 +1,385 @@
+"""Local training and sampling clients with Tinker-style calls (Chapter 7).
+
+The RL loop of the reference documents is written against a remote service::
+
+    service = ServiceClient()
+    trainer = service.create_lora_training_client(base_model, rank=16)   # or create_training_client: full weights
+    sampler = trainer.save_weights_and_get_sampling_client("step_0")
+    result = sampler.sample(prompt, num_samples=8, sampling_params=params).result()
+    fwd = trainer.forward_backward(datums, "ppo").result()              # gradients accumulate ...
+    trainer.optim_step(AdamParams(learning_rate=1e-4)).result()         # ... until the optimizer step
+
+These classes run the same calls in this process, on a CPU or one GPU, so a cookbook-style loop runs
+unchanged and every line of it can be read. Calls run eagerly and return a :class:`Future` that is
+already resolved; ``*_async`` variants return the same future from a coroutine.
+
+What each call does here:
+
+* ``forward_backward`` pads the datums into one batch, computes ``log pi(target_tokens)`` at
+  temperature 1 (the sampler reports log-probs at its temperature; keep it 1 for RL), applies the
+  per-token loss from :mod:`edurl.llm.losses`, sums it over the mask (Tinker's convention; pass
+  ``aggregation=`` for GRPO/DAPO/Dr. GRPO), optionally adds a KL penalty to the reference policy, and
+  calls ``backward``. It returns the per-token log-probs and diagnostics.
+* ``optim_step`` runs one Adam step on the accumulated gradients and zeroes them.
+* ``save_weights_and_get_sampling_client`` snapshots the current weights into a
+  :class:`SamplingClient`: later training does not change what that sampler draws from, which is what
+  makes a stale sampler a real (and measurable) mistake.
+* ``save_state`` / ``load_state`` write and read the weights with the optimizer, for resuming.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from . import losses as L
+from .datum import Datum, ModelInput
+from .policy import LoraSettings, load_policy, wrap_lora
+from .sampling import SamplingParams, sample
+
+T = TypeVar("T")
+
+#: loss_fn names accepted by ``TrainingClient.forward_backward``: the RL losses and SFT's cross-entropy
+LOSS_FN_NAMES = ("cross_entropy", *L.LOSS_FNS)
+
+
+class Future(Generic[T]):
+    """The result of a client call. Local calls run eagerly, so ``result()`` returns at once."""
+
+    def __init__(self, value: T):
+        self._value = value
+
+    def result(self, timeout: float | None = None) -> T:
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"Future({type(self._value).__name__})"
+
+
+@dataclass
+class AdamParams:
+    """One optimizer step's settings (names as in Tinker)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float | None = 1.0
+    """Clip the global gradient norm to this before stepping; None skips clipping."""
+
+    def __post_init__(self) -> None:
+        if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+
+@dataclass
+class SampledSequence:
+    """One completion: its tokens and, for each, the sampling log-prob."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+
+
+@dataclass
+class SampleResponse:
+    sequences: list[SampledSequence]
+
+
+@dataclass
+class ForwardBackwardOutput:
+    """What ``forward_backward`` returns."""
+
+    loss: float
+    """The aggregated loss that was back-propagated (KL penalty included)."""
+    loss_fn_outputs: list[dict[str, torch.Tensor]]
+    """One dict per datum: ``logprobs``, the training log-probs of its target tokens, shape (n,)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """``optim/entropy``, ``optim/kl_sample_train_v1``/``v2``, ``optim/clip_fraction``, ``optim/kl_ref``."""
+
+
+def _as_model_input(prompt) -> list[int]:
+    if isinstance(prompt, ModelInput):
+        return prompt.to_ints()
+    if isinstance(prompt, torch.Tensor):
+        return prompt.tolist()
+    return list(prompt)
+
+
+class SamplingClient:
+    """Draws completions from a frozen snapshot of a policy's weights."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, name: str = "sampler"):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+
+    def sample(self, prompt: ModelInput | Sequence[int], num_samples: int = 1,
+               sampling_params: SamplingParams | None = None) -> Future[SampleResponse]:
+        """``num_samples`` completions of one prompt (the prompt is encoded once)."""
+        return Future(self.sample_batch([prompt], num_samples, sampling_params)[0])
+
+    def sample_batch(self, prompts: Sequence[ModelInput | Sequence[int]], num_samples: int = 1,
+                     sampling_params: SamplingParams | None = None) -> list[SampleResponse]:
+        """Many prompts in one batched call: what a GRPO step does with its P problems. Not in Tinker's API."""
+        ids = [_as_model_input(p) for p in prompts]
+        out = sample(self.model, ids, num_samples, sampling_params, pad_token_id=self.tokenizer.pad_token_id)
+        return [SampleResponse([SampledSequence(c.tokens, c.logprobs, c.stop_reason)
+                                for c in out[i * num_samples:(i + 1) * num_samples]]) for i in range(len(ids))]
+
+    async def sample_async(self, prompt, num_samples: int = 1, sampling_params: SamplingParams | None = None):
+        return self.sample(prompt, num_samples, sampling_params)
+
+
+def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
+    if not datums:
+        raise ValueError("forward_backward needs at least one Datum")
+    for i, d in enumerate(datums):
+        if not isinstance(d, Datum):
+            raise TypeError(f"datums[{i}] is a {type(d).__name__}; build it with Datum(model_input=..., loss_fn_inputs=...)")
+        missing = [k for k in required if k not in d.loss_fn_inputs]
+        if missing:
+            raise ValueError(f"datums[{i}].loss_fn_inputs lacks {missing}; this loss needs {list(required)}")
+        n = d.model_input.length
+        for key, value in d.loss_fn_inputs.items():
+            if value.shape != (n,):
+                raise ValueError(f"datums[{i}].loss_fn_inputs[{key!r}] has shape {tuple(value.shape)} but model_input "
+                                 f"has {n} tokens; every field needs shape ({n},)")
+
+
+class TrainingClient:
+    """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, reference: PreTrainedModel | None = None,
+                 log_dir: str | Path | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self._reference = reference  # None: a LoRA model, whose reference is the adapter switched off
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.device = next(model.parameters()).device
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.model, "disable_adapter")
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    # ---------------------------------------------------------------- forward / backward
+    def _batch(self, datums: Sequence[Datum]):
+        B, T = len(datums), max(d.model_input.length for d in datums)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((B, T), pad, dtype=torch.long)
+        attn = torch.zeros((B, T), dtype=torch.long)
+        fields: dict[str, torch.Tensor] = {}
+        for key in datums[0].loss_fn_inputs:
+            dtype = torch.long if key == "target_tokens" else torch.float32
+            fields[key] = torch.zeros((B, T), dtype=dtype)
+        for i, d in enumerate(datums):
+            n = d.model_input.length
+            ids[i, :n] = torch.tensor(d.model_input.tokens)
+            attn[i, :n] = 1
+            for key, value in d.loss_fn_inputs.items():
+                if key not in fields:
+                    raise ValueError(f"datums[{i}] has loss_fn_inputs key {key!r} that datums[0] lacks; "
+                                     "give every datum in a batch the same fields")
+                fields[key][i, :n] = value
+        return ids.to(self.device), attn.to(self.device), {k: v.to(self.device) for k, v in fields.items()}
+
+    def _logprobs(self, ids, attn, targets, with_entropy: bool):
+        logits = self.model(input_ids=ids, attention_mask=attn).logits.float()  # (B, T, V)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        lp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+        return lp, entropy
+
+    @torch.no_grad()
+    def _reference_logprobs(self, ids, attn, targets) -> torch.Tensor:
+        if self._reference is not None:
+            logits = self._reference(input_ids=ids, attention_mask=attn).logits.float()
+        elif self.is_lora:
+            with self.model.disable_adapter():
+                logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
+        else:
+            raise ValueError("this training client has no reference model; create it with keep_reference=True")
+        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+    def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, *,
+                         aggregation: str = "sum", kl_coef: float = 0.0, kl_estimator: str = "k3",
+                         clip_range: tuple[float, float] = (0.8, 1.2),
+                         log_kl_ref: bool = False) -> Future[ForwardBackwardOutput]:
+        """Accumulate the gradient of ``aggregate(loss_fn(...), mask, aggregation) + kl_coef * KL`` over ``datums``.
+
+        ``loss_fn`` is one of :data:`LOSS_FN_NAMES`; ``loss_fn_config`` holds its keyword arguments (e.g.
+        ``{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}`` for ``"ppo"``, ``{"beta": 0.1}`` for
+        ``"dro"``). RL losses read ``target_tokens``, ``logprobs`` and ``advantages`` from every datum;
+        ``cross_entropy`` reads ``target_tokens`` and ``weights``. The loss covers the positions whose
+        ``mask`` is 1; datums without a ``mask`` field use ``logprobs != 0`` (RL) or ``weights != 0`` (SFT).
+        ``clip_range`` only sets which ratios count toward ``optim/clip_fraction``. ``log_kl_ref`` adds
+        ``optim/kl_ref`` (k3 against the reference policy) to the metrics at the cost of one more forward pass.
+        """
+        if loss_fn not in LOSS_FN_NAMES:
+            raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
+        if aggregation not in L.AGGREGATION_MODES:
+            raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {list(L.AGGREGATION_MODES)}")
+        rl = loss_fn != "cross_entropy"
+        _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
+        config = dict(loss_fn_config or {})
+        self.model.train()
+        ids, attn, f = self._batch(datums)
+        if "mask" in f:
+            mask = f["mask"]
+        elif rl:
+            mask = (f["logprobs"] != 0).float()
+        else:
+            mask = (f["weights"] != 0).float()
+        lp, entropy = self._logprobs(ids, attn, f["target_tokens"], with_entropy=True)
+        metrics: dict[str, float] = {}
+        n_tok = mask.sum().clamp(min=1)
+        metrics["optim/entropy"] = float((entropy * mask).sum() / n_tok)
+        if rl:
+            per_token = L.get_loss_fn(loss_fn)(lp, f["logprobs"], f["advantages"], **config)
+            diff = (f["logprobs"] - lp.detach()) * mask  # sampling - training, on action tokens
+            metrics["optim/kl_sample_train_v1"] = float(diff.sum() / n_tok)
+            metrics["optim/kl_sample_train_v2"] = float(0.5 * (diff**2).sum() / n_tok)
+            metrics["optim/clip_fraction"] = float(L.clip_fraction(lp.detach(), f["logprobs"], mask, *clip_range))
+        else:
+            per_token = -lp * f["weights"]
+        loss = L.aggregate(per_token, mask, aggregation)
+        if kl_coef > 0 or log_kl_ref:
+            ref = self._reference_logprobs(ids, attn, f["target_tokens"])
+            kl_tok = L.kl(lp, ref, kl_estimator)
+            metrics["optim/kl_ref"] = float((L.kl(lp.detach(), ref, "k3") * mask).sum() / n_tok)
+            if kl_coef > 0:
+                loss = loss + kl_coef * L.aggregate(kl_tok, mask, aggregation)
+        loss.backward()
+        outputs = [{"logprobs": lp[i, :d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
+        return Future(ForwardBackwardOutput(loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics))
+
+    async def forward_backward_async(self, datums, loss_fn, loss_fn_config=None, **kwargs):
+        return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
+
+    # ---------------------------------------------------------------- optimizer
+    def optim_step(self, adam_params: AdamParams | None = None) -> Future[dict[str, float]]:
+        """One Adam step on the gradients accumulated since the last step, then zero them."""
+        p = adam_params or AdamParams()
+        params = self.trainable_parameters()
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(params, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
+                                               weight_decay=p.weight_decay)
+        for group in self.optimizer.param_groups:
+            group.update(lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
+        grads = [q for q in params if q.grad is not None]
+        if not grads:
+            raise RuntimeError("optim_step found no gradients; call forward_backward first")
+        if p.grad_clip_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(grads, p.grad_clip_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(q.grad) for q in grads]))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return Future({"optim/grad_norm": float(norm), "optim/lr": p.learning_rate})
+
+    async def optim_step_async(self, adam_params: AdamParams | None = None):
+        return self.optim_step(adam_params)
+
+    # ---------------------------------------------------------------- sampling and checkpoints
+    def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
+        """A sampler over a frozen copy of the current weights."""
+        snapshot = copy.deepcopy(self.model).eval()
+        for q in snapshot.parameters():
+            q.requires_grad_(False)
+        return SamplingClient(snapshot, self.tokenizer, name)
+
+    def _state_path(self, name: str) -> Path:
+        base = self.log_dir if self.log_dir is not None else Path("checkpoints")
+        return base / "checkpoints" / name
+
+    def save_state(self, name: str, extra: dict[str, Any] | None = None) -> Path:
+        """Write the trainable weights, the optimizer and ``extra`` (e.g. the loop's step) to one file."""
+        path = self._state_path(name)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {
+            "weights": {k: v.detach().cpu() for k, v in self.model.named_parameters() if v.requires_grad},
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "extra": extra or {},
+        }
+        tmp = path / "state.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path / "state.pt")
+        return path
+
+    def load_state(self, path: str | Path) -> dict[str, Any]:
+        """Restore weights and optimizer written by :meth:`save_state`. Returns its ``extra`` dict."""
+        file = Path(path) / "state.pt" if Path(path).is_dir() else Path(path)
+        if not file.exists():
+            raise FileNotFoundError(f"no saved state at {file}; pass a folder written by save_state")
+        state = torch.load(file, map_location=self.device, weights_only=False)
+        named = dict(self.model.named_parameters())
+        unknown = [k for k in state["weights"] if k not in named]
+        if unknown:
+            raise ValueError(f"{file} holds weights this model lacks (e.g. {unknown[:3]}); was it saved from another model?")
+        with torch.no_grad():
+            for k, v in state["weights"].items():
+                named[k].copy_(v)
+        if state["optimizer"] is not None:
+            self.optimizer = torch.optim.AdamW(self.trainable_parameters())
+            self.optimizer.load_state_dict(state["optimizer"])
+        return state["extra"]
+
+
+class ServiceClient:
+    """Makes training clients from a base model: a path, a hub id, or a ``(model, tokenizer)`` pair."""
+
+    def __init__(self, device: str | torch.device | None = None, log_dir: str | Path | None = None):
+        self.device = device
+        self.log_dir = log_dir
+
+    def _load(self, base_model, lora):
+        if isinstance(base_model, tuple):
+            model, tokenizer = base_model
+            model = copy.deepcopy(model)  # never train the caller's model in place
+            if self.device is not None:
+                model.to(self.device)
+            if lora is not None:
+                model = wrap_lora(model, lora)
+            return model, tokenizer
+        return load_policy(base_model, lora=lora, device=self.device)
+
+    def create_lora_training_client(self, base_model, rank: int = 16, **lora_kwargs) -> TrainingClient:
+        """Train a LoRA adapter (peft) on ``base_model``; the adapter switched off is the KL reference."""
+        model, tokenizer = self._load(base_model, LoraSettings(rank=rank, **lora_kwargs))
+        return TrainingClient(model, tokenizer, reference=None, log_dir=self.log_dir)
+
+    def create_training_client(self, base_model, keep_reference: bool = True) -> TrainingClient:
+        """Train every weight of ``base_model``. ``keep_reference`` keeps a frozen copy for KL penalties."""
+        model, tokenizer = self._load(base_model, None)
+        for q in model.parameters():
+            q.requires_grad_(True)
+        reference = None
+        if keep_reference:
+            reference = copy.deepcopy(model).eval()
+            for q in reference.parameters():
+                q.requires_grad_(False)
+        return TrainingClient(model, tokenizer, reference=reference, log_dir=self.log_dir)
+
+
+__all__ = ["AdamParams", "ForwardBackwardOutput", "Future", "LOSS_FN_NAMES", "SampleResponse", "SampledSequence",
+           "SamplingClient", "ServiceClient", "TrainingClient"]

@@ -1,0 +1,268 @@
+"""GRPO on verifiable tasks, written with the local Tinker-style clients (Chapter 7).
+
+One iteration is the seven steps of the reference loop::
+
+    1. sampler = trainer.save_weights_and_get_sampling_client(...)   fresh weights every step
+    2. sample G completions for each of P problems                   (P*G sequences, with log-probs)
+    3. grade them: reward = correct + 0.1 * (format - 1)             rewards (P, G)
+    4. advantages = rewards - group mean                             (P, G); 0 for a uniform group
+    5. one Datum per completion (prompt masked, advantage on every action token)
+    6. forward_backward(datums, loss_fn) then optim_step, num_substeps times over slices of the batch
+    7. log the metrics; every eval_every steps, greedy pass@1 on held-out problems
+
+``train_grpo`` resumes from the newest checkpoint in ``log_dir`` when ``resume=True``; problems and
+sampling seeds are functions of (seed, step), so on a CPU a resumed run repeats an uninterrupted one
+exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from ..metrics import MetricsLogger, load_metrics
+from ..utils import torch_threads
+from . import losses as L
+from .clients import AdamParams, ServiceClient, TrainingClient
+from .datum import build_datum
+from .evaluation import EvalResult, evaluate
+from .renderer import ChatMLRenderer
+from .rewards import grade
+from .sampling import SamplingParams
+from .sft import SFTConfig, load_or_train_sft
+
+
+@dataclass
+class GRPOConfig:
+    """Settings of a GRPO run on the course's arithmetic task (every field is a recipe flag)."""
+
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The warm start (Chapter 6), loaded from the SFT cache or trained once. Its task is the RL task."""
+    base_model: str | None = None
+    """A model folder or hub id to start from instead of the SFT checkpoint (e.g. a real chat model)."""
+    lora_rank: int | None = None
+    """None trains every weight; an int trains a peft LoRA adapter of that rank."""
+    group_size: int = 8
+    """G: completions per problem."""
+    batch_size: int = 32
+    """P: problems per step."""
+    max_steps: int = 200
+    """GRPO iterations."""
+    learning_rate: float = 3e-4
+    """Adam learning rate (constant)."""
+    loss_fn: str = "importance_sampling"
+    """importance_sampling, ppo, cispo or dro (see edurl.llm.losses)."""
+    clip_low: float = 0.8
+    """Lower ratio bound for ppo and cispo's clip."""
+    clip_high: float = 1.2
+    """Upper ratio bound for ppo and cispo's clip."""
+    dro_beta: float = 0.05
+    """beta of the dro loss."""
+    aggregation: str = "token_mean"
+    """sum, seq_mean_token_mean (GRPO), token_mean (DAPO) or seq_mean_token_sum_norm (Dr. GRPO)."""
+    num_substeps: int = 1
+    """Optimizer steps per batch, each on 1/num_substeps of it; > 1 moves the ratio away from 1."""
+    kl_coef: float = 0.0
+    """Weight of a KL penalty to the starting policy (0: none)."""
+    kl_estimator: str = "k3"
+    """k1, k2 or k3 for that penalty."""
+    advantage_scale: str = "none"
+    """none (Dr. GRPO), group (GRPO's std division) or batch."""
+    center_advantages: bool = True
+    """False uses raw rewards as advantages: one of Chapter 7's common mistakes."""
+    drop_uniform_groups: bool = False
+    """Skip groups whose rewards are all equal (DAPO's dynamic sampling, without refilling)."""
+    refresh_sampler: bool = True
+    """False keeps the first step's sampler for the whole run: the stale-sampler mistake."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    max_tokens: int = 16
+    """Most tokens per completion."""
+    eval_every: int = 25
+    """Steps between held-out evaluations (greedy pass@1); also at the start and the end."""
+    num_eval: int = 200
+    """Held-out test problems per evaluation."""
+    save_every: int = 0
+    """Steps between checkpoints (0: none)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in log_dir."""
+    log_dir: str = "runs/grpo_arithmetic"
+    """Where metrics.jsonl and checkpoints go."""
+    seed: int = 0
+    """Seeds the problems and the sampling."""
+    num_threads: int = 2
+    """torch CPU threads."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "batch_size", "max_steps", "num_substeps", "max_tokens", "num_eval"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+        if self.batch_size * self.group_size % self.num_substeps:
+            raise ValueError(f"num_substeps ({self.num_substeps}) must divide batch_size * group_size "
+                             f"({self.batch_size * self.group_size})")
+        L.get_loss_fn(self.loss_fn)
+        if self.aggregation not in L.AGGREGATION_MODES:
+            raise ValueError(f"aggregation must be one of {L.AGGREGATION_MODES}, got {self.aggregation!r}")
+        if self.advantage_scale not in L.ADVANTAGE_SCALES:
+            raise ValueError(f"advantage_scale must be one of {L.ADVANTAGE_SCALES}, got {self.advantage_scale!r}")
+        if self.kl_estimator not in L.KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {L.KL_ESTIMATORS}, got {self.kl_estimator!r}")
+
+    def loss_fn_config(self) -> dict:
+        if self.loss_fn in ("ppo", "cispo"):
+            return {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+        if self.loss_fn == "dro":
+            return {"beta": self.dro_beta}
+        return {}
+
+
+@dataclass
+class GRPOResult:
+    config: GRPOConfig
+    metrics: pd.DataFrame
+    """One row per step (metrics.jsonl)."""
+    trainer: TrainingClient
+    start: EvalResult | None
+    """Held-out evaluation before the first step (None when resumed)."""
+    final: EvalResult
+    """Held-out evaluation after the last step."""
+
+
+def _checkpoints(log_dir: Path) -> list[Path]:
+    return sorted(p for p in (log_dir / "checkpoints").glob("step_*") if (p / "state.pt").exists())
+
+
+def _problem_seed(seed: int, step: int) -> int:
+    return 1_000_003 * (seed + 1) + step
+
+
+def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:
+    """The trainer (from the SFT checkpoint or ``base_model``), the renderer and the task."""
+    service = ServiceClient(device="cpu" if config.base_model is None else None, log_dir=config.log_dir)
+    if config.base_model is None:
+        model, tokenizer, _, _ = load_or_train_sft(config.sft, progress=config.progress)
+        base = (model, tokenizer)
+    else:
+        base = config.base_model
+    if config.lora_rank is not None:
+        trainer = service.create_lora_training_client(base, rank=config.lora_rank)
+    else:
+        trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0)
+    return trainer, ChatMLRenderer(trainer.tokenizer), config.sft.task()
+
+
+def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
+    """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring."""
+    config = config or GRPOConfig()
+    log_dir = Path(config.log_dir)
+    with torch_threads(config.num_threads):
+        trainer, renderer, task = make_training_client(config)
+        test = task.sample(config.num_eval, split="test", seed=config.seed)
+        start_step, start_eval = 0, None
+        if config.resume and _checkpoints(log_dir):
+            extra = trainer.load_state(_checkpoints(log_dir)[-1])
+            start_step = extra["step"]
+            kept = load_metrics(log_dir)
+            kept = kept[kept["step"] < start_step]  # drop steps logged after the checkpoint
+            (log_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in row.items() if pd.notna(v)}) + "\n"
+                                                           for row in kept.to_dict("records")))
+            logger = MetricsLogger(log_dir, if_exists="append")
+        else:
+            logger = MetricsLogger(log_dir, if_exists="overwrite")
+            (log_dir / "config.json").write_text(json.dumps(asdict(config), indent=1, default=str))
+            start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+        stop = renderer.get_stop_sequences()
+        sampler = None
+        bar = tqdm(range(start_step, config.max_steps), desc="GRPO", disable=not config.progress,
+                   initial=start_step, total=config.max_steps)
+        for step in bar:
+            row = grpo_step(config, trainer, renderer, task, step, stop, sampler)
+            sampler = row.pop("_sampler")
+            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
+                ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+                row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
+                bar.set_postfix(correct=f"{row['env/all/correct']:.2f}", test=f"{ev.pass_at_1:.2f}")
+            if step == 0 and start_eval is not None:
+                row.update({"test/start_pass_at_1": start_eval.pass_at_1})
+            logger.log(step, **row)
+            if config.save_every and (step + 1) % config.save_every == 0:
+                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1})
+        bar.close()
+        logger.close()
+        final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+    return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)
+
+
+def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRenderer, task, step: int, stop,
+              sampler=None) -> dict:
+    """One iteration (steps 1-6 of the module docstring). Returns the metrics row (and the sampler used)."""
+    t0 = time.perf_counter()
+    # 1. a sampler over the current weights (or the old one, for the stale-sampler demonstration)
+    if sampler is None or config.refresh_sampler:
+        sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
+    # 2. sample a group per problem
+    problems = task.sample(config.batch_size, split="train", seed=_problem_seed(config.seed, step))
+    prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+    params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop=stop,
+                            seed=_problem_seed(config.seed, step))
+    responses = sampler.sample_batch(prompts, config.group_size, params)
+    t1 = time.perf_counter()
+    # 3. rewards
+    grades = []
+    for problem, response in zip(problems, responses):
+        for seq in response.sequences:
+            message, ok = renderer.parse_response(seq.tokens)
+            grades.append(grade(message["content"], problem.answer, complete=ok))
+    P, G = config.batch_size, config.group_size
+    rewards = torch.tensor([g.reward for g in grades]).view(P, G)
+    correct = torch.tensor([g.correct for g in grades]).view(P, G)
+    # 4. advantages
+    adv = L.group_advantages(rewards, config.advantage_scale) if config.center_advantages else rewards.clone()
+    keep = ~L.zero_variance_groups(rewards) if config.drop_uniform_groups else torch.ones(P, dtype=torch.bool)
+    # 5. datums
+    datums = [build_datum(prompts[i], seq.tokens, seq.logprobs, float(adv[i, j]))
+              for i, response in enumerate(responses) if keep[i] for j, seq in enumerate(response.sequences)]
+    # 6. forward_backward + optim_step, num_substeps times
+    fwd_metrics: list[dict] = []
+    if datums:
+        chunk = -(-len(datums) // config.num_substeps)
+        for k in range(0, len(datums), chunk):
+            out = trainer.forward_backward(datums[k:k + chunk], config.loss_fn, config.loss_fn_config(),
+                                           aggregation=config.aggregation, kl_coef=config.kl_coef,
+                                           kl_estimator=config.kl_estimator,
+                                           clip_range=(config.clip_low, config.clip_high),
+                                           log_kl_ref=config.kl_coef > 0).result()
+            opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+            fwd_metrics.append({**out.metrics, **opt, "optim/loss": out.loss})
+    t2 = time.perf_counter()
+    uniform = rewards.max(1).values == rewards.min(1).values
+    row = {
+        "env/all/reward/total": float(rewards.mean()),
+        "env/all/correct": float(correct.mean()),
+        "env/all/format": float(sum(g.format for g in grades) / len(grades)),
+        "env/all/ac_tokens_per_turn": sum(len(s.tokens) for r in responses for s in r.sequences) / (P * G),
+        "env/all/by_group/frac_mixed": float((~uniform).float().mean()),
+        "env/all/by_group/frac_all_good": float((correct.min(1).values == 1).float().mean()),
+        "env/all/by_group/frac_all_bad": float((correct.max(1).values == 0).float().mean()),
+        "time/sample": t1 - t0,
+        "time/train": t2 - t1,
+    }
+    for key in (fwd_metrics[0] if fwd_metrics else {}):
+        row[key] = sum(m[key] for m in fwd_metrics) / len(fwd_metrics)
+    if fwd_metrics:  # the last substep's ratio is the one furthest from 1
+        row["optim/clip_fraction_last_substep"] = fwd_metrics[-1]["optim/clip_fraction"]
+    row["_sampler"] = sampler
+    return row
+
+
+__all__ = ["GRPOConfig", "GRPOResult", "grpo_step", "make_training_client", "train_grpo"]

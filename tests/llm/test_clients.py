@@ -1,0 +1,165 @@
+import asyncio
+
+import pytest
+import torch
+
+from edurl.llm import losses as L
+from edurl.llm.clients import AdamParams, ServiceClient
+from edurl.llm.datum import Datum, ModelInput, build_datum
+from edurl.llm.evaluation import sequence_logprobs
+from edurl.llm.sampling import SamplingParams
+
+PROMPT = [3, 35, 33, 19, 32, 100, 9, 13, 77]
+
+
+@pytest.fixture()
+def trainer(small_model, char_tokenizer):
+    torch.manual_seed(0)
+    return ServiceClient(device="cpu").create_training_client((small_model, char_tokenizer))
+
+
+def rl_datums(trainer, n=4, seed=0):
+    sampler = trainer.save_weights_and_get_sampling_client("s")
+    res = sampler.sample(ModelInput.from_ints(PROMPT), n, SamplingParams(max_tokens=6, seed=seed)).result()
+    return [build_datum(PROMPT, s.tokens, s.logprobs, adv) for s, adv in zip(res.sequences, [1.0, -1.0, 0.5, -0.5])]
+
+
+def test_training_logprobs_match_the_samplers_on_policy(trainer):
+    datums = rl_datums(trainer)
+    out = trainer.forward_backward(datums, "importance_sampling").result()
+    for d, o in zip(datums, out.loss_fn_outputs):
+        m = d.loss_fn_inputs["mask"].bool()
+        assert torch.allclose(o["logprobs"][m], d.loss_fn_inputs["logprobs"][m], atol=1e-4)
+    assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-4
+    assert out.metrics["optim/clip_fraction"] == 0.0  # one step per batch: every ratio is exactly 1
+
+
+def test_forward_backward_sum_loss_and_gradient_match_a_hand_written_one(trainer, small_model):
+    datums = rl_datums(trainer)
+    out = trainer.forward_backward(datums, "importance_sampling").result()
+    # the same loss written out by hand on an unchanged copy of the weights
+    model = small_model
+    model.zero_grad()
+    total = 0.0
+    for d in datums:
+        toks = torch.tensor([d.model_input.to_ints() + [int(d.loss_fn_inputs["target_tokens"][-1])]])
+        lp = sequence_logprobs(model, toks)[0]
+        m, q, a = (d.loss_fn_inputs[k] for k in ("mask", "logprobs", "advantages"))
+        total = total + (-(torch.exp(lp - q) * a) * m).sum()
+    assert out.loss == pytest.approx(float(total.detach()), abs=1e-4)
+    total.backward()
+    mine = dict(model.named_parameters())
+    for name, p in trainer.model.named_parameters():
+        assert torch.allclose(p.grad, mine[name].grad, atol=1e-5), name
+    model.zero_grad()
+
+
+def test_gradients_accumulate_until_optim_step(trainer):
+    datums = rl_datums(trainer)
+    trainer.forward_backward(datums[:2], "importance_sampling")
+    g1 = [p.grad.clone() for p in trainer.model.parameters()]
+    trainer.forward_backward(datums[2:], "importance_sampling")
+    trainer.model.zero_grad()
+    trainer.forward_backward(datums[2:], "importance_sampling")
+    g2 = [p.grad.clone() for p in trainer.model.parameters()]
+    trainer.model.zero_grad()
+    trainer.forward_backward(datums, "importance_sampling")
+    assert all(torch.allclose(a + b, p.grad, atol=1e-6) for a, b, p in zip(g1, g2, trainer.model.parameters()))
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    info = trainer.optim_step(AdamParams(learning_rate=1e-2)).result()
+    assert info["optim/grad_norm"] > 0
+    assert all(p.grad is None for p in trainer.model.parameters())
+    assert any(not torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+
+
+def test_sampler_is_a_snapshot_and_substeps_move_the_ratio(trainer):
+    datums = rl_datums(trainer)
+    stale = trainer.save_weights_and_get_sampling_client("old")
+    trainer.forward_backward(datums, "ppo")
+    trainer.optim_step(AdamParams(learning_rate=5e-2))
+    out = trainer.forward_backward(datums, "ppo").result()
+    assert out.metrics["optim/kl_sample_train_v2"] > 0  # the ratio has left 1
+    fresh = trainer.save_weights_and_get_sampling_client("new")
+    x = torch.tensor([PROMPT])
+    assert not torch.allclose(stale.model(input_ids=x).logits, fresh.model(input_ids=x).logits)
+
+
+def test_kl_penalty_to_the_reference(trainer):
+    datums = rl_datums(trainer)
+    out = trainer.forward_backward(datums, "importance_sampling", log_kl_ref=True).result()
+    assert out.metrics["optim/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # no step yet: policy == reference
+    trainer.optim_step(AdamParams(learning_rate=5e-2))
+    out = trainer.forward_backward(datums, "importance_sampling", kl_coef=0.5).result()
+    assert out.metrics["optim/kl_ref"] > 1e-4
+
+
+def test_lora_client_trains_only_the_adapter(small_model, char_tokenizer):
+    trainer = ServiceClient(device="cpu").create_lora_training_client((small_model, char_tokenizer), rank=4)
+    assert all("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
+    datums = rl_datums(trainer)
+    out = trainer.forward_backward(datums, "ppo", log_kl_ref=True).result()
+    assert out.metrics["optim/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # LoRA B starts at 0
+    trainer.optim_step(AdamParams(learning_rate=1e-2))
+    assert trainer.forward_backward(datums, "ppo", log_kl_ref=True).result().metrics["optim/kl_ref"] > 0
+
+
+def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model, char_tokenizer, tmp_path):
+    trainer.log_dir = tmp_path
+    datums = rl_datums(trainer)
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-2))
+    path = trainer.save_state("ckpt", extra={"step": 1})
+    other = ServiceClient(device="cpu").create_training_client((small_model, char_tokenizer))
+    assert other.load_state(path) == {"step": 1}
+    for a, b in zip(trainer.model.parameters(), other.model.parameters()):
+        assert torch.equal(a, b)
+    for c in (trainer, other):  # the same next step, Adam moments included
+        c.forward_backward(datums, "importance_sampling")
+        c.optim_step(AdamParams(learning_rate=1e-2))
+    for a, b in zip(trainer.model.parameters(), other.model.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(FileNotFoundError, match="save_state"):
+        other.load_state(tmp_path / "nope")
+
+
+def test_cross_entropy_loss(trainer):
+    tokens = PROMPT + [5, 6, 7]
+    d = Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": torch.tensor(tokens[1:]),
+                                                  "weights": torch.tensor([0.0] * 8 + [1.0] * 3)})
+    out = trainer.forward_backward([d], "cross_entropy").result()
+    assert out.loss == pytest.approx(-float(out.loss_fn_outputs[0]["logprobs"][-3:].sum()), abs=1e-5)
+
+
+def test_async_variants_return_the_same_futures(trainer):
+    datums = rl_datums(trainer)
+    fut = asyncio.run(trainer.forward_backward_async(datums, "importance_sampling"))
+    assert fut.result().loss == pytest.approx(trainer.forward_backward(datums, "importance_sampling").result().loss)
+
+
+def test_clear_errors(trainer):
+    datums = rl_datums(trainer)
+    with pytest.raises(ValueError, match="unknown loss_fn 'grpo'.*importance_sampling"):
+        trainer.forward_backward(datums, "grpo")
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        trainer.forward_backward(datums, "ppo", aggregation="mean")
+    bad = Datum(ModelInput.from_ints([1, 2, 3]), {"target_tokens": torch.tensor([2, 3, 4])})
+    bad.loss_fn_inputs["logprobs"] = torch.zeros(2)  # bypasses Datum's own check
+    bad.loss_fn_inputs["advantages"] = torch.zeros(3)
+    with pytest.raises(ValueError, match=r"has shape \(2,\) but model_input has 3 tokens"):
+        trainer.forward_backward([bad], "importance_sampling")
+    with pytest.raises(ValueError, match="lacks"):
+        trainer.forward_backward([Datum(ModelInput.from_ints([1, 2]), {"target_tokens": torch.tensor([2, 3])})], "ppo")
+    with pytest.raises(ValueError, match="at least one"):
+        trainer.forward_backward([], "ppo")
+    with pytest.raises(RuntimeError, match="forward_backward first"):
+        trainer.optim_step(AdamParams())
+    with pytest.raises(ValueError, match="learning_rate"):
+        AdamParams(learning_rate=-1.0)
+
+
+def test_aggregation_is_passed_through(trainer):
+    datums = rl_datums(trainer)
+    per = {mode: trainer.forward_backward(datums, "importance_sampling", aggregation=mode).result().loss
+           for mode in L.AGGREGATION_MODES}
+    n_tok = sum(float(d.loss_fn_inputs["mask"].sum()) for d in datums)
+    assert per["token_mean"] == pytest.approx(per["sum"] / n_tok, rel=1e-5)

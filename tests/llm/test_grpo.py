@@ -1,0 +1,72 @@
+import pytest
+
+from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.llm.sft import SFTConfig
+
+from .conftest import SMALL
+
+TINY_SFT = SFTConfig(model=SMALL, max_steps=30, batch_size=16, warmup_steps=2, num_threads=1, target_pass_at_1=None)
+
+
+def tiny(tmp_path, **kw):
+    base = dict(sft=TINY_SFT, group_size=4, batch_size=4, max_steps=6, max_tokens=8, eval_every=3, num_eval=8,
+                num_threads=1, progress=False, log_dir=str(tmp_path / "run"), learning_rate=1e-3)
+    return GRPOConfig(**{**base, **kw})
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path_factory.getbasetemp() / "edurl-cache"))
+
+
+COURSE_METRICS = ["env/all/reward/total", "env/all/correct", "env/all/format", "env/all/ac_tokens_per_turn",
+                  "env/all/by_group/frac_mixed", "env/all/by_group/frac_all_good", "env/all/by_group/frac_all_bad",
+                  "optim/entropy", "optim/kl_sample_train_v1", "optim/kl_sample_train_v2", "optim/clip_fraction",
+                  "time/sample", "time/train", "time/total"]
+
+
+def test_metrics_file_has_the_course_names(tmp_path):
+    result = train_grpo(tiny(tmp_path))
+    m = result.metrics
+    assert list(m["step"]) == list(range(6))
+    for name in COURSE_METRICS:
+        assert name in m.columns, name
+    assert m["test/pass_at_1"].notna().sum() == 2  # steps 3 and 6
+    # one optimizer step per batch: the ratio is exactly 1, nothing is clipped
+    assert (m["optim/clip_fraction"] == 0).all()
+    assert m["optim/kl_sample_train_v1"].abs().max() < 1e-4
+
+
+def test_substeps_engage_the_clip(tmp_path):
+    m = train_grpo(tiny(tmp_path, loss_fn="ppo", num_substeps=4, learning_rate=3e-2, clip_low=0.99,
+                        clip_high=1.01, center_advantages=False)).metrics  # raw rewards: never all-zero
+    assert m["optim/clip_fraction_last_substep"].max() > 0
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+    # eval_every=2, so the shorter run's final evaluation (step 3) is one the whole run also makes
+    # raw rewards as advantages, so that every step moves the weights and Adam's moments matter
+    kw = dict(save_every=2, eval_every=2, center_advantages=False)
+    whole = train_grpo(tiny(tmp_path / "a", **kw)).metrics
+    train_grpo(tiny(tmp_path / "b", max_steps=5, **kw))  # "interrupted" after 5 steps ...
+    resumed = train_grpo(tiny(tmp_path / "b", resume=True, **kw)).metrics  # ... resumed from step 4
+    assert whole["optim/entropy"].nunique() == 6
+    cols = [c for c in whole.columns if not c.startswith("time/")]
+    assert "optim/entropy" in cols and resumed["test/pass_at_1"].notna().sum() == 3
+    assert list(resumed["step"]) == list(range(6))
+    for c in cols:
+        if c == "test/start_pass_at_1":
+            continue
+        a, b = whole[c].tolist(), resumed[c].tolist()
+        assert a == pytest.approx(b, abs=0, nan_ok=True), c
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        tiny(tmp_path, group_size=1)
+    with pytest.raises(ValueError, match="num_substeps"):
+        tiny(tmp_path, num_substeps=3)
+    with pytest.raises(ValueError, match="unknown loss"):
+        tiny(tmp_path, loss_fn="grpo")
+    with pytest.raises(ValueError, match="aggregation"):
+        tiny(tmp_path, aggregation="mean")
