@@ -22,12 +22,18 @@ from edurl.exercises.ch03 import check_baseline_losses
 from edurl.exercises.ch04 import check_gae
 from edurl.exercises.ch05 import check_clip_table
 from edurl.exercises.ch06 import check_build_datum
+from edurl.exercises.ch07 import (
+    check_group_advantages,
+    check_masked_datums,
+    check_ppo_loss,
+)
 from edurl.exercises.solutions import ch01 as _ch01_solutions
 from edurl.exercises.solutions import ch02 as _ch02_solutions
 from edurl.exercises.solutions import ch03 as _ch03_solutions
 from edurl.exercises.solutions import ch04 as _ch04_solutions
 from edurl.exercises.solutions import ch05 as _ch05_solutions
 from edurl.exercises.solutions import ch06 as _ch06_solutions
+from edurl.exercises.solutions import ch07 as _ch07_solutions
 
 #: exercise name -> (chapter, checker, worked solution)
 EXERCISES = {
@@ -38,6 +44,9 @@ EXERCISES = {
     "gae": (4, check_gae, _ch04_solutions.gae),
     "clip_table": (5, check_clip_table, _ch05_solutions.clip_table),
     "build_datum": (6, check_build_datum, _ch06_solutions.build_datum),
+    "group_advantages": (7, check_group_advantages, _ch07_solutions.group_advantages),
+    "ppo_loss": (7, check_ppo_loss, _ch07_solutions.ppo_loss),
+    "masked_datums": (7, check_masked_datums, _ch07_solutions.build_datums),
 }
 
 
@@ -52,4 +61,5 @@ def show_solution(name: str) -> str:
 
 __all__ = ["Verdict", "PASSED", "FAILED", "NOT_ATTEMPTED", "EXERCISES", "show_solution",
            "check_discounted_returns", "check_bellman_backup", "check_reinforce_loss", "check_baseline_losses",
-           "check_gae", "check_clip_table", "check_build_datum"]
+           "check_gae", "check_clip_table", "check_build_datum", "check_group_advantages", "check_ppo_loss",
+           "check_masked_datums"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -72,6 +72,8 @@ class GRPOConfig:
     """Weight of a KL penalty to the starting policy (0: none)."""
     kl_estimator: str = "k3"
     """k1, k2 or k3 for that penalty."""
+    log_kl_ref: bool = False
+    """Log optim/kl_ref (k3 to the starting policy) even without a penalty; costs one more forward pass."""
     advantage_scale: str = "none"
     """none (Dr. GRPO), group (GRPO's std division) or batch."""
     center_advantages: bool = True
@@ -95,7 +97,7 @@ class GRPOConfig:
     log_dir: str = "runs/grpo_arithmetic"
     """Where metrics.jsonl and checkpoints go."""
     seed: int = 0
-    """Seeds the problems and the sampling."""
+    """Seeds everything: the SFT warm start (it replaces sft.seed), the problems and the sampling."""
     num_threads: int = 2
     """torch CPU threads."""
     progress: bool = True
@@ -150,14 +152,14 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
     """The trainer (from the SFT checkpoint or ``base_model``), the renderer and the task."""
     service = ServiceClient(device="cpu" if config.base_model is None else None, log_dir=config.log_dir)
     if config.base_model is None:
-        model, tokenizer, _, _ = load_or_train_sft(config.sft, progress=config.progress)
+        model, tokenizer, _, _ = load_or_train_sft(replace(config.sft, seed=config.seed), progress=config.progress)
         base = (model, tokenizer)
     else:
         base = config.base_model
     if config.lora_rank is not None:
         trainer = service.create_lora_training_client(base, rank=config.lora_rank)
     else:
-        trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0)
+        trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0 or config.log_kl_ref)
     return trainer, ChatMLRenderer(trainer.tokenizer), config.sft.task()
 
 
@@ -241,7 +243,7 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
                                            aggregation=config.aggregation, kl_coef=config.kl_coef,
                                            kl_estimator=config.kl_estimator,
                                            clip_range=(config.clip_low, config.clip_high),
-                                           log_kl_ref=config.kl_coef > 0).result()
+                                           log_kl_ref=config.kl_coef > 0 or config.log_kl_ref).result()
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             fwd_metrics.append({**out.metrics, **opt, "optim/loss": out.loss})
     t2 = time.perf_counter()
@@ -265,4 +267,43 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     return row
 
 
-__all__ = ["GRPOConfig", "GRPOResult", "grpo_step", "make_training_client", "train_grpo"]
+#: the panels of :func:`plot_grpo_metrics`: (metric, title)
+GRPO_PANELS = (("env/all/correct", "train correct (sampled, T=1)"), ("test/pass_at_1", "held-out pass@1 (greedy)"),
+               ("env/all/format", "format"), ("optim/entropy", "entropy (nats / token)"),
+               ("env/all/by_group/frac_mixed", "frac_mixed (groups with signal)"),
+               ("optim/kl_sample_train_v2", "kl_sample_train_v2"))
+
+
+def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
+    """Learning curves of one or more runs: ``runs`` is a metrics DataFrame or ``{label: DataFrame}``.
+
+    Per-step training metrics are drawn as a rolling mean over ``smooth`` steps; evaluations as points.
+    """
+    import matplotlib.pyplot as plt
+
+    if isinstance(runs, pd.DataFrame):
+        runs = {"": runs}
+    cols = 3
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.1 * rows), squeeze=False)
+    for ax, (key, title) in zip(axes.flat, panels):
+        for label, m in runs.items():
+            if key not in m:
+                continue
+            data = m[["step", key]].dropna()
+            if key.startswith("test/"):
+                ax.plot(data["step"], data[key], marker="o", label=label or None)
+            else:
+                ax.plot(data["step"], data[key].rolling(smooth, min_periods=1).mean(), label=label or None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("GRPO step")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if len(runs) > 1:
+        axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["GRPOConfig", "GRPOResult", "GRPO_PANELS", "grpo_step", "make_training_client", "plot_grpo_metrics",
+           "train_grpo"]
