@@ -144,7 +144,8 @@ def _checkpoints(log_dir: Path) -> list[Path]:
     return sorted(p for p in (log_dir / "checkpoints").glob("step_*") if (p / "state.pt").exists())
 
 
-def _problem_seed(seed: int, step: int) -> int:
+def problem_seed(seed: int, step: int) -> int:
+    """The seed of step `step`'s problems and samples: a function of (seed, step), so resumed runs repeat."""
     return 1_000_003 * (seed + 1) + step
 
 
@@ -213,10 +214,10 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     if sampler is None or config.refresh_sampler:
         sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
     # 2. sample a group per problem
-    problems = task.sample(config.batch_size, split="train", seed=_problem_seed(config.seed, step))
+    problems = task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
     prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop=stop,
-                            seed=_problem_seed(config.seed, step))
+                            seed=problem_seed(config.seed, step))
     responses = sampler.sample_batch(prompts, config.group_size, params)
     t1 = time.perf_counter()
     # 3. rewards
@@ -305,5 +306,5 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
     return fig
 
 
-__all__ = ["GRPOConfig", "GRPOResult", "GRPO_PANELS", "grpo_step", "make_training_client", "plot_grpo_metrics",
+__all__ = ["GRPOConfig", "GRPOResult", "GRPO_PANELS", "grpo_step", "make_training_client", "plot_grpo_metrics", "problem_seed",
            "train_grpo"]

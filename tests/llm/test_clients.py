@@ -163,3 +163,14 @@ def test_aggregation_is_passed_through(trainer):
            for mode in L.AGGREGATION_MODES}
     n_tok = sum(float(d.loss_fn_inputs["mask"].sum()) for d in datums)
     assert per["token_mean"] == pytest.approx(per["sum"] / n_tok, rel=1e-5)
+
+
+@pytest.mark.cuda
+def test_clients_on_cuda(small_model, char_tokenizer):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    trainer = ServiceClient(device="cuda").create_lora_training_client((small_model, char_tokenizer), rank=4)
+    datums = rl_datums(trainer)
+    out = trainer.forward_backward(datums, "ppo", log_kl_ref=True).result()
+    assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-3
+    trainer.optim_step(AdamParams(learning_rate=1e-3))

@@ -70,3 +70,12 @@ def test_config_errors(tmp_path):
         tiny(tmp_path, loss_fn="grpo")
     with pytest.raises(ValueError, match="aggregation"):
         tiny(tmp_path, aggregation="mean")
+
+
+def test_a_saved_hugging_face_model_with_lora(tmp_path, qwen_dir):
+    """The path a learner with real weights takes: base_model is a folder (or hub id), trained through LoRA."""
+    result = train_grpo(tiny(tmp_path, base_model=str(qwen_dir), lora_rank=4, max_steps=2, kl_coef=0.1,
+                             center_advantages=False))
+    m = result.metrics
+    assert len(m) == 2 and m["optim/kl_ref"].notna().all()
+    assert all("lora_" in n for n, p in result.trainer.model.named_parameters() if p.requires_grad)
