@@ -3,7 +3,7 @@
 
 import torch
 
-from edurl.llm.datum import Datum, ModelInput
+from edurl.exercises.solutions.ch06 import build_datum
 
 
 def group_advantages(rewards):
@@ -31,22 +31,8 @@ def ppo_loss(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.
 
 
 def build_datums(prompt_tokens, completions, advantages):
-    """Exercise 7.3: one masked Datum per completion of a group (the layout of Exercise 6.1)."""
-    datums = []
+    """Exercise 7.3: one masked Datum per completion of a group, each laid out by Exercise 6.1's build_datum
+    (`show_solution("build_datum")` shows that layout)."""
     # completion i gets advantages[i]: the group's baseline already made them relative to each other
-    for (completion_tokens, sampling_logprobs), advantage in zip(completions, advantages):
-        tokens = list(prompt_tokens) + list(completion_tokens)
-        # position i predicts tokens[i + 1], so len(prompt) - 1 targets are prompt tokens
-        n_prompt_targets = len(prompt_tokens) - 1
-        n_actions = len(completion_tokens)
-        datums.append(Datum(
-            model_input=ModelInput.from_ints(tokens[:-1]),
-            loss_fn_inputs={
-                "target_tokens": torch.tensor(tokens[1:]),
-                "logprobs": torch.tensor([0.0] * n_prompt_targets + list(sampling_logprobs)),
-                # prompt targets were not sampled: masked out; every sampled token shares the advantage
-                "advantages": torch.tensor([0.0] * n_prompt_targets + [float(advantage)] * n_actions),
-                "mask": torch.tensor([0.0] * n_prompt_targets + [1.0] * n_actions),
-            },
-        ))
-    return datums
+    return [build_datum(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
+            for (completion_tokens, sampling_logprobs), advantage in zip(completions, advantages)]
