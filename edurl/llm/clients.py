@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import losses as L
 from .datum import Datum, ModelInput
 from .policy import LoraSettings, load_policy, wrap_lora
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, _left_pad, sample
 
 T = TypeVar("T")
 
@@ -159,6 +159,12 @@ def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
                                  f"has {n} tokens; every field needs shape ({n},)")
 
 
+@torch.no_grad()
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    """Entropy of each distribution over the last axis, from its log-probs (a diagnostic: no gradient)."""
+    return -(logp.exp() * logp).sum(-1)
+
+
 class TrainingClient:
     """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
 
@@ -170,6 +176,8 @@ class TrainingClient:
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.optimizer: torch.optim.Optimizer | None = None
         self.device = next(model.parameters()).device
+        self.share_prompts = True
+        """Run a prompt shared by several datums once (see ``_logprobs``); False: one pass over whole rows."""
 
     # ---------------------------------------------------------------- properties
     @property
@@ -200,26 +208,74 @@ class TrainingClient:
                 fields[key][i, :n] = value
         return ids.to(self.device), attn.to(self.device), {k: v.to(self.device) for k, v in fields.items()}
 
-    def _logprobs(self, ids, attn, targets, with_entropy: bool):
-        logits = self.model(input_ids=ids, attention_mask=attn).logits.float()  # (B, T, V)
-        logp_all = torch.log_softmax(logits, dim=-1)
-        lp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
-        return lp, entropy
-
-    @torch.no_grad()
-    def _reference_logprobs(self, ids, attn, targets) -> torch.Tensor:
+    def _run(self, reference: bool, **inputs):
+        """The policy's forward pass, or the reference policy's (a frozen copy, or the LoRA adapter switched off)."""
+        if not reference:
+            return self.model(**inputs)
         if self._reference is not None:
-            logits = self._reference(input_ids=ids, attention_mask=attn).logits.float()
-        elif self.is_lora:
+            return self._reference(**inputs)
+        if self.is_lora:
             with self.model.disable_adapter():
-                logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
-        else:
-            raise ValueError("this training client has no reference model; create it with keep_reference=True")
-        return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+                return self.model(**inputs)
+        raise ValueError("this training client has no reference model; create it with keep_reference=True")
+
+    def _logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False):
+        """``log pi(targets)`` at every position, (B, T), and the policy's entropy there (or None).
+
+        Completions sampled as a group share their prompt: every token before a row's first ``mask``
+        position. When at most half the rows have distinct prompts (and ``share_prompts`` is on), each
+        prompt runs once and its KV cache is copied to its completions. GRPO's 8 samples per prompt then
+        cost one prompt and eight completions instead of eight whole sequences, and the gradient still
+        flows into the prompt's keys and values. Positions after a row's end hold 0.
+        """
+        B, T = ids.shape
+        lengths = attn.sum(1)
+        has_loss = mask.bool().any(1)
+        first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
+        prompts: dict[tuple[int, ...], int] = {}
+        rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
+        if not self.share_prompts or 2 * len(prompts) > B:
+            logits = self._run(reference, input_ids=ids, attention_mask=attn).logits.float()  # (B, T, V)
+            logp = torch.log_softmax(logits, dim=-1)
+            lp = logp.gather(-1, targets[..., None]).squeeze(-1)
+            return lp, _entropy(logp) if with_entropy else None
+        dev = ids.device
+        u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
+        # ---- each distinct prompt once, left-padded so that all of them end in the last column
+        pids, pmask = _left_pad([list(p) for p in prompts], self.tokenizer.pad_token_id or 0, dev)  # (U, Lp)
+        U, Lp = pids.shape
+        ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logp_p = torch.log_softmax(self._run(reference, input_ids=pids, attention_mask=pmask, position_ids=ppos,
+                                             past_key_values=cache, use_cache=True).logits.float(), dim=-1)
+        V = logp_p.shape[-1]
+        col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
+        f = first[:, None]
+        # position c <= f of row i is prompt column Lp - 1 - f + c of prompt u_i
+        in_prompt = col <= f
+        pcol = (Lp - 1 - f + col).clamp(0, Lp - 1)
+        lp = torch.where(in_prompt, logp_p.flatten()[(u[:, None] * Lp + pcol) * V + targets], 0.0)
+        ent = None
+        if with_entropy:
+            ent = torch.where(in_prompt, _entropy(logp_p).flatten()[u[:, None] * Lp + pcol], 0.0)
+        # ---- every completion (the rest of its row) reads its prompt's cache
+        rest = lengths - first - 1  # (B,)
+        Lr = int(rest.max())
+        if Lr > 0:
+            j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
+            rmask = (j < rest[:, None]).long()
+            rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
+            cache.reorder_cache(u)  # copies rows: a differentiable index_select
+            out = self._run(reference, input_ids=rids, attention_mask=torch.cat([pmask[u], rmask], 1),
+                            position_ids=ppos[u, -1:] + 1 + j, past_key_values=cache, use_cache=True)
+            logp_r = torch.log_softmax(out.logits.float(), dim=-1)  # (B, Lr, V)
+            in_rest = (col > f) & (col < lengths[:, None])
+            rcol = (col - f - 1).clamp(0, Lr - 1)
+            ridx = torch.arange(B, device=dev)[:, None] * Lr + rcol
+            lp = torch.where(in_rest, logp_r.flatten()[ridx * V + targets], lp)
+            if with_entropy:
+                ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
+        return lp, ent
 
     def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, *,
                          aggregation: str = "sum", kl_coef: float = 0.0, kl_estimator: str = "k3",
@@ -250,7 +306,7 @@ class TrainingClient:
             mask = (f["logprobs"] != 0).float()
         else:
             mask = (f["weights"] != 0).float()
-        lp, entropy = self._logprobs(ids, attn, f["target_tokens"], with_entropy=True)
+        lp, entropy = self._logprobs(ids, attn, f["target_tokens"], mask, with_entropy=True)
         metrics: dict[str, float] = {}
         n_tok = mask.sum().clamp(min=1)
         metrics["optim/entropy"] = float((entropy * mask).sum() / n_tok)
@@ -264,7 +320,8 @@ class TrainingClient:
             per_token = -lp * f["weights"]
         loss = L.aggregate(per_token, mask, aggregation)
         if kl_coef > 0 or log_kl_ref:
-            ref = self._reference_logprobs(ids, attn, f["target_tokens"])
+            with torch.no_grad():
+                ref, _ = self._logprobs(ids, attn, f["target_tokens"], mask, reference=True)
             kl_tok = L.kl(lp, ref, kl_estimator)
             metrics["optim/kl_ref"] = float((L.kl(lp.detach(), ref, "k3") * mask).sum() / n_tok)
             if kl_coef > 0:

@@ -54,6 +54,48 @@ def test_forward_backward_sum_loss_and_gradient_match_a_hand_written_one(trainer
     model.zero_grad()
 
 
+def group_datums(trainer, prompts, n=4):
+    sampler = trainer.save_weights_and_get_sampling_client("s")
+    out = []
+    for k, prompt in enumerate(prompts):
+        res = sampler.sample(ModelInput.from_ints(prompt), n, SamplingParams(max_tokens=6, seed=k)).result()
+        out += [build_datum(prompt, s.tokens, s.logprobs, float(j) - 1.5) for j, s in enumerate(res.sequences)]
+    return out
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prompts_give_what_whole_rows_give(small_model, char_tokenizer, lora):
+    # three groups with prompts of different lengths, shuffled: prompts run once each, completions read their cache
+    service = ServiceClient(device="cpu")
+    trainers = [service.create_lora_training_client((small_model, char_tokenizer), rank=4) if lora else
+                service.create_training_client((small_model, char_tokenizer), keep_reference=True) for _ in range(2)]
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    trainers[1].share_prompts = False
+    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4], PROMPT[2:] + PROMPT[:3]])
+    datums = [datums[i] for i in torch.randperm(len(datums), generator=torch.Generator().manual_seed(0))]
+    outs = [t.forward_backward(datums, "ppo", aggregation="seq_mean_token_mean", kl_coef=0.1).result()
+            for t in trainers]
+    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5)
+    for key in ("optim/entropy", "optim/kl_ref", "optim/kl_sample_train_v2"):
+        assert outs[0].metrics[key] == pytest.approx(outs[1].metrics[key], rel=1e-4, abs=1e-7), key
+    for a, b in zip(outs[0].loss_fn_outputs, outs[1].loss_fn_outputs):
+        assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)  # the prompt's positions too
+    grads = [{n: p.grad for n, p in t.model.named_parameters() if p.requires_grad} for t in trainers]
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-4), name
+
+
+def test_shared_prompts_for_sft_datums(trainer):
+    tokens = PROMPT + [5, 6, 7]
+    d = Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": torch.tensor(tokens[1:]),
+                                                  "weights": torch.tensor([0.0] * 8 + [1.0] * 3)})
+    shared = trainer.forward_backward([d, d, d], "cross_entropy").result()
+    trainer.share_prompts = False
+    whole = trainer.forward_backward([d, d, d], "cross_entropy").result()
+    assert shared.loss == pytest.approx(whole.loss, rel=1e-5)
+
+
 def test_gradients_accumulate_until_optim_step(trainer):
     datums = rl_datums(trainer)
     trainer.forward_backward(datums[:2], "importance_sampling")
