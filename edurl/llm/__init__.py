@@ -13,7 +13,7 @@ Modules, in the order Chapter 6 teaches them:
 * ``policy``     -- ``load_policy`` for any Hugging Face causal LM, optionally with LoRA
 """
 
-from .datum import Datum, ModelInput, build_datum
+from .datum import Datum, ModelInput, build_datum, build_supervised_datum
 from .evaluation import EvalResult, evaluate, sequence_logprobs
 from .model import TinyLMConfig, build_tiny_lm, num_parameters
 from .policy import LoraSettings, load_policy
@@ -27,6 +27,6 @@ from .tokenizer import build_char_tokenizer
 __all__ = [
     "ArithmeticTask", "ChatMLRenderer", "Completion", "Datum", "EvalResult", "Grade", "JsonlTask", "LoraSettings",
     "ModelInput", "Problem", "SFTConfig", "SamplingParams", "TinyLMConfig", "build_char_tokenizer", "build_datum",
-    "build_tiny_lm", "evaluate", "extract_boxed", "grade", "load_or_train_sft", "load_policy", "num_parameters",
-    "sample", "sequence_logprobs", "train_sft",
+    "build_supervised_datum", "build_tiny_lm", "evaluate", "extract_boxed", "grade", "load_or_train_sft", "load_policy",
+    "num_parameters", "sample", "sequence_logprobs", "train_sft",
 ]

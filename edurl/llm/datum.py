@@ -91,3 +91,19 @@ def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], 
             "mask": torch.tensor([0.0] * n_prompt + [1.0] * len(completion)),
         },
     )
+
+
+def build_supervised_datum(tokens: Sequence[int], weights: Sequence[float]) -> Datum:
+    """A ``cross_entropy`` datum from a whole conversation and a weight per token (e.g.
+    :meth:`ChatMLRenderer.build_supervised_example`): position ``i`` predicts ``tokens[i+1]`` with
+    weight ``weights[i+1]``, so the loss covers the reply and never the prompt."""
+    tokens, weights = list(tokens), [float(w) for w in weights]
+    if len(tokens) != len(weights):
+        raise ValueError(f"{len(tokens)} tokens but {len(weights)} weights; pass one weight per token")
+    if len(tokens) < 2:
+        raise ValueError("a supervised datum needs at least two tokens: one to read and one to predict")
+    return Datum(
+        model_input=ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": torch.tensor(tokens[1:], dtype=torch.long),
+                        "weights": torch.tensor(weights[1:])},
+    )

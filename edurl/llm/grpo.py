@@ -30,12 +30,12 @@ from ..metrics import MetricsLogger, load_metrics
 from ..utils import torch_threads
 from . import losses as L
 from .clients import AdamParams, ServiceClient, TrainingClient
-from .datum import build_datum
+from .datum import build_datum, build_supervised_datum
 from .evaluation import EvalResult, evaluate
 from .renderer import ChatMLRenderer
 from .rewards import grade
 from .sampling import SamplingParams
-from .sft import SFTConfig, load_or_train_sft
+from .sft import SFTConfig, demonstration_example, load_or_train_sft
 
 
 @dataclass
@@ -130,6 +130,8 @@ class GRPOConfig:
 
 @dataclass
 class GRPOResult:
+    """What :func:`train_grpo` (and its baseline :func:`continued_sft`) returns."""
+
     config: GRPOConfig
     metrics: pd.DataFrame
     """One row per step (metrics.jsonl)."""
@@ -187,19 +189,70 @@ def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
         stop = renderer.get_stop_sequences()
         sampler = None
         bar = tqdm(range(start_step, config.max_steps), desc="GRPO", disable=not config.progress,
-                   initial=start_step, total=config.max_steps)
+                   initial=start_step, total=config.max_steps, mininterval=1.0)  # see the note in sft.py
         for step in bar:
             row = grpo_step(config, trainer, renderer, task, step, stop, sampler)
             sampler = row.pop("_sampler")
             if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
                 ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
                 row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                bar.set_postfix(correct=f"{row['env/all/correct']:.2f}", test=f"{ev.pass_at_1:.2f}")
+                bar.set_postfix(correct=f"{row['env/all/correct']:.2f}", test=f"{ev.pass_at_1:.2f}", refresh=False)
             if step == 0 and start_eval is not None:
                 row.update({"test/start_pass_at_1": start_eval.pass_at_1})
             logger.log(step, **row)
             if config.save_every and (step + 1) % config.save_every == 0:
                 trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1})
+        bar.close()
+        logger.close()
+        final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+    return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)
+
+
+def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
+    """The compute-matched baseline of ``train_grpo(config)``: the same start trained on the right answers.
+
+    Everything GRPO's training half uses is kept: the trainer built from ``config``, Adam at
+    ``learning_rate``, ``max_steps`` batches of ``batch_size * group_size`` sequences, each split into
+    ``num_substeps`` optimizer steps, the ``aggregation`` and the held-out evaluation. Only the
+    sequences differ: fresh training problems with their worked answers (``loss_fn="cross_entropy"``)
+    instead of graded samples, and there is no sampling to pay for. This needs the answers; GRPO
+    needs only the verifier. Writes ``log_dir/metrics.jsonl`` (``optim/loss``, ``optim/entropy``,
+    ``test/pass_at_1``, ``time/train``); ``result.trainer`` holds the model.
+    """
+    config = config or GRPOConfig()
+    if config.resume:
+        raise ValueError("continued_sft starts fresh; set resume=False")
+    log_dir = Path(config.log_dir)
+    with torch_threads(config.num_threads):
+        trainer, renderer, task = make_training_client(replace(config, kl_coef=0.0, log_kl_ref=False))
+        test = task.sample(config.num_eval, split="test", seed=config.seed)
+        logger = MetricsLogger(log_dir, if_exists="overwrite")
+        (log_dir / "config.json").write_text(json.dumps({"baseline": "continued_sft", **asdict(config)}, indent=1,
+                                                        default=str))
+        start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+        n = config.batch_size * config.group_size
+        chunk = -(-n // config.num_substeps)
+        bar = tqdm(range(config.max_steps), desc="continued SFT", disable=not config.progress,
+                   mininterval=1.0)  # see the note in sft.py
+        for step in bar:
+            t0 = time.perf_counter()
+            problems = task.sample(n, split="train", seed=problem_seed(config.seed, step))
+            datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
+            rows = []
+            for k in range(0, n, chunk):
+                out = trainer.forward_backward(datums[k:k + chunk], "cross_entropy",
+                                               aggregation=config.aggregation).result()
+                opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+                rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
+            row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+            row["time/train"] = time.perf_counter() - t0
+            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
+                ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+                row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
+                bar.set_postfix(loss=f"{row['optim/loss']:.3f}", test=f"{ev.pass_at_1:.2f}", refresh=False)
+            if step == 0:
+                row["test/start_pass_at_1"] = start_eval.pass_at_1
+            logger.log(step, **row)
         bar.close()
         logger.close()
         final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
@@ -306,5 +359,5 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
     return fig
 
 
-__all__ = ["GRPOConfig", "GRPOResult", "GRPO_PANELS", "grpo_step", "make_training_client", "plot_grpo_metrics", "problem_seed",
-           "train_grpo"]
+__all__ = ["GRPOConfig", "GRPOResult", "GRPO_PANELS", "continued_sft", "grpo_step", "make_training_client",
+           "plot_grpo_metrics", "problem_seed", "train_grpo"]

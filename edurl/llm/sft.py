@@ -84,10 +84,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EDURL_CACHE") or Path.home() / ".cache" / "edurl")
 
 
+def demonstration_example(renderer: ChatMLRenderer, problem) -> tuple[list[int], list[float]]:
+    """Tokens and per-token weights of ``problem``'s question followed by its worked answer (weight 1 on the reply)."""
+    return renderer.build_supervised_example([*problem.messages(), {"role": "assistant",
+                                                                    "content": problem.demonstration()}])
+
+
 def _batch(renderer: ChatMLRenderer, problems, pad_id: int):
     """Right-padded (B, T) tokens, attention mask and loss weights for a list of problems."""
-    examples = [renderer.build_supervised_example([*p.messages(), {"role": "assistant", "content": p.demonstration()}])
-                for p in problems]
+    examples = [demonstration_example(renderer, p) for p in problems]
     T = max(len(t) for t, _ in examples)
     tokens = torch.full((len(examples), T), pad_id, dtype=torch.long)
     mask = torch.zeros((len(examples), T), dtype=torch.long)
@@ -131,7 +136,9 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     start = time.perf_counter()
     with torch_threads(config.num_threads):
         problems = task.sample(config.max_steps * config.batch_size, split="train", seed=config.seed)
-        bar = tqdm(range(config.max_steps), desc="SFT", disable=not progress)
+        # mininterval=1 s and refresh=False keep the widget messages to about one a second: a kernel queues
+        # at most 1000 unread output messages, and a harness such as nbval reads them only after the cell.
+        bar = tqdm(range(config.max_steps), desc="SFT", disable=not progress, mininterval=1.0)
         for step in bar:
             model.train()
             tokens, mask, weights = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
@@ -145,10 +152,10 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
             opt.step()
             row = {"step": step, "loss": loss.item(), "lr": lr_at(step), "time": time.perf_counter() - start}
             history.append(row)
-            bar.set_postfix(loss=f"{row['loss']:.3f}")
+            bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
             if config.target_pass_at_1 is not None and (step + 1) % config.check_every == 0:
                 row["valid_pass_at_1"] = evaluate(model, renderer, valid).pass_at_1
-                bar.set_postfix(loss=f"{row['loss']:.3f}", valid_pass=f"{row['valid_pass_at_1']:.2f}")
+                bar.set_postfix(loss=f"{row['loss']:.3f}", valid_pass=f"{row['valid_pass_at_1']:.2f}", refresh=False)
                 if row["valid_pass_at_1"] >= config.target_pass_at_1:
                     break
         bar.close()

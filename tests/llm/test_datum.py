@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from edurl.llm.datum import Datum, ModelInput, build_datum
+from edurl.llm.datum import Datum, ModelInput, build_datum, build_supervised_datum
 
 
 def test_layout_hand_computed():
@@ -29,3 +29,14 @@ def test_errors():
         Datum(ModelInput.from_ints([1, 2]), {"advantages": torch.zeros(3)})
     with pytest.raises(TypeError, match="int token ids"):
         ModelInput.from_ints([1.5])
+
+
+def test_supervised_layout_hand_computed():
+    d = build_supervised_datum([10, 11, 12, 20, 21], [0, 0, 0, 1, 1])
+    assert d.model_input.to_ints() == [10, 11, 12, 20]
+    assert d.loss_fn_inputs["target_tokens"].tolist() == [11, 12, 20, 21]
+    assert d.loss_fn_inputs["weights"].tolist() == [0.0, 0.0, 1.0, 1.0]  # the weight of each target
+    with pytest.raises(ValueError, match="one weight per token"):
+        build_supervised_datum([1, 2, 3], [0, 1])
+    with pytest.raises(ValueError, match="at least two tokens"):
+        build_supervised_datum([1], [1])

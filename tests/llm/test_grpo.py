@@ -1,7 +1,8 @@
 import pytest
 
-from edurl.llm.grpo import GRPOConfig, train_grpo
-from edurl.llm.sft import SFTConfig
+from edurl.llm.grpo import GRPOConfig, continued_sft, problem_seed, train_grpo
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.sft import SFTConfig, _batch, load_or_train_sft, sft_loss
 
 from .conftest import SMALL
 
@@ -59,6 +60,24 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path):
             continue
         a, b = whole[c].tolist(), resumed[c].tolist()
         assert a == pytest.approx(b, abs=0, nan_ok=True), c
+
+
+def test_continued_sft_baseline_matches_the_sft_loss(tmp_path):
+    config = tiny(tmp_path, max_steps=4, eval_every=2)
+    # the loss of step 0, recomputed with Chapter 6's own SFT loss on the same problems and start
+    model, tokenizer, _, _ = load_or_train_sft(config.sft)
+    problems = config.sft.task().sample(config.batch_size * config.group_size, split="train",
+                                        seed=problem_seed(config.seed, 0))
+    expected = sft_loss(model, *_batch(ChatMLRenderer(tokenizer), problems, tokenizer.pad_token_id)).item()
+    result = continued_sft(config)
+    m = result.metrics
+    assert list(m["step"]) == [0, 1, 2, 3]
+    assert m["optim/loss"][0] == pytest.approx(expected, rel=1e-5)
+    assert m["optim/loss"].iloc[-1] < m["optim/loss"][0]  # lr 1e-3 on the demonstrations: the loss falls
+    assert m["test/pass_at_1"].notna().sum() == 2 and result.start is not None
+    assert "env/all/correct" not in m.columns  # nothing is sampled
+    with pytest.raises(ValueError, match="resume=False"):
+        continued_sft(tiny(tmp_path, resume=True))
 
 
 def test_config_errors(tmp_path):
