@@ -3,17 +3,17 @@
 For each seed, both arms start from that seed's Chapter 6 SFT checkpoint and are scored by greedy pass@1 on
 the same held-out problems:
 
-* **GRPO** is the recipe's default run (``edurl.llm.grpo.train_grpo``): 200 steps of 32 problems x 8 sampled
+* **GRPO** is the recipe's default run (``edurl.llm.grpo.train_grpo``): 300 steps of 32 problems x 8 sampled
   completions, graded by the verifier only.
 * **continued SFT** (``edurl.llm.grpo.continued_sft``) keeps everything GRPO's training half uses (the same
-  trainer, Adam at the same constant learning rate, 200 optimizer steps of 256 sequences, token-mean
+  trainer, Adam at the same constant learning rate, 300 optimizer steps of 256 sequences, token-mean
   aggregation) but trains on fresh problems *with their right answers*, and samples nothing.
 
 So the two arms get the same gradient compute. Continued SFT needs a dataset of answers; GRPO needs only a
 verifier. The table also checks Chapter 7's learning target: GRPO gains >= 30 points of held-out pass@1 in
 every seed, within 3 minutes of training on 2 cores.
 
-    python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 200 steps each (about 20 minutes)
+    python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 300 steps each (about 15 minutes)
     python benchmarks/grpo_vs_sft.py --smoke          # 3 steps, seed 0: does it run end to end?
     python benchmarks/grpo_vs_sft.py --check          # exit 1 unless GRPO gains >= 30 points in every seed
 """

@@ -52,7 +52,7 @@ class GRPOConfig:
     """G: completions per problem."""
     batch_size: int = 32
     """P: problems per step."""
-    max_steps: int = 200
+    max_steps: int = 300
     """GRPO iterations."""
     learning_rate: float = 3e-4
     """Adam learning rate (constant)."""
