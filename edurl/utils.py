@@ -104,3 +104,23 @@ def torch_threads(num_threads: int | None):
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def progress(iterable=None, *, total: int | None = None, desc: str | None = None, disable: bool = False,
+             max_redraws: int = 100, **kwargs):
+    """A tqdm progress bar (a widget in Jupyter) that redraws at most about ``max_redraws`` times, and
+    at most once a second.
+
+    A kernel keeps at most 1000 unread output messages and silently drops the rest, the cell's end
+    included. Jupyter reads them as they come, but a test harness such as nbval reads a cell's output
+    only after the cell has run. A bar that redraws on every step of a long loop (a few messages per
+    redraw) can pass that limit, and the harness then reports a timeout. Pass ``refresh=False`` to
+    ``set_postfix`` so that it waits for the next redraw too.
+    """
+    from tqdm.auto import tqdm
+
+    if total is None and iterable is not None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    steps = max(1, (total or 0) - kwargs.get("initial", 0))
+    return tqdm(iterable, total=total, desc=desc, disable=disable, mininterval=1.0, maxinterval=float("inf"),
+                miniters=max(1, steps // max_redraws), **kwargs)

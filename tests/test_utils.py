@@ -1,10 +1,14 @@
+import io
+import itertools
 import random
 
 import numpy as np
 import pytest
 import torch
+from tqdm import tqdm
 
 import edurl
+from edurl.utils import progress
 
 
 def test_device_defaults_to_cuda_if_available_else_cpu():
@@ -80,3 +84,25 @@ def test_torch_threads_sets_and_restores():
     with pytest.raises(ValueError, match="num_threads"):
         with edurl.torch_threads(0):
             pass
+
+
+def _redraws(make, **kw) -> int:
+    buf = io.StringIO()
+    bar = make(file=buf, **kw)
+    clock = itertools.count(bar.last_print_t, 2.0)  # every step takes 2 s: the time limit never holds a redraw back
+    bar._time = lambda: next(clock)
+    for _ in bar:
+        pass
+    bar.close()
+    return buf.getvalue().count("\r")
+
+
+def test_progress_bar_redraws_at_most_about_max_redraws_times():
+    # a kernel drops output messages past 1000 unread ones; nbval reads a cell's messages only at its end
+    assert 90 <= _redraws(progress, iterable=range(1000)) <= 110
+    assert _redraws(progress, iterable=range(1000), max_redraws=10) <= 12
+    assert _redraws(progress, iterable=range(40)) >= 40  # short loops redraw every step
+    assert _redraws(tqdm, iterable=range(1000), mininterval=1.0) > 900  # what a plain bar does
+    resumed = progress(range(900, 1000), total=1000, initial=900, file=io.StringIO())
+    assert resumed.miniters == 1
+    resumed.close()

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 from ..metrics import MetricsLogger, load_metrics
-from ..utils import torch_threads
+from ..utils import progress, torch_threads
 from . import losses as L
 from .clients import AdamParams, ServiceClient, TrainingClient
 from .datum import build_datum, build_supervised_datum
@@ -188,8 +187,8 @@ def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
             start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
         stop = renderer.get_stop_sequences()
         sampler = None
-        bar = tqdm(range(start_step, config.max_steps), desc="GRPO", disable=not config.progress,
-                   initial=start_step, total=config.max_steps, mininterval=1.0)  # see the note in sft.py
+        bar = progress(range(start_step, config.max_steps), desc="GRPO", disable=not config.progress,
+                       initial=start_step, total=config.max_steps)
         for step in bar:
             row = grpo_step(config, trainer, renderer, task, step, stop, sampler)
             sampler = row.pop("_sampler")
@@ -232,8 +231,7 @@ def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
         start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
         n = config.batch_size * config.group_size
         chunk = -(-n // config.num_substeps)
-        bar = tqdm(range(config.max_steps), desc="continued SFT", disable=not config.progress,
-                   mininterval=1.0)  # see the note in sft.py
+        bar = progress(range(config.max_steps), desc="continued SFT", disable=not config.progress)
         for step in bar:
             t0 = time.perf_counter()
             problems = task.sample(n, split="train", seed=problem_seed(config.seed, step))

@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..utils import progress as progress_bar
 from ..utils import torch_threads
 from .evaluation import evaluate
 from .model import TinyLMConfig, build_tiny_lm
@@ -136,9 +136,7 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     start = time.perf_counter()
     with torch_threads(config.num_threads):
         problems = task.sample(config.max_steps * config.batch_size, split="train", seed=config.seed)
-        # mininterval=1 s and refresh=False keep the widget messages to about one a second: a kernel queues
-        # at most 1000 unread output messages, and a harness such as nbval reads them only after the cell.
-        bar = tqdm(range(config.max_steps), desc="SFT", disable=not progress, mininterval=1.0)
+        bar = progress_bar(range(config.max_steps), desc="SFT", disable=not progress)
         for step in bar:
             model.train()
             tokens, mask, weights = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
