@@ -219,6 +219,12 @@ class TrainingClient:
                 return self.model(**inputs)
         raise ValueError("this training client has no reference model; create it with keep_reference=True")
 
+    def _whole_rows_logprobs(self, ids, attn, targets, with_entropy: bool, reference: bool):
+        logits = self._run(reference, input_ids=ids, attention_mask=attn).logits.float()  # (B, T, V)
+        logp = torch.log_softmax(logits, dim=-1)
+        lp = logp.gather(-1, targets[..., None]).squeeze(-1)
+        return lp, _entropy(logp) if with_entropy else None
+
     def _logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False):
         """``log pi(targets)`` at every position, (B, T), and the policy's entropy there (or None).
 
@@ -226,7 +232,8 @@ class TrainingClient:
         position. When at most half the rows have distinct prompts (and ``share_prompts`` is on), each
         prompt runs once and its KV cache is copied to its completions. GRPO's 8 samples per prompt then
         cost one prompt and eight completions instead of eight whole sequences, and the gradient still
-        flows into the prompt's keys and values. Positions after a row's end hold 0.
+        flows into the prompt's keys and values. Positions after a row's end hold 0. With gradient
+        checkpointing on (which drops the KV cache while training), every row runs whole.
         """
         B, T = ids.shape
         lengths = attn.sum(1)
@@ -234,11 +241,11 @@ class TrainingClient:
         first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
         prompts: dict[tuple[int, ...], int] = {}
         rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
-        if not self.share_prompts or 2 * len(prompts) > B:
-            logits = self._run(reference, input_ids=ids, attention_mask=attn).logits.float()  # (B, T, V)
-            logp = torch.log_softmax(logits, dim=-1)
-            lp = logp.gather(-1, targets[..., None]).squeeze(-1)
-            return lp, _entropy(logp) if with_entropy else None
+        # gradient checkpointing drops the KV cache in training mode, so it rules out sharing
+        checkpointing = self.model.training and any(getattr(m, "gradient_checkpointing", False)
+                                                    for m in self.model.modules())
+        if not self.share_prompts or 2 * len(prompts) > B or checkpointing:
+            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
         dev = ids.device
         u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
         # ---- each distinct prompt once, left-padded so that all of them end in the last column
@@ -248,6 +255,8 @@ class TrainingClient:
         cache = DynamicCache(config=self.model.config)
         logp_p = torch.log_softmax(self._run(reference, input_ids=pids, attention_mask=pmask, position_ids=ppos,
                                              past_key_values=cache, use_cache=True).logits.float(), dim=-1)
+        if cache.get_seq_length() != Lp:  # a model that ignored the cache: fall back rather than drop the prompt
+            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
         V = logp_p.shape[-1]
         col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
         f = first[:, None]

@@ -86,6 +86,16 @@ def test_shared_prompts_give_what_whole_rows_give(small_model, char_tokenizer, l
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-6, rtol=1e-4), name
 
 
+def test_gradient_checkpointing_turns_prompt_sharing_off(trainer):
+    # checkpointed layers drop the KV cache in training mode; sharing would then lose the prompt
+    datums = rl_datums(trainer)
+    before = trainer.forward_backward(datums, "importance_sampling").result()
+    trainer.model.gradient_checkpointing_enable()
+    after = trainer.forward_backward(datums, "importance_sampling").result()
+    for a, b in zip(before.loss_fn_outputs, after.loss_fn_outputs):
+        assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+
+
 def test_shared_prompts_for_sft_datums(trainer):
     tokens = PROMPT + [5, 6, 7]
     d = Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": torch.tensor(tokens[1:]),
