@@ -235,16 +235,18 @@ class TrainingClient:
         flows into the prompt's keys and values. Positions after a row's end hold 0. With gradient
         checkpointing on (which drops the KV cache while training), every row runs whole.
         """
+        # gradient checkpointing drops the KV cache in training mode, so it rules out sharing
+        checkpointing = self.model.training and any(getattr(m, "gradient_checkpointing", False)
+                                                    for m in self.model.modules())
+        if not self.share_prompts or checkpointing:
+            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
         B, T = ids.shape
         lengths = attn.sum(1)
         has_loss = mask.bool().any(1)
         first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
         prompts: dict[tuple[int, ...], int] = {}
         rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
-        # gradient checkpointing drops the KV cache in training mode, so it rules out sharing
-        checkpointing = self.model.training and any(getattr(m, "gradient_checkpointing", False)
-                                                    for m in self.model.modules())
-        if not self.share_prompts or 2 * len(prompts) > B or checkpointing:
+        if 2 * len(prompts) > B:  # too few repeats to pay for two passes
             return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
         dev = ids.device
         u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt

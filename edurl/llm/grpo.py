@@ -168,43 +168,15 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
 def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
     """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring."""
     config = config or GRPOConfig()
-    log_dir = Path(config.log_dir)
-    with torch_threads(config.num_threads):
-        trainer, renderer, task = make_training_client(config)
-        test = task.sample(config.num_eval, split="test", seed=config.seed)
-        start_step, start_eval = 0, None
-        if config.resume and _checkpoints(log_dir):
-            extra = trainer.load_state(_checkpoints(log_dir)[-1])
-            start_step = extra["step"]
-            kept = load_metrics(log_dir)
-            kept = kept[kept["step"] < start_step]  # drop steps logged after the checkpoint
-            (log_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in row.items() if pd.notna(v)}) + "\n"
-                                                           for row in kept.to_dict("records")))
-            logger = MetricsLogger(log_dir, if_exists="append")
-        else:
-            logger = MetricsLogger(log_dir, if_exists="overwrite")
-            (log_dir / "config.json").write_text(json.dumps(asdict(config), indent=1, default=str))
-            start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-        stop = renderer.get_stop_sequences()
-        sampler = None
-        bar = progress(range(start_step, config.max_steps), desc="GRPO", disable=not config.progress,
-                       initial=start_step, total=config.max_steps)
-        for step in bar:
-            row = grpo_step(config, trainer, renderer, task, step, stop, sampler)
-            sampler = row.pop("_sampler")
-            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
-                ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-                row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                bar.set_postfix(correct=f"{row['env/all/correct']:.2f}", test=f"{ev.pass_at_1:.2f}", refresh=False)
-            if step == 0 and start_eval is not None:
-                row.update({"test/start_pass_at_1": start_eval.pass_at_1})
-            logger.log(step, **row)
-            if config.save_every and (step + 1) % config.save_every == 0:
-                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1})
-        bar.close()
-        logger.close()
-        final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-    return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)
+    sampler = None  # the last step's sampler: reused only when config.refresh_sampler is False
+
+    def step_fn(trainer, renderer, task, step):
+        nonlocal sampler
+        row = grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler)
+        sampler = row.pop("_sampler")
+        return row
+
+    return _run(config, step_fn, "GRPO", postfix="env/all/correct")
 
 
 def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
@@ -221,36 +193,63 @@ def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
     config = config or GRPOConfig()
     if config.resume:
         raise ValueError("continued_sft starts fresh; set resume=False")
+    n = config.batch_size * config.group_size
+
+    def step_fn(trainer, renderer, task, step):
+        t0 = time.perf_counter()
+        problems = task.sample(n, split="train", seed=problem_seed(config.seed, step))
+        datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
+        rows = []
+        for chunk in _substeps(datums, config.num_substeps):
+            out = trainer.forward_backward(chunk, "cross_entropy", aggregation=config.aggregation).result()
+            opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+            rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
+        row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+        return {**row, "time/train": time.perf_counter() - t0}
+
+    return _run(replace(config, kl_coef=0.0, log_kl_ref=False), step_fn, "continued SFT", postfix="optim/loss")
+
+
+def _substeps(datums: list, num_substeps: int) -> list[list]:
+    """``datums`` cut into ``num_substeps`` consecutive slices (the last may be shorter), one optimizer step each."""
+    size = -(-len(datums) // num_substeps)
+    return [datums[k:k + size] for k in range(0, len(datums), size)]
+
+
+def _run(config: GRPOConfig, step_fn, desc: str, postfix: str) -> GRPOResult:
+    """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
+    evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar."""
     log_dir = Path(config.log_dir)
     with torch_threads(config.num_threads):
-        trainer, renderer, task = make_training_client(replace(config, kl_coef=0.0, log_kl_ref=False))
+        trainer, renderer, task = make_training_client(config)
         test = task.sample(config.num_eval, split="test", seed=config.seed)
-        logger = MetricsLogger(log_dir, if_exists="overwrite")
-        (log_dir / "config.json").write_text(json.dumps({"baseline": "continued_sft", **asdict(config)}, indent=1,
-                                                        default=str))
-        start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-        n = config.batch_size * config.group_size
-        chunk = -(-n // config.num_substeps)
-        bar = progress(range(config.max_steps), desc="continued SFT", disable=not config.progress)
+        start_step, start_eval = 0, None
+        if config.resume and _checkpoints(log_dir):
+            extra = trainer.load_state(_checkpoints(log_dir)[-1])
+            start_step = extra["step"]
+            kept = load_metrics(log_dir)
+            kept = kept[kept["step"] < start_step]  # drop steps logged after the checkpoint
+            (log_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in row.items() if pd.notna(v)}) + "\n"
+                                                           for row in kept.to_dict("records")))
+            logger = MetricsLogger(log_dir, if_exists="append")
+        else:
+            logger = MetricsLogger(log_dir, if_exists="overwrite")
+            (log_dir / "config.json").write_text(json.dumps({"run": desc, **asdict(config)}, indent=1, default=str))
+            start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+        bar = progress(range(start_step, config.max_steps), desc=desc, disable=not config.progress,
+                       initial=start_step, total=config.max_steps)
         for step in bar:
-            t0 = time.perf_counter()
-            problems = task.sample(n, split="train", seed=problem_seed(config.seed, step))
-            datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
-            rows = []
-            for k in range(0, n, chunk):
-                out = trainer.forward_backward(datums[k:k + chunk], "cross_entropy",
-                                               aggregation=config.aggregation).result()
-                opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
-                rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
-            row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
-            row["time/train"] = time.perf_counter() - t0
+            row = step_fn(trainer, renderer, task, step)
             if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
                 ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
                 row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                bar.set_postfix(loss=f"{row['optim/loss']:.3f}", test=f"{ev.pass_at_1:.2f}", refresh=False)
-            if step == 0:
-                row["test/start_pass_at_1"] = start_eval.pass_at_1
+                bar.set_postfix({postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}", "test": f"{ev.pass_at_1:.2f}"},
+                                refresh=False)
+            if step == 0 and start_eval is not None:
+                row.update({"test/start_pass_at_1": start_eval.pass_at_1})
             logger.log(step, **row)
+            if config.save_every and (step + 1) % config.save_every == 0:
+                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1})
         bar.close()
         logger.close()
         final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
@@ -289,9 +288,8 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     # 6. forward_backward + optim_step, num_substeps times
     fwd_metrics: list[dict] = []
     if datums:
-        chunk = -(-len(datums) // config.num_substeps)
-        for k in range(0, len(datums), chunk):
-            out = trainer.forward_backward(datums[k:k + chunk], config.loss_fn, config.loss_fn_config(),
+        for chunk in _substeps(datums, config.num_substeps):
+            out = trainer.forward_backward(chunk, config.loss_fn, config.loss_fn_config(),
                                            aggregation=config.aggregation, kl_coef=config.kl_coef,
                                            kl_estimator=config.kl_estimator,
                                            clip_range=(config.clip_low, config.clip_high),
