@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import numbers
+import os
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-__all__ = ["MetricsLogger", "load_metrics"]
+__all__ = ["MetricsLogger", "load_metrics", "truncate_metrics"]
 
 _IF_EXISTS = ("error", "append", "overwrite")
 
@@ -47,7 +48,8 @@ class MetricsLogger:
 
     Each line holds ``step``, the metrics given, and ``time/total``: seconds since the logger was
     made (plus the last ``time/total`` already in the file when appending), so curves can be drawn
-    against wall time. Lines are flushed as they are written, so a crash keeps every logged step.
+    against wall time. Each line goes to the file in one unbuffered write, so a crash, or a kill at any
+    moment, keeps every logged step and never leaves half a line.
 
     ``if_exists`` says what to do when the file is already there: ``"error"`` (the default, so a
     rerun never silently mixes two runs), ``"append"`` (resume) or ``"overwrite"``.
@@ -73,7 +75,7 @@ class MetricsLogger:
                 if "time/total" in previous and previous["time/total"].notna().any():
                     self._time_offset = float(previous["time/total"].dropna().iloc[-1])
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if if_exists == "append" else "w", encoding="utf-8")
+        self._file = open(self.path, "ab" if if_exists == "append" else "wb", buffering=0)  # one write() per line
         self._start = time.perf_counter()
 
     def log(self, step: int, **metrics) -> dict:
@@ -90,8 +92,7 @@ class MetricsLogger:
         for key, value in metrics.items():
             record[key] = _to_json_value(key, value)
         record.setdefault("time/total", self._time_offset + time.perf_counter() - self._start)
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._file.write((json.dumps(record) + "\n").encode("utf-8"))
         return record
 
     def close(self) -> None:
@@ -102,6 +103,20 @@ class MetricsLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def truncate_metrics(log_dir: str | Path, before_step: int) -> int:
+    """Keep only the lines of ``log_dir/metrics.jsonl`` with ``step < before_step``: what a run resumed from
+    the checkpoint of step ``before_step`` must not log twice. A last line without its newline (a write cut
+    short) is dropped too. The file is replaced in one rename, so a kill leaves the old or the new file,
+    never a mix. Returns the number of lines kept."""
+    path = Path(log_dir) / "metrics.jsonl"
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []  # complete lines only
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] < before_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(kept)
 
 
 def load_metrics(path: str | Path) -> pd.DataFrame:

@@ -79,3 +79,30 @@ def test_corrupt_line_names_file_and_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1,\n')
     with pytest.raises(ValueError, match="line 2 is not valid JSON"):
         load_metrics(tmp_path)
+
+
+def test_truncate_keeps_earlier_steps_and_drops_a_cut_line(tmp_path):
+    from edurl.metrics import truncate_metrics
+
+    with MetricsLogger(tmp_path) as logger:
+        for step in range(5):
+            logger.log(step, x=float(step))
+    with open(tmp_path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"step": 5, "x": 5.')  # a write cut short by a kill
+    assert truncate_metrics(tmp_path, before_step=3) == 3
+    assert load_metrics(tmp_path)["step"].tolist() == [0, 1, 2]
+    assert not (tmp_path / "metrics.jsonl.tmp").exists()
+    with MetricsLogger(tmp_path, if_exists="append") as logger:
+        logger.log(3, x=3.0)
+    assert load_metrics(tmp_path)["step"].tolist() == [0, 1, 2, 3]
+
+
+def test_each_line_is_one_write(tmp_path, monkeypatch):
+    # one unbuffered write() per line: a kill between writes can never leave half a line behind
+    with MetricsLogger(tmp_path) as logger:
+        writes = []
+        real = logger._file.write
+        monkeypatch.setattr(logger, "_file", type("F", (), {"write": lambda self, b: writes.append(b) or real(b),
+                                                            "closed": False, "close": lambda self: None})())
+        logger.log(0, **{f"m{i}": float(i) for i in range(200)})
+    assert len(writes) == 1 and writes[0].endswith(b"\n")

@@ -15,12 +15,16 @@ already resolved; ``*_async`` variants return the same future from a coroutine.
 
 What each call does here:
 
-* ``forward_backward`` pads the datums into one batch, computes ``log pi(target_tokens)`` at
-  temperature 1 (the sampler reports log-probs at its temperature; keep it 1 for RL), applies the
-  per-token loss from :mod:`edurl.llm.losses`, sums it over the mask (Tinker's convention; pass
-  ``aggregation=`` for GRPO/DAPO/Dr. GRPO), optionally adds a KL penalty to the reference policy, and
-  calls ``backward``. It returns the per-token log-probs and diagnostics.
-* ``optim_step`` runs one Adam step on the accumulated gradients and zeroes them.
+* ``forward_backward`` pads the datums into one batch, computes ``log pi(target_tokens)`` at the
+  sampling ``temperature`` (the sampler reports log-probs at its temperature, so scoring at the same one
+  makes the ratio exactly 1 on-policy), applies the per-token loss from :mod:`edurl.llm.losses`, sums it
+  over the mask (Tinker's convention; pass ``aggregation=`` for GRPO/DAPO/Dr. GRPO), optionally adds a KL
+  penalty to the reference policy as a loss term, and calls ``backward``. It returns the per-token
+  log-probs and diagnostics. Dropout is switched off for good when a client is made (as TRL's
+  ``disable_dropout`` does): with it on, the same weights would score the same tokens differently and the
+  ratio would not be 1 on-policy.
+* ``optim_step`` runs one Adam step on the accumulated gradients and zeroes them. Weights stored in
+  bf16 or fp16 get fp32 master copies that the optimizer updates (small steps would round away in bf16).
 * ``save_weights_and_get_sampling_client`` snapshots the current weights into a
   :class:`SamplingClient`: later training does not change what that sampler draws from, which is what
   makes a stale sampler a real (and measurable) mistake.
@@ -66,7 +70,17 @@ class Future(Generic[T]):
 
 @dataclass
 class AdamParams:
-    """One optimizer step's settings (names as in Tinker)."""
+    """One optimizer step's settings: AdamW with decoupled weight decay.
+
+    The field names, and the defaults of ``learning_rate``, ``beta1``, ``beta2`` and ``weight_decay``, are
+    Tinker's. Two defaults differ on purpose:
+
+    - ``eps`` is 1e-8 (PyTorch's default) where Tinker's is 1e-12. Every run in the course was measured with
+      1e-8; for weights with near-zero second moments it also caps the step size sooner.
+    - ``grad_clip_norm`` is 1.0 where Tinker's default, 0.0, means no clipping. The course's GRPO runs clip,
+      which keeps a tiny model's first steps from a sharp batch stable. Pass ``grad_clip_norm=0.0`` (or None)
+      to match Tinker.
+    """
 
     learning_rate: float = 1e-4
     beta1: float = 0.9
@@ -74,7 +88,7 @@ class AdamParams:
     eps: float = 1e-8
     weight_decay: float = 0.0
     grad_clip_norm: float | None = 1.0
-    """Clip the global gradient norm to this before stepping; None skips clipping."""
+    """Clip the global gradient norm to this before stepping; 0.0 or None skips clipping (Tinker: 0.0)."""
 
     def __post_init__(self) -> None:
         if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
@@ -82,6 +96,8 @@ class AdamParams:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.grad_clip_norm is not None and not self.grad_clip_norm >= 0:
+            raise ValueError(f"grad_clip_norm must be >= 0 (0.0 or None: no clipping), got {self.grad_clip_norm!r}")
 
 
 @dataclass
@@ -159,6 +175,28 @@ def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
                                  f"has {n} tokens; every field needs shape ({n},)")
 
 
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Set every dropout probability in ``model`` to 0, in place: ``nn.Dropout`` modules and the attention
+    dropout of Hugging Face attention layers (their ``attention_dropout`` attribute). Returns ``model``."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    if config is not None and isinstance(getattr(config, "attention_dropout", None), float):
+        config.attention_dropout = 0.0
+    return model
+
+
+def _scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / temperature) in fp32; temperature 0 (greedy) scores at 1, as the sampler reports."""
+    logits = logits.float()
+    if temperature not in (0, 1):
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
 @torch.no_grad()
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
     """Entropy of each distribution over the last axis, from its log-probs (a diagnostic: no gradient)."""
@@ -170,11 +208,12 @@ class TrainingClient:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, reference: PreTrainedModel | None = None,
                  log_dir: str | Path | None = None):
-        self.model = model
+        self.model = disable_dropout(model)
         self.tokenizer = tokenizer
-        self._reference = reference  # None: a LoRA model, whose reference is the adapter switched off
+        self._reference = disable_dropout(reference) if reference is not None else None  # None: LoRA's is the adapter off
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.optimizer: torch.optim.Optimizer | None = None
+        self._master: list[torch.nn.Parameter] | None = None  # fp32 copies of bf16/fp16 weights (optim_step)
         self.device = next(model.parameters()).device
         self.share_prompts = True
         """Run a prompt shared by several datums once (see ``_logprobs``); False: one pass over whole rows."""
@@ -191,15 +230,15 @@ class TrainingClient:
     def _batch(self, datums: Sequence[Datum]):
         B, T = len(datums), max(d.model_input.length for d in datums)
         pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((B, T), pad, dtype=torch.long)
-        attn = torch.zeros((B, T), dtype=torch.long)
+        ids = torch.full((B, T), pad, dtype=torch.long, device="cpu")
+        attn = torch.zeros((B, T), dtype=torch.long, device="cpu")
         fields: dict[str, torch.Tensor] = {}
         for key in datums[0].loss_fn_inputs:
             dtype = torch.long if key == "target_tokens" else torch.float32
-            fields[key] = torch.zeros((B, T), dtype=dtype)
+            fields[key] = torch.zeros((B, T), dtype=dtype, device="cpu")
         for i, d in enumerate(datums):
             n = d.model_input.length
-            ids[i, :n] = torch.tensor(d.model_input.tokens)
+            ids[i, :n] = torch.tensor(d.model_input.tokens, device="cpu")
             attn[i, :n] = 1
             for key, value in d.loss_fn_inputs.items():
                 if key not in fields:
@@ -219,14 +258,15 @@ class TrainingClient:
                 return self.model(**inputs)
         raise ValueError("this training client has no reference model; create it with keep_reference=True")
 
-    def _whole_rows_logprobs(self, ids, attn, targets, with_entropy: bool, reference: bool):
-        logits = self._run(reference, input_ids=ids, attention_mask=attn).logits.float()  # (B, T, V)
-        logp = torch.log_softmax(logits, dim=-1)
+    def _whole_rows_logprobs(self, ids, attn, targets, with_entropy: bool, reference: bool, temperature: float):
+        logp = _scaled_log_softmax(self._run(reference, input_ids=ids, attention_mask=attn).logits, temperature)
         lp = logp.gather(-1, targets[..., None]).squeeze(-1)
         return lp, _entropy(logp) if with_entropy else None
 
-    def _logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False):
-        """``log pi(targets)`` at every position, (B, T), and the policy's entropy there (or None).
+    def _logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False,
+                  temperature: float = 1.0):
+        """``log pi(targets)`` at every position, (B, T), and the policy's entropy there (or None), both of the
+        distribution at ``temperature`` (the one the sampler drew from).
 
         Completions sampled as a group share their prompt: every token before a row's first ``mask``
         position. When at most half the rows have distinct prompts (and ``share_prompts`` is on), each
@@ -239,7 +279,7 @@ class TrainingClient:
         checkpointing = self.model.training and any(getattr(m, "gradient_checkpointing", False)
                                                     for m in self.model.modules())
         if not self.share_prompts or checkpointing:
-            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
+            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference, temperature)
         B, T = ids.shape
         lengths = attn.sum(1)
         has_loss = mask.bool().any(1)
@@ -247,7 +287,7 @@ class TrainingClient:
         prompts: dict[tuple[int, ...], int] = {}
         rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
         if 2 * len(prompts) > B:  # too few repeats to pay for two passes
-            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
+            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference, temperature)
         dev = ids.device
         u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
         # ---- each distinct prompt once, left-padded so that all of them end in the last column
@@ -255,10 +295,10 @@ class TrainingClient:
         U, Lp = pids.shape
         ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        logp_p = torch.log_softmax(self._run(reference, input_ids=pids, attention_mask=pmask, position_ids=ppos,
-                                             past_key_values=cache, use_cache=True).logits.float(), dim=-1)
+        logp_p = _scaled_log_softmax(self._run(reference, input_ids=pids, attention_mask=pmask, position_ids=ppos,
+                                               past_key_values=cache, use_cache=True).logits, temperature)
         if cache.get_seq_length() != Lp:  # a model that ignored the cache: fall back rather than drop the prompt
-            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference)
+            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference, temperature)
         V = logp_p.shape[-1]
         col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
         f = first[:, None]
@@ -279,7 +319,7 @@ class TrainingClient:
             cache.reorder_cache(u)  # copies rows: a differentiable index_select
             out = self._run(reference, input_ids=rids, attention_mask=torch.cat([pmask[u], rmask], 1),
                             position_ids=ppos[u, -1:] + 1 + j, past_key_values=cache, use_cache=True)
-            logp_r = torch.log_softmax(out.logits.float(), dim=-1)  # (B, Lr, V)
+            logp_r = _scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
             in_rest = (col > f) & (col < lengths[:, None])
             rcol = (col - f - 1).clamp(0, Lr - 1)
             ridx = torch.arange(B, device=dev)[:, None] * Lr + rcol
@@ -288,36 +328,65 @@ class TrainingClient:
                 ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
         return lp, ent
 
+    def _mask(self, datums: Sequence[Datum], fields: dict[str, torch.Tensor], rl: bool) -> torch.Tensor:
+        """The (B, T) positions the loss covers: RL datums say so in ``mask``; SFT datums by ``weights != 0``."""
+        if not rl:
+            return fields["mask"] if "mask" in fields else (fields["weights"] != 0).float()
+        if "mask" not in fields:
+            raise ValueError("RL datums need a 'mask' field (1 where the target token is a sampled action, 0 on "
+                             "prompt and environment tokens); no mask is guessed from logprobs != 0, which would drop "
+                             "every token sampled with probability 1. Build datums with edurl.llm.build_datum, or add "
+                             "loss_fn_inputs['mask'].")
+        return fields["mask"]
+
+    def compute_logprobs(self, datums: Sequence[Datum], *, reference: bool = False,
+                         temperature: float = 1.0) -> list[torch.Tensor]:
+        """``log pi(target_tokens)`` of each datum, shape (n,), without gradients: the policy's, or the reference
+        policy's with ``reference=True`` (a frozen copy, or the LoRA adapter switched off), at ``temperature``."""
+        _check_datums(datums, ("target_tokens",))
+        ids, attn, f = self._batch(datums)
+        mask = f["mask"] if "mask" in f else attn.float()
+        with torch.no_grad():
+            lp, _ = self._logprobs(ids, attn, f["target_tokens"], mask, reference=reference, temperature=temperature)
+        return [lp[i, :d.model_input.length].cpu() for i, d in enumerate(datums)]
+
     def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, *,
-                         aggregation: str = "sum", kl_coef: float = 0.0, kl_estimator: str = "k3",
-                         clip_range: tuple[float, float] = (0.8, 1.2),
+                         aggregation: str = "sum", max_tokens: int | None = None, temperature: float = 1.0,
+                         kl_coef: float = 0.0, kl_estimator: str = "k3",
+                         clip_range: tuple[float, float] | None = None,
                          log_kl_ref: bool = False) -> Future[ForwardBackwardOutput]:
         """Accumulate the gradient of ``aggregate(loss_fn(...), mask, aggregation) + kl_coef * KL`` over ``datums``.
 
         ``loss_fn`` is one of :data:`LOSS_FN_NAMES`; ``loss_fn_config`` holds its keyword arguments (e.g.
         ``{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}`` for ``"ppo"``, ``{"beta": 0.1}`` for
-        ``"dro"``). RL losses read ``target_tokens``, ``logprobs`` and ``advantages`` from every datum;
-        ``cross_entropy`` reads ``target_tokens`` and ``weights``. The loss covers the positions whose
-        ``mask`` is 1; datums without a ``mask`` field use ``logprobs != 0`` (RL) or ``weights != 0`` (SFT).
-        ``clip_range`` only sets which ratios count toward ``optim/clip_fraction``. ``log_kl_ref`` adds
-        ``optim/kl_ref`` (k3 against the reference policy) to the metrics at the cost of one more forward pass.
+        ``"dro"``); a key left out takes the loss's own default. RL losses read ``target_tokens``, ``logprobs``,
+        ``advantages`` and ``mask`` from every datum (:func:`edurl.llm.build_datum` writes all four);
+        ``cross_entropy`` reads ``target_tokens`` and ``weights``. ``max_tokens`` is the generation budget that
+        ``aggregation="seq_mean_token_sum_norm"`` (Dr. GRPO) divides by. ``temperature`` is the sampler's: the
+        training log-probs are those of ``softmax(logits / temperature)``, so on-policy the ratio is exactly 1.
+        ``kl_coef > 0`` adds a KL penalty to the reference policy *to the loss* (TRL's way; its gradient depends
+        on ``kl_estimator``, see :func:`edurl.llm.losses.kl`); Tinker's way puts it into the advantages
+        (:func:`edurl.llm.losses.kl_penalty_advantages`, ``GRPOConfig.kl_penalty="reward"``). ``clip_range``
+        only sets which ratios count toward ``optim/clip_fraction`` (default: the loss's clip range for ``ppo``
+        and ``cispo``, else [0.8, 1.2]). ``log_kl_ref`` adds ``optim/kl_ref`` (k3 against the reference policy)
+        to the metrics at the cost of one more forward pass.
         """
         if loss_fn not in LOSS_FN_NAMES:
             raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
         if aggregation not in L.AGGREGATION_MODES:
             raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {list(L.AGGREGATION_MODES)}")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (the sampler's; 0 = greedy scores at 1), got {temperature!r}")
         rl = loss_fn != "cross_entropy"
         _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
         config = dict(loss_fn_config or {})
-        self.model.train()
+        if clip_range is None:
+            defaults = {**L.loss_fn_defaults(loss_fn), **config} if loss_fn in ("ppo", "cispo") else {}
+            clip_range = (defaults.get("clip_low_threshold", 0.8), defaults.get("clip_high_threshold", 1.2))
+        self.model.train()  # dropout was switched off when the client was made; train() only matters for e.g. checkpointing
         ids, attn, f = self._batch(datums)
-        if "mask" in f:
-            mask = f["mask"]
-        elif rl:
-            mask = (f["logprobs"] != 0).float()
-        else:
-            mask = (f["weights"] != 0).float()
-        lp, entropy = self._logprobs(ids, attn, f["target_tokens"], mask, with_entropy=True)
+        mask = self._mask(datums, f, rl)
+        lp, entropy = self._logprobs(ids, attn, f["target_tokens"], mask, with_entropy=True, temperature=temperature)
         metrics: dict[str, float] = {}
         n_tok = mask.sum().clamp(min=1)
         metrics["optim/entropy"] = float((entropy * mask).sum() / n_tok)
@@ -329,14 +398,14 @@ class TrainingClient:
             metrics["optim/clip_fraction"] = float(L.clip_fraction(lp.detach(), f["logprobs"], mask, *clip_range))
         else:
             per_token = -lp * f["weights"]
-        loss = L.aggregate(per_token, mask, aggregation)
+        loss = L.aggregate(per_token, mask, aggregation, max_tokens=max_tokens)
         if kl_coef > 0 or log_kl_ref:
             with torch.no_grad():
-                ref, _ = self._logprobs(ids, attn, f["target_tokens"], mask, reference=True)
+                ref, _ = self._logprobs(ids, attn, f["target_tokens"], mask, reference=True, temperature=temperature)
             kl_tok = L.kl(lp, ref, kl_estimator)
             metrics["optim/kl_ref"] = float((L.kl(lp.detach(), ref, "k3") * mask).sum() / n_tok)
             if kl_coef > 0:
-                loss = loss + kl_coef * L.aggregate(kl_tok, mask, aggregation)
+                loss = loss + kl_coef * L.aggregate(kl_tok, mask, aggregation, max_tokens=max_tokens)
         loss.backward()
         outputs = [{"logprobs": lp[i, :d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
         return Future(ForwardBackwardOutput(loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics))
@@ -345,24 +414,42 @@ class TrainingClient:
         return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
 
     # ---------------------------------------------------------------- optimizer
+    def _optimized_parameters(self) -> list[torch.nn.Parameter]:
+        """What Adam updates: the trainable weights, or fp32 master copies of them when they are stored in a
+        16-bit float. In bf16, a weight near 0.03 moves only by steps of about 1e-4, so Adam's steps of about
+        ``learning_rate`` (e.g. 4e-5) would round to no change at all; the master copy accumulates them."""
+        params = self.trainable_parameters()
+        if self._master is None and any(q.dtype in (torch.bfloat16, torch.float16) for q in params):
+            self._master = [torch.nn.Parameter(q.detach().to(torch.float32).clone()) for q in params]
+        return self._master if self._master is not None else params
+
     def optim_step(self, adam_params: AdamParams | None = None) -> Future[dict[str, float]]:
         """One Adam step on the gradients accumulated since the last step, then zero them."""
         p = adam_params or AdamParams()
         params = self.trainable_parameters()
+        if not any(q.grad is not None for q in params):
+            raise RuntimeError("optim_step found no gradients; call forward_backward first")
+        targets = self._optimized_parameters()
+        if targets is not params:  # fp32 master weights: hand them the gradients in fp32
+            for master, q in zip(targets, params):
+                master.grad = None if q.grad is None else q.grad.to(torch.float32)
         if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(params, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
+            self.optimizer = torch.optim.AdamW(targets, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
                                                weight_decay=p.weight_decay)
         for group in self.optimizer.param_groups:
             group.update(lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
-        grads = [q for q in params if q.grad is not None]
-        if not grads:
-            raise RuntimeError("optim_step found no gradients; call forward_backward first")
-        if p.grad_clip_norm is not None:
+        grads = [q for q in targets if q.grad is not None]
+        if p.grad_clip_norm:  # None or 0.0: no clipping (Tinker's 0.0)
             norm = torch.nn.utils.clip_grad_norm_(grads, p.grad_clip_norm)
         else:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(q.grad) for q in grads]))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if targets is not params:
+            with torch.no_grad():
+                for master, q in zip(targets, params):
+                    q.copy_(master)  # rounds to the stored dtype; the master keeps what rounding dropped
+                    q.grad = None
         return Future({"optim/grad_norm": float(norm), "optim/lr": p.learning_rate})
 
     async def optim_step_async(self, adam_params: AdamParams | None = None):
@@ -380,26 +467,39 @@ class TrainingClient:
         base = self.log_dir if self.log_dir is not None else Path("checkpoints")
         return base / "checkpoints" / name
 
-    def save_state(self, name: str, extra: dict[str, Any] | None = None) -> Path:
-        """Write the trainable weights, the optimizer and ``extra`` (e.g. the loop's step) to one file."""
+    def _trainable_names(self) -> list[str]:
+        return [k for k, v in self.model.named_parameters() if v.requires_grad]
+
+    def save_state(self, name: str, extra: dict[str, Any] | None = None, sampler: SamplingClient | None = None) -> Path:
+        """Write the trainable weights (their fp32 master copies, if any), the optimizer, ``extra`` (e.g. the
+        loop's step) and, if given, the weights of ``sampler`` (a stale sampler the loop keeps using; read it
+        back with :meth:`load_sampler`) to one file. The file appears only when complete (written to a
+        temporary name, then renamed), so a run killed at any moment leaves the previous checkpoints readable."""
         path = self._state_path(name)
         path.mkdir(parents=True, exist_ok=True)
+        names = self._trainable_names()
+        values = self._master if self._master is not None else self.trainable_parameters()
+        sampler_params = dict(sampler.model.named_parameters()) if sampler is not None else {}
         state = {
-            "weights": {k: v.detach().cpu() for k, v in self.model.named_parameters() if v.requires_grad},
+            "weights": {k: v.detach().cpu() for k, v in zip(names, values)},
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "extra": extra or {},
+            "sampler": {k: sampler_params[k].detach().cpu() for k in names} if sampler is not None else None,
         }
         tmp = path / "state.pt.tmp"
         torch.save(state, tmp)
         os.replace(tmp, path / "state.pt")
         return path
 
-    def load_state(self, path: str | Path) -> dict[str, Any]:
-        """Restore weights and optimizer written by :meth:`save_state`. Returns its ``extra`` dict."""
+    def _read_state(self, path: str | Path) -> tuple[Path, dict[str, Any]]:
         file = Path(path) / "state.pt" if Path(path).is_dir() else Path(path)
         if not file.exists():
             raise FileNotFoundError(f"no saved state at {file}; pass a folder written by save_state")
-        state = torch.load(file, map_location=self.device, weights_only=False)
+        return file, torch.load(file, map_location=self.device, weights_only=False)
+
+    def load_state(self, path: str | Path) -> dict[str, Any]:
+        """Restore weights and optimizer written by :meth:`save_state`. Returns its ``extra`` dict."""
+        file, state = self._read_state(path)
         named = dict(self.model.named_parameters())
         unknown = [k for k in state["weights"] if k not in named]
         if unknown:
@@ -407,10 +507,27 @@ class TrainingClient:
         with torch.no_grad():
             for k, v in state["weights"].items():
                 named[k].copy_(v)
+        self._master = None
+        if any(q.dtype in (torch.bfloat16, torch.float16) for q in self.trainable_parameters()):
+            # the saved fp32 master weights, not their rounded copies, carry on
+            self._master = [torch.nn.Parameter(state["weights"][k].to(self.device, torch.float32).clone())
+                            for k in self._trainable_names()]
         if state["optimizer"] is not None:
-            self.optimizer = torch.optim.AdamW(self.trainable_parameters())
+            self.optimizer = torch.optim.AdamW(self._optimized_parameters())
             self.optimizer.load_state_dict(state["optimizer"])
         return state["extra"]
+
+    def load_sampler(self, path: str | Path) -> SamplingClient | None:
+        """The sampler saved by ``save_state(..., sampler=...)``, or None if none was saved there."""
+        _, state = self._read_state(path)
+        if state.get("sampler") is None:
+            return None
+        sampler = self.save_weights_and_get_sampling_client("restored")
+        named = dict(sampler.model.named_parameters())
+        with torch.no_grad():
+            for k, v in state["sampler"].items():
+                named[k].copy_(v)
+        return sampler
 
 
 class ServiceClient:
@@ -449,5 +566,5 @@ class ServiceClient:
         return TrainingClient(model, tokenizer, reference=reference, log_dir=self.log_dir)
 
 
-__all__ = ["AdamParams", "ForwardBackwardOutput", "Future", "LOSS_FN_NAMES", "SampleResponse", "SampledSequence",
+__all__ = ["AdamParams", "disable_dropout", "ForwardBackwardOutput", "Future", "LOSS_FN_NAMES", "SampleResponse", "SampledSequence",
            "SamplingClient", "ServiceClient", "TrainingClient"]

@@ -85,10 +85,10 @@ def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], 
     return Datum(
         model_input=ModelInput.from_ints(tokens[:-1]),
         loss_fn_inputs={
-            "target_tokens": torch.tensor(tokens[1:], dtype=torch.long),
-            "logprobs": torch.tensor([0.0] * n_prompt + [float(x) for x in sampling_logprobs]),
-            "advantages": torch.tensor([0.0] * n_prompt + [float(advantage)] * len(completion)),
-            "mask": torch.tensor([0.0] * n_prompt + [1.0] * len(completion)),
+            "target_tokens": torch.tensor(tokens[1:], dtype=torch.long, device="cpu"),
+            "logprobs": torch.tensor([0.0] * n_prompt + [float(x) for x in sampling_logprobs], device="cpu"),
+            "advantages": torch.tensor([0.0] * n_prompt + [float(advantage)] * len(completion), device="cpu"),
+            "mask": torch.tensor([0.0] * n_prompt + [1.0] * len(completion), device="cpu"),
         },
     )
 
@@ -104,6 +104,6 @@ def build_supervised_datum(tokens: Sequence[int], weights: Sequence[float]) -> D
         raise ValueError("a supervised datum needs at least two tokens: one to read and one to predict")
     return Datum(
         model_input=ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": torch.tensor(tokens[1:], dtype=torch.long),
-                        "weights": torch.tensor(weights[1:])},
+        loss_fn_inputs={"target_tokens": torch.tensor(tokens[1:], dtype=torch.long, device="cpu"),
+                        "weights": torch.tensor(weights[1:], device="cpu")},
     )

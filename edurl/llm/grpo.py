@@ -11,8 +11,13 @@ One iteration is the seven steps of the reference loop::
     7. log the metrics; every eval_every steps, greedy pass@1 on held-out problems
 
 ``train_grpo`` resumes from the newest checkpoint in ``log_dir`` when ``resume=True``; problems and
-sampling seeds are functions of (seed, step), so on a CPU a resumed run repeats an uninterrupted one
-exactly.
+sampling seeds are functions of (seed, step), and a checkpoint holds everything else the loop carries
+(weights, Adam's moments, and the stale sampler when ``refresh_sampler=False``), so on a CPU a resumed
+run repeats an uninterrupted one exactly, even after a kill at any moment.
+
+A KL penalty to the starting policy (``kl_coef > 0``) goes into the reward by default, as in Tinker
+(``kl_penalty="reward"``, see :func:`edurl.llm.losses.kl_penalty_advantages`); ``kl_penalty="loss"``
+adds it to the loss instead, as TRL does.
 """
 
 from __future__ import annotations
@@ -25,11 +30,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..metrics import MetricsLogger, load_metrics
+from ..metrics import MetricsLogger, load_metrics, truncate_metrics
+from ..utils import device as pick_device
 from ..utils import progress, torch_threads
 from . import losses as L
 from .clients import AdamParams, ServiceClient, TrainingClient
-from .datum import build_datum, build_supervised_datum
+from .datum import Datum, build_datum, build_supervised_datum
 from .evaluation import EvalResult, evaluate
 from .renderer import ChatMLRenderer
 from .rewards import grade
@@ -57,10 +63,10 @@ class GRPOConfig:
     """Adam learning rate (constant)."""
     loss_fn: str = "importance_sampling"
     """importance_sampling, ppo, cispo or dro (see edurl.llm.losses)."""
-    clip_low: float = 0.8
-    """Lower ratio bound for ppo and cispo's clip."""
-    clip_high: float = 1.2
-    """Upper ratio bound for ppo and cispo's clip."""
+    clip_low: float | None = None
+    """Lower ratio bound for ppo and cispo's clip; None: the loss's own default (ppo 0.8, cispo 0.0)."""
+    clip_high: float | None = None
+    """Upper ratio bound for ppo and cispo's clip; None: the loss's own default (ppo 1.2, cispo 4.0)."""
     dro_beta: float = 0.05
     """beta of the dro loss."""
     aggregation: str = "token_mean"
@@ -69,8 +75,11 @@ class GRPOConfig:
     """Optimizer steps per batch, each on 1/num_substeps of it; > 1 moves the ratio away from 1."""
     kl_coef: float = 0.0
     """Weight of a KL penalty to the starting policy (0: none)."""
+    kl_penalty: str = "reward"
+    """Where that penalty goes: "reward" (Tinker: kl_coef * (mean k1 - k1) added to each action token's
+    advantage; its expected gradient is the reverse KL's) or "loss" (TRL: kl_coef * kl_estimator in the loss)."""
     kl_estimator: str = "k3"
-    """k1, k2 or k3 for that penalty."""
+    """k1, k2 or k3 for the "loss" penalty (k3's gradient is the forward KL's, k2's the reverse KL's)."""
     log_kl_ref: bool = False
     """Log optim/kl_ref (k3 to the starting policy) even without a penalty; costs one more forward pass."""
     advantage_scale: str = "none"
@@ -82,9 +91,9 @@ class GRPOConfig:
     refresh_sampler: bool = True
     """False keeps the first step's sampler for the whole run: the stale-sampler mistake."""
     temperature: float = 1.0
-    """Sampling temperature."""
+    """Sampling temperature; the trainer scores at the same one, so the ratio is exactly 1 on-policy."""
     max_tokens: int = 16
-    """Most tokens per completion."""
+    """Most tokens per completion; also the fixed budget that Dr. GRPO's aggregation divides by."""
     eval_every: int = 25
     """Steps between held-out evaluations (greedy pass@1); also at the start and the end."""
     num_eval: int = 200
@@ -99,6 +108,8 @@ class GRPOConfig:
     """Seeds everything: the SFT warm start (it replaces sft.seed), the problems and the sampling."""
     num_threads: int = 2
     """torch CPU threads."""
+    device: str | None = None
+    """Where the policy trains and samples: "cpu", "cuda", ...; None picks with edurl.device()."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -118,13 +129,29 @@ class GRPOConfig:
             raise ValueError(f"advantage_scale must be one of {L.ADVANTAGE_SCALES}, got {self.advantage_scale!r}")
         if self.kl_estimator not in L.KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {L.KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.kl_penalty not in L.KL_PENALTIES:
+            raise ValueError(f"kl_penalty must be 'reward' (Tinker: into the advantages) or 'loss' (TRL: a loss "
+                             f"term), got {self.kl_penalty!r}")
+        if not self.kl_coef >= 0:
+            raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
 
     def loss_fn_config(self) -> dict:
+        """The ``loss_fn_config`` of ``forward_backward``: the fields set here; the loss's defaults fill the rest."""
         if self.loss_fn in ("ppo", "cispo"):
-            return {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+            given = {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+            return {k: v for k, v in given.items() if v is not None}
         if self.loss_fn == "dro":
             return {"beta": self.dro_beta}
         return {}
+
+    def clip_range(self) -> tuple[float, float]:
+        """The ratio range that counts toward ``optim/clip_fraction``: the loss's clip, else [0.8, 1.2]."""
+        bounds = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+        if self.loss_fn in ("ppo", "cispo"):
+            bounds.update(L.loss_fn_defaults(self.loss_fn))
+        low = self.clip_low if self.clip_low is not None else bounds["clip_low_threshold"]
+        high = self.clip_high if self.clip_high is not None else bounds["clip_high_threshold"]
+        return low, high
 
 
 @dataclass
@@ -152,7 +179,7 @@ def problem_seed(seed: int, step: int) -> int:
 
 def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:
     """The trainer (from the SFT checkpoint or ``base_model``), the renderer and the task."""
-    service = ServiceClient(device="cpu" if config.base_model is None else None, log_dir=config.log_dir)
+    service = ServiceClient(device=pick_device(config.device), log_dir=config.log_dir)
     if config.base_model is None:
         model, tokenizer, _, _ = load_or_train_sft(replace(config.sft, seed=config.seed), progress=config.progress)
         base = (model, tokenizer)
@@ -176,7 +203,15 @@ def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
         sampler = row.pop("_sampler")
         return row
 
-    return _run(config, step_fn, "GRPO", postfix="env/all/correct")
+    def on_resume(trainer, checkpoint):
+        nonlocal sampler
+        sampler = trainer.load_sampler(checkpoint)  # the stale sampler, when the run keeps one
+
+    def sampler_to_save():
+        return None if config.refresh_sampler else sampler
+
+    return _run(config, step_fn, "GRPO", postfix="env/all/correct", on_resume=on_resume,
+                sampler_to_save=sampler_to_save)
 
 
 def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
@@ -201,7 +236,8 @@ def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
         datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
         rows = []
         for chunk in _substeps(datums, config.num_substeps):
-            out = trainer.forward_backward(chunk, "cross_entropy", aggregation=config.aggregation).result()
+            out = trainer.forward_backward(chunk, "cross_entropy", aggregation=config.aggregation,
+                                           max_tokens=config.max_tokens).result()
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
         row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
@@ -216,21 +252,23 @@ def _substeps(datums: list, num_substeps: int) -> list[list]:
     return [datums[k:k + size] for k in range(0, len(datums), size)]
 
 
-def _run(config: GRPOConfig, step_fn, desc: str, postfix: str) -> GRPOResult:
+def _run(config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None) -> GRPOResult:
     """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
-    evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar."""
+    evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar.
+    ``on_resume(trainer, checkpoint)`` restores what the step function carries between steps, and
+    ``sampler_to_save()`` names a sampler that every checkpoint must keep."""
     log_dir = Path(config.log_dir)
     with torch_threads(config.num_threads):
         trainer, renderer, task = make_training_client(config)
         test = task.sample(config.num_eval, split="test", seed=config.seed)
         start_step, start_eval = 0, None
         if config.resume and _checkpoints(log_dir):
-            extra = trainer.load_state(_checkpoints(log_dir)[-1])
+            checkpoint = _checkpoints(log_dir)[-1]
+            extra = trainer.load_state(checkpoint)
+            if on_resume is not None:
+                on_resume(trainer, checkpoint)
             start_step = extra["step"]
-            kept = load_metrics(log_dir)
-            kept = kept[kept["step"] < start_step]  # drop steps logged after the checkpoint
-            (log_dir / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in row.items() if pd.notna(v)}) + "\n"
-                                                           for row in kept.to_dict("records")))
+            truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
             logger = MetricsLogger(log_dir, if_exists="append")
         else:
             logger = MetricsLogger(log_dir, if_exists="overwrite")
@@ -249,7 +287,8 @@ def _run(config: GRPOConfig, step_fn, desc: str, postfix: str) -> GRPOResult:
                 row.update({"test/start_pass_at_1": start_eval.pass_at_1})
             logger.log(step, **row)
             if config.save_every and (step + 1) % config.save_every == 0:
-                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1})
+                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1},
+                                   sampler=sampler_to_save() if sampler_to_save is not None else None)
         bar.close()
         logger.close()
         final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
@@ -277,22 +316,26 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
             message, ok = renderer.parse_response(seq.tokens)
             grades.append(grade(message["content"], problem.answer, complete=ok))
     P, G = config.batch_size, config.group_size
-    rewards = torch.tensor([g.reward for g in grades]).view(P, G)
-    correct = torch.tensor([g.correct for g in grades]).view(P, G)
+    rewards = torch.tensor([g.reward for g in grades], device="cpu").view(P, G)
+    correct = torch.tensor([g.correct for g in grades], device="cpu").view(P, G)
     # 4. advantages
     adv = L.group_advantages(rewards, config.advantage_scale) if config.center_advantages else rewards.clone()
-    keep = ~L.zero_variance_groups(rewards) if config.drop_uniform_groups else torch.ones(P, dtype=torch.bool)
+    keep = ~L.zero_variance_groups(rewards) if config.drop_uniform_groups else torch.ones(P, dtype=torch.bool, device="cpu")
     # 5. datums
     datums = [build_datum(prompts[i], seq.tokens, seq.logprobs, float(adv[i, j]))
               for i, response in enumerate(responses) if keep[i] for j, seq in enumerate(response.sequences)]
+    kl_row = {}
+    if datums and config.kl_coef > 0 and config.kl_penalty == "reward":
+        datums, kl_row["env/all/kl_sample_ref"] = _kl_into_advantages(trainer, datums, config)
     # 6. forward_backward + optim_step, num_substeps times
     fwd_metrics: list[dict] = []
+    loss_kl_coef = config.kl_coef if config.kl_penalty == "loss" else 0.0
     if datums:
         for chunk in _substeps(datums, config.num_substeps):
             out = trainer.forward_backward(chunk, config.loss_fn, config.loss_fn_config(),
-                                           aggregation=config.aggregation, kl_coef=config.kl_coef,
-                                           kl_estimator=config.kl_estimator,
-                                           clip_range=(config.clip_low, config.clip_high),
+                                           aggregation=config.aggregation, max_tokens=config.max_tokens,
+                                           temperature=config.temperature, kl_coef=loss_kl_coef,
+                                           kl_estimator=config.kl_estimator, clip_range=config.clip_range(),
                                            log_kl_ref=config.kl_coef > 0 or config.log_kl_ref).result()
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             fwd_metrics.append({**out.metrics, **opt, "optim/loss": out.loss})
@@ -306,6 +349,7 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
         "env/all/by_group/frac_mixed": float((~uniform).float().mean()),
         "env/all/by_group/frac_all_good": float((correct.min(1).values == 1).float().mean()),
         "env/all/by_group/frac_all_bad": float((correct.max(1).values == 0).float().mean()),
+        **kl_row,
         "time/sample": t1 - t0,
         "time/train": t2 - t1,
     }
@@ -315,6 +359,18 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
         row["optim/clip_fraction_last_substep"] = fwd_metrics[-1]["optim/clip_fraction"]
     row["_sampler"] = sampler
     return row
+
+
+def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfig) -> tuple[list, float]:
+    """Tinker's KL penalty: each action token's advantage gets kl_coef * (mean k1 - k1), k1 = log q - log p_ref
+    (see :func:`edurl.llm.losses.kl_penalty_advantages`). Returns new datums and the batch's mean k1."""
+    ref = trainer.compute_logprobs(datums, reference=True, temperature=config.temperature)
+    fields = [d.loss_fn_inputs for d in datums]
+    cat = {k: torch.cat([f[k] for f in fields]) for k in ("advantages", "logprobs", "mask")}
+    advantages, mean_k = L.kl_penalty_advantages(cat["advantages"], cat["logprobs"], torch.cat(ref), cat["mask"],
+                                                 config.kl_coef)
+    pieces = advantages.split([d.model_input.length for d in datums])
+    return [Datum(d.model_input, {**d.loss_fn_inputs, "advantages": a}) for d, a in zip(datums, pieces)], float(mean_k)
 
 
 #: the panels of :func:`plot_grpo_metrics`: (metric, title)

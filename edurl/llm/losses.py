@@ -20,6 +20,7 @@ the KL estimators are from Schulman (2020), "Approximating KL Divergence".
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -30,6 +31,7 @@ __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATION_MODES",
     "KL_ESTIMATORS",
+    "KL_PENALTIES",
     "LOSS_FNS",
     "aggregate",
     "cispo",
@@ -40,6 +42,8 @@ __all__ = [
     "group_advantages",
     "importance_sampling",
     "kl",
+    "kl_penalty_advantages",
+    "loss_fn_defaults",
     "ppo",
     "zero_variance_groups",
 ]
@@ -132,6 +136,14 @@ def get_loss_fn(name: str) -> Callable[..., torch.Tensor]:
     return LOSS_FNS[name]
 
 
+def loss_fn_defaults(name: str) -> dict[str, float]:
+    """The keyword defaults of the loss ``name``, e.g. ``{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}``
+    for ``"ppo"`` and ``{"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}`` for ``"cispo"``: each loss
+    keeps its own, and a config field left at None means "the loss's default"."""
+    params = inspect.signature(get_loss_fn(name)).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 @torch.no_grad()
 def clip_fraction(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor,
                   low: float = 0.8, high: float = 1.2) -> torch.Tensor:
@@ -153,7 +165,8 @@ def clip_fraction(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask:
 AGGREGATION_MODES = ("sum", "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 
 
-def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None
+              ) -> torch.Tensor:
     """Reduce a (B, T) per-token loss over the tokens where ``mask`` is 1 to a scalar.
 
     =========================  =========================================================  ===========
@@ -162,16 +175,26 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> to
     sum                        sum_bt m*L                                                 Tinker
     seq_mean_token_mean        mean over sequences with a token of sum_t m*L / sum_t m    GRPO
     token_mean                 sum_bt m*L / sum_bt m                                      DAPO
-    seq_mean_token_sum_norm    sum_bt m*L / (B * T)                                       Dr. GRPO
+    seq_mean_token_sum_norm    sum_bt m*L / (B * max_tokens)                              Dr. GRPO
     =========================  =========================================================  ===========
 
     seq_mean_token_mean gives each sequence equal weight, so a token of a long completion counts less than a
-    token of a short one (the length bias Dr. GRPO points out); token_mean gives every token equal weight;
-    seq_mean_token_sum_norm divides by a constant, so no length bias and no batch-dependent scale.
+    token of a short one (the length bias Dr. GRPO points out); token_mean gives every token equal weight, but
+    its denominator still depends on the batch's lengths; seq_mean_token_sum_norm divides by the number of
+    sequences times a fixed generation budget ``max_tokens`` (GRPO's ``max_tokens``), so no length bias, and a
+    datum's gradient does not depend on which other datums share the call or how long their prompts are.
+    ``max_tokens`` is required for that mode and ignored by the others.
     ``mask`` is bool or 0/1 float. An all-zero mask gives a 0 loss that still backpropagates (zero gradients).
     """
     check_tensor(per_token_loss, "per_token_loss", ndim=(2,), floating=True)
     check_same_shape(per_token_loss, mask, "per_token_loss", "mask")
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; known modes: {', '.join(AGGREGATION_MODES)}.")
+    if mode == "seq_mean_token_sum_norm" and (max_tokens is None or not isinstance(max_tokens, int)
+                                              or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise ValueError(f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by number of sequences x a fixed "
+                         f"generation budget, so it needs max_tokens, a positive int (got {max_tokens!r}). Pass the "
+                         "sampler's max_tokens, e.g. aggregate(loss, mask, 'seq_mean_token_sum_norm', max_tokens=16).")
     keep = mask != 0  # (B, T)
     # where, not only a product, so a NaN or inf at a padding position cannot leak into the sum
     masked = torch.where(keep, per_token_loss, torch.zeros_like(per_token_loss))  # (B, T)
@@ -184,9 +207,8 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> to
         return per_seq.sum() / (per_seq_tokens > 0).sum().clamp_min(1)
     if mode == "token_mean":
         return masked.sum() / tokens.sum().clamp_min(1)
-    if mode == "seq_mean_token_sum_norm":
-        return masked.sum() / per_token_loss.numel()  # B * T: a constant, independent of the lengths
-    raise ValueError(f"unknown aggregation mode {mode!r}; known modes: {', '.join(AGGREGATION_MODES)}.")
+    # seq_mean_token_sum_norm: B * max_tokens, a constant: neither the lengths nor the padding change it
+    return masked.sum() / (per_token_loss.shape[0] * max_tokens)
 
 
 # ---------------------------------------------------------------- KL to a reference policy
@@ -230,6 +252,36 @@ def kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> to
     if estimator == "k3":
         return torch.expm1(d) - d  # expm1 keeps exp(d) - 1 accurate when pi is close to pi_ref
     raise ValueError(f"unknown KL estimator {estimator!r}; known estimators: {', '.join(KL_ESTIMATORS)}.")
+
+
+KL_PENALTIES = ("reward", "loss")
+
+
+def kl_penalty_advantages(advantages: torch.Tensor, sampling_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
+                          mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The KL penalty put into the reward (Tinker's way): per-token advantages and the mean k1 estimate.
+
+    With k_t = sampling_logprobs - ref_logprobs = log(q / pi_ref) at every action token (mask 1) and
+    kbar its mean over all action tokens of the batch::
+
+        A'_t = A_t + kl_coef * (kbar - k_t)        on action tokens; A'_t = A_t elsewhere
+
+    Subtracting kl_coef * k_t from every token's reward and letting the policy-gradient loss carry it gives
+    E_pi[-kl_coef * k1 * grad log pi] = -kl_coef * grad KL(pi || pi_ref): the gradient of the reverse KL the
+    metric reports (see :func:`kl`). Adding back the batch mean kbar is a constant baseline, so it changes the
+    variance, not the expected gradient. Shapes: every argument (B, T); returns ((B, T), 0-d).
+    Example: k = [0.2, 0.0, -0.1, 0.3] on four action tokens, kbar = 0.1, kl_coef = 1: the advantages move
+    by [-0.1, 0.1, 0.2, -0.2].
+    """
+    check_tensor(advantages, "advantages", floating=True)
+    for other, name in ((sampling_logprobs, "sampling_logprobs"), (ref_logprobs, "ref_logprobs"), (mask, "mask")):
+        check_same_shape(advantages, other, "advantages", name)
+    if not kl_coef >= 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef!r}; 0 turns the penalty off.")
+    keep = mask != 0
+    k = torch.where(keep, sampling_logprobs - ref_logprobs, torch.zeros_like(advantages))  # (B, T)
+    mean_k = k.sum() / keep.sum().clamp_min(1)
+    return torch.where(keep, advantages + kl_coef * (mean_k - k), advantages), mean_k
 
 
 # ---------------------------------------------------------------- group-relative advantages

@@ -34,13 +34,21 @@ def extract_boxed(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: [0-9], not \d, which matches any Unicode digit
+
+
+def is_integer_answer(text: str) -> bool:
+    """True for an optional sign followed by ASCII digits: the only answers :func:`grade` can mark correct."""
+    return _INTEGER.fullmatch(text) is not None
+
+
 def _same_answer(given: str, answer: str) -> bool:
-    if given == answer:
-        return True
-    try:  # "007" and "7", "+7" and "7" are the same integer answer
-        return int(given) == int(answer)
-    except ValueError:
+    """True when both are integers written as an optional sign and ASCII digits, and equal: "007" and "7",
+    "+7" and "7" agree; "4_6", "٤٦" (Arabic-Indic digits) or "4 6" are not answers, though Python's int()
+    reads the first two as 46."""
+    if not (_INTEGER.fullmatch(given) and _INTEGER.fullmatch(answer)):
         return False
+    return int(given) == int(answer)
 
 
 def grade(response: str, answer: str, complete: bool = True) -> Grade:

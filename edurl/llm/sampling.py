@@ -92,10 +92,10 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     length = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), length), dtype=torch.long)
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(prompts), length), dtype=torch.long, device="cpu")
     for i, p in enumerate(prompts):
-        ids[i, length - len(p):] = torch.tensor(p)
+        ids[i, length - len(p):] = torch.tensor(p, device="cpu")
         mask[i, length - len(p):] = 1
     return ids.to(device), mask.to(device)
 
@@ -118,10 +118,25 @@ def _draw(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torc
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def model_eos_ids(model: PreTrainedModel) -> list[int]:
+    """The end-of-sequence ids a model declares: its generation config's ``eos_token_id``, else its config's
+    (an int, a list of ints, or None)."""
+    for config in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(config, "eos_token_id", None) if config is not None else None
+        if eos is not None:
+            return [eos] if isinstance(eos, int) else [int(e) for e in eos]
+    return []
+
+
 @torch.no_grad()
 def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples: int = 1,
-           params: SamplingParams | None = None, pad_token_id: int | None = None) -> list[Completion]:
+           params: SamplingParams | None = None, pad_token_id: int | None = None,
+           eos_token_id: int | Sequence[int] | None = None) -> list[Completion]:
     """Sample ``num_samples`` completions for each prompt.
+
+    A completion ends at the first of ``params.stop`` or an end-of-sequence token: ``eos_token_id``, or when
+    it is None, the ids the model declares (:func:`model_eos_ids`), so a real chat model whose EOS differs
+    from the renderer's stop token still stops. Pass ``eos_token_id=[]`` to stop on ``params.stop`` only.
 
     Returns ``len(prompts) * num_samples`` completions, prompt-major: completion
     ``i * num_samples + j`` is sample ``j`` of prompt ``i``.
@@ -136,6 +151,9 @@ def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     stops = params.stop_sequences()
+    eos = model_eos_ids(model) if eos_token_id is None else (
+        [eos_token_id] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id])
+    stops += [[e] for e in eos if [e] not in stops]
     device = next(model.parameters()).device
     if pad_token_id is None:
         pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..utils import device as pick_device
 from ..utils import progress as progress_bar
 from ..utils import torch_threads
 from .evaluation import evaluate
@@ -69,10 +70,17 @@ class SFTConfig:
     """Seeds the initial weights and the training problems."""
     num_threads: int = 2
     """torch CPU threads while training."""
+    device: str | None = None
+    """Where to train: "cpu", "cuda", ...; None picks with edurl.device(). Part of the cache key on a GPU
+    (its float results differ from the CPU's), so a GPU and a CPU never share a checkpoint."""
 
     def key(self) -> str:
         """A short hash of everything that determines the trained weights."""
-        blob = json.dumps({"v": CACHE_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        kind = pick_device(fields.pop("device")).type
+        if kind != "cpu":  # CPU keys stay those of the checkpoints cached before the field existed
+            fields["device"] = kind
+        blob = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def task(self) -> ArithmeticTask:
@@ -94,11 +102,11 @@ def _batch(renderer: ChatMLRenderer, problems, pad_id: int):
     """Right-padded (B, T) tokens, attention mask and loss weights for a list of problems."""
     examples = [demonstration_example(renderer, p) for p in problems]
     T = max(len(t) for t, _ in examples)
-    tokens = torch.full((len(examples), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(examples), T), dtype=torch.long)
-    weights = torch.zeros((len(examples), T))
+    tokens = torch.full((len(examples), T), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(examples), T), dtype=torch.long, device="cpu")
+    weights = torch.zeros((len(examples), T), device="cpu")
     for i, (t, w) in enumerate(examples):
-        tokens[i, : len(t)], mask[i, : len(t)], weights[i, : len(w)] = torch.tensor(t), 1, torch.tensor(w)
+        tokens[i, : len(t)], mask[i, : len(t)], weights[i, : len(w)] = torch.tensor(t, device="cpu"), 1, torch.tensor(w, device="cpu")
     return tokens, mask, weights
 
 
@@ -121,7 +129,8 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     tokenizer = build_char_tokenizer()
     renderer = ChatMLRenderer(tokenizer)
     task = config.task()
-    model = build_tiny_lm(tokenizer, config.model, seed=config.seed)
+    dev = pick_device(config.device)
+    model = build_tiny_lm(tokenizer, config.model, seed=config.seed).to(dev)
     valid = task.sample(config.num_valid, split="valid", seed=config.seed)
     test = task.sample(num_eval, split="test", seed=config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
@@ -139,8 +148,9 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
         bar = progress_bar(range(config.max_steps), desc="SFT", disable=not progress)
         for step in bar:
             model.train()
-            tokens, mask, weights = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
-                                           tokenizer.pad_token_id)
+            batch = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
+                           tokenizer.pad_token_id)
+            tokens, mask, weights = (x.to(dev) for x in batch)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
             loss = sft_loss(model, tokens, mask, weights)
@@ -172,7 +182,7 @@ def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, re
     config = config or SFTConfig()
     path = cache_dir() / "sft" / config.key()
     if path.is_dir() and not retrain:
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        model = AutoModelForCausalLM.from_pretrained(path).to(pick_device(config.device)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         probe = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
         if tokenizer.encode(probe) != build_char_tokenizer().encode(probe):

@@ -18,6 +18,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from .rewards import is_integer_answer
+
 SPLITS = ("train", "valid", "test")
 
 
@@ -150,6 +152,10 @@ class JsonlTask:
                 raise ValueError(
                     f"{path}:{lineno}: expected a JSON object with 'question' and 'answer', got {line[:80]!r} ({err})"
                 ) from None
+            if not is_integer_answer(problem.answer):
+                raise ValueError(f"{path}:{lineno}: answer {problem.answer!r} is not an integer; edurl.llm.grade marks "
+                                 "a reply correct only for an optional sign followed by ASCII digits, so write "
+                                 "integer answers (e.g. \"answer\": 46), or grade this task with your own reward.")
             self.problems[split_by_hash(problem.question, test_fraction, valid_fraction)].append(problem)
         if not any(self.problems.values()):
             raise ValueError(f"{path} holds no problems")

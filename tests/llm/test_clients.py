@@ -1,4 +1,5 @@
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -211,10 +212,11 @@ def test_clear_errors(trainer):
 
 def test_aggregation_is_passed_through(trainer):
     datums = rl_datums(trainer)
-    per = {mode: trainer.forward_backward(datums, "importance_sampling", aggregation=mode).result().loss
+    per = {mode: trainer.forward_backward(datums, "importance_sampling", aggregation=mode, max_tokens=6).result().loss
            for mode in L.AGGREGATION_MODES}
     n_tok = sum(float(d.loss_fn_inputs["mask"].sum()) for d in datums)
     assert per["token_mean"] == pytest.approx(per["sum"] / n_tok, rel=1e-5)
+    assert per["seq_mean_token_sum_norm"] == pytest.approx(per["sum"] / (len(datums) * 6), rel=1e-5)
 
 
 @pytest.mark.cuda
@@ -226,3 +228,127 @@ def test_clients_on_cuda(small_model, char_tokenizer):
     out = trainer.forward_backward(datums, "ppo", log_kl_ref=True).result()
     assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-3
     trainer.optim_step(AdamParams(learning_rate=1e-3))
+
+
+# ---------------------------------------------------------------- review findings (each failed on the old code)
+
+
+def test_dr_grpo_gradient_does_not_depend_on_other_datums_prompt_lengths(trainer):
+    # 8 fixed datums plus one zero-advantage datum whose prompt is 3 or 60 tokens long: with Dr. GRPO's
+    # constant divisor (B * max_tokens) the extra datum changes nothing. Dividing by B * T (the old code)
+    # made the gradient norm 0.498 with the short prompt and 0.106 with the long one.
+    fixed = group_datums(trainer, [PROMPT, PROMPT[:5]], n=4)
+    sampler = trainer.save_weights_and_get_sampling_client("s")
+
+    def grads_with_extra(prompt_len):
+        prompt = [(7 * i) % 90 + 5 for i in range(prompt_len)]
+        seq = sampler.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=6, seed=1)).result().sequences[0]
+        extra = build_datum(prompt, seq.tokens, seq.logprobs, 0.0)
+        trainer.model.zero_grad()
+        trainer.forward_backward(fixed + [extra], "importance_sampling", aggregation="seq_mean_token_sum_norm",
+                                 max_tokens=6)
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+    short, long = grads_with_extra(3), grads_with_extra(60)
+    assert short.norm() > 0
+    torch.testing.assert_close(short, long, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="needs max_tokens"):
+        trainer.forward_backward(fixed, "importance_sampling", aggregation="seq_mean_token_sum_norm")
+
+
+def test_training_scores_at_the_sampling_temperature(trainer):
+    # sampled at T = 0.7 and scored at T = 0.7, with no update in between: the ratio is exactly 1 (the old code
+    # scored at T = 1: kl_sample_train_v1 was about +0.05 and most ratios fell outside [0.8, 1.2])
+    sampler = trainer.save_weights_and_get_sampling_client("s")
+    res = sampler.sample(ModelInput.from_ints(PROMPT), 8, SamplingParams(max_tokens=8, temperature=0.7, seed=0)).result()
+    datums = [build_datum(PROMPT, s.tokens, s.logprobs, 1.0) for s in res.sequences]
+    out = trainer.forward_backward(datums, "ppo", temperature=0.7).result()
+    assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-5
+    assert out.metrics["optim/clip_fraction"] == 0.0
+    for d, o in zip(datums, out.loss_fn_outputs):
+        m = d.loss_fn_inputs["mask"].bool()
+        torch.testing.assert_close(o["logprobs"][m], d.loss_fn_inputs["logprobs"][m], atol=1e-4, rtol=0)
+    at_one = trainer.forward_backward(datums, "ppo").result()  # scored at T = 1 instead: off-policy by mistake
+    assert abs(at_one.metrics["optim/kl_sample_train_v1"]) > 1e-3
+
+
+def test_rl_datums_without_a_mask_are_refused(trainer):
+    # the old code guessed mask = (logprobs != 0), silently dropping every token sampled with probability 1
+    d = rl_datums(trainer)[0]
+    unmasked = Datum(d.model_input, {k: v for k, v in d.loss_fn_inputs.items() if k != "mask"})
+    with pytest.raises(ValueError, match="need a 'mask' field"):
+        trainer.forward_backward([unmasked], "importance_sampling", aggregation="token_mean")
+
+
+def test_dropout_is_off_in_the_rl_forward_pass(qwen_dir):
+    # an HF model with attention dropout: in train mode the same weights would score the same tokens differently
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(qwen_dir, attention_dropout=0.5)
+    tok = AutoTokenizer.from_pretrained(qwen_dir)
+    trainer = ServiceClient(device="cpu").create_training_client((model, tok))
+    prompt = tok.encode("What is 12+34?")
+    res = trainer.save_weights_and_get_sampling_client("s").sample(
+        ModelInput.from_ints(prompt), 8, SamplingParams(max_tokens=8, seed=0)).result()
+    datums = [build_datum(prompt, s.tokens, s.logprobs, 1.0) for s in res.sequences]
+    out = trainer.forward_backward(datums, "ppo").result()
+    assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-5 and out.metrics["optim/clip_fraction"] == 0.0
+
+
+def test_full_fine_tuning_of_a_bf16_model_keeps_fp32_master_weights(small_model, char_tokenizer, tmp_path):
+    # in bf16 a weight near 0.03 moves in steps of about 1.2e-4, so an Adam step of 4e-5 rounds to nothing:
+    # with the update applied to the bf16 weights directly (the old code) no entry moved after 10 steps
+    model = copy.deepcopy(small_model)
+    with torch.no_grad():  # weights of a real model's typical size, |w| in [0.025, 0.06)
+        gen = torch.Generator().manual_seed(0)
+        for name, p in model.named_parameters():
+            if "embed" not in name and "norm" not in name:
+                sign = torch.randint(0, 2, p.shape, generator=gen) * 2 - 1
+                p.copy_(sign * (0.025 + 0.035 * torch.rand(p.shape, generator=gen)))
+    model = model.to(torch.bfloat16)
+    trainer = ServiceClient(device="cpu", log_dir=tmp_path).create_training_client((model, char_tokenizer))
+    datums = rl_datums(trainer)
+    start = trainer.save_weights_and_get_sampling_client("start")
+    for _ in range(10):
+        trainer.forward_backward(datums, "importance_sampling")
+        trainer.optim_step(AdamParams(learning_rate=4e-5))
+    now = trainer.save_weights_and_get_sampling_client("now")
+    assert all(p.dtype == torch.bfloat16 for p in now.model.parameters())  # the sampler still runs in bf16
+    moved = total = 0
+    for (name, a), b in zip(start.model.named_parameters(), now.model.parameters()):
+        if "embed" in name or "norm" in name:  # rows of unused tokens get no gradient; norms sit at 1.0
+            continue
+        moved, total = moved + int((a != b).sum()), total + a.numel()
+    assert moved >= total / 2, f"only {moved} of {total} bf16 weight entries moved"
+    # a checkpoint keeps the fp32 master weights, so a resumed run takes the very same next step
+    path = trainer.save_state("ckpt")
+    other = ServiceClient(device="cpu").create_training_client((model, char_tokenizer))  # a fresh copy of the start
+    other.load_state(path)
+    for c in (trainer, other):
+        c.forward_backward(datums, "importance_sampling")
+        c.optim_step(AdamParams(learning_rate=4e-5))
+    for a, b in zip(trainer._master, other._master):
+        assert torch.equal(a, b)
+
+
+def test_grad_clip_norm_zero_means_no_clipping_as_in_tinker(trainer):
+    datums = rl_datums(trainer)
+    trainer.forward_backward(datums, "importance_sampling")
+    norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
+    info = trainer.optim_step(AdamParams(learning_rate=0.0, grad_clip_norm=0.0)).result()
+    assert info["optim/grad_norm"] == pytest.approx(float(norm), rel=1e-5)
+    with pytest.raises(ValueError, match="grad_clip_norm"):
+        AdamParams(grad_clip_norm=-1.0)
+
+
+def test_a_checkpoint_can_keep_a_stale_sampler(trainer, tmp_path):
+    trainer.log_dir = tmp_path
+    datums = rl_datums(trainer)
+    stale = trainer.save_weights_and_get_sampling_client("step_0")
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-2))
+    path = trainer.save_state("ckpt", extra={"step": 1}, sampler=stale)
+    restored = trainer.load_sampler(path)
+    for a, b in zip(stale.model.parameters(), restored.model.parameters()):
+        assert torch.equal(a, b)
+    assert trainer.load_sampler(trainer.save_state("no_sampler")) is None

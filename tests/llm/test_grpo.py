@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from edurl.llm.grpo import GRPOConfig, continued_sft, problem_seed, train_grpo
@@ -44,10 +46,13 @@ def test_substeps_engage_the_clip(tmp_path):
     assert m["optim/clip_fraction_last_substep"].max() > 0
 
 
-def test_resume_reproduces_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("refresh_sampler", [True, False])
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, refresh_sampler):
     # eval_every=2, so the shorter run's final evaluation (step 3) is one the whole run also makes
-    # raw rewards as advantages, so that every step moves the weights and Adam's moments matter
-    kw = dict(save_every=2, eval_every=2, center_advantages=False)
+    # raw rewards as advantages, so that every step moves the weights and Adam's moments matter.
+    # With refresh_sampler=False the checkpoint must keep step 0's sampler: the old code rebuilt it from the
+    # checkpoint's weights, so kl_sample_train_v1 was 0.0 after resuming but 0.155 in the whole run.
+    kw = dict(save_every=2, eval_every=2, center_advantages=False, refresh_sampler=refresh_sampler)
     whole = train_grpo(tiny(tmp_path / "a", **kw)).metrics
     train_grpo(tiny(tmp_path / "b", max_steps=5, **kw))  # "interrupted" after 5 steps ...
     resumed = train_grpo(tiny(tmp_path / "b", resume=True, **kw)).metrics  # ... resumed from step 4
@@ -98,3 +103,71 @@ def test_a_saved_hugging_face_model_with_lora(tmp_path, qwen_dir):
     m = result.metrics
     assert len(m) == 2 and m["optim/kl_ref"].notna().all()
     assert all("lora_" in n for n, p in result.trainer.model.named_parameters() if p.requires_grad)
+
+
+def _metrics_without_times(m):
+    return m[[c for c in m.columns if not c.startswith("time/")]]
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """SIGKILL a GRPO run in a subprocess partway, resume it, and get the uninterrupted run's metrics."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from dataclasses import asdict
+
+    config = tiny(tmp_path / "killed", max_steps=40, save_every=3, eval_every=5, center_advantages=False)
+    load_or_train_sft(config.sft)  # the SFT warm start is cached before the clock starts
+    fields = {k: v for k, v in asdict(config).items() if k != "sft"}
+    script = ("import json, sys\n"
+              "from edurl.llm.grpo import GRPOConfig, train_grpo\n"
+              "from tests.llm.test_grpo import TINY_SFT\n"
+              "train_grpo(GRPOConfig(sft=TINY_SFT, **json.loads(sys.argv[1])))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(fields)], env=os.environ.copy(),
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    checkpoints = tmp_path / "killed" / "run" / "checkpoints"
+    deadline = time.time() + 300
+    while not len(list(checkpoints.glob("step_*/state.pt"))) >= 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed; give it more steps"
+    resumed = train_grpo(replace(config, resume=True)).metrics
+    whole = train_grpo(tiny(tmp_path / "whole", max_steps=40, save_every=3, eval_every=5,
+                            center_advantages=False)).metrics
+    assert list(resumed["step"]) == list(range(40))
+    a, b = _metrics_without_times(whole), _metrics_without_times(resumed)
+    for c in a.columns:
+        assert a[c].tolist() == pytest.approx(b[c].tolist(), abs=0, nan_ok=True), c
+
+
+def test_kl_penalty_goes_into_the_reward_by_default(tmp_path):
+    assert GRPOConfig().kl_penalty == "reward"
+    with pytest.raises(ValueError, match="kl_penalty must be 'reward'"):
+        tiny(tmp_path, kl_penalty="advantage")
+    reward = train_grpo(tiny(tmp_path / "r", max_steps=3, kl_coef=0.5, center_advantages=False)).metrics
+    loss = train_grpo(tiny(tmp_path / "l", max_steps=3, kl_coef=0.5, kl_penalty="loss",
+                           center_advantages=False)).metrics
+    assert reward["env/all/kl_sample_ref"].notna().all() and "env/all/kl_sample_ref" not in loss
+    assert reward["optim/kl_ref"].notna().all() and loss["optim/kl_ref"].notna().all()
+    # step 0 starts at the reference: no KL yet, so both runs take the same first step
+    assert reward["env/all/kl_sample_ref"][0] == pytest.approx(0.0, abs=1e-6)
+    assert reward["optim/loss"][0] == pytest.approx(loss["optim/loss"][0], abs=1e-6)
+
+
+def test_sampling_temperature_is_matched_by_the_trainer(tmp_path):
+    # learning_rate 0: nothing moves, so on-policy the ratio must be exactly 1 at any temperature
+    m = train_grpo(tiny(tmp_path, max_steps=2, temperature=0.7, learning_rate=0.0, center_advantages=False)).metrics
+    assert m["optim/kl_sample_train_v1"].abs().max() < 1e-5
+    assert (m["optim/clip_fraction"] == 0).all()
+
+
+def test_clip_range_defaults_to_each_losss_own(tmp_path):
+    assert tiny(tmp_path, loss_fn="cispo").loss_fn_config() == {}
+    assert tiny(tmp_path, loss_fn="cispo").clip_range() == (0.0, 4.0)
+    assert tiny(tmp_path, loss_fn="ppo").clip_range() == (0.8, 1.2)
+    assert tiny(tmp_path, loss_fn="ppo", clip_high=1.28).loss_fn_config() == {"clip_high_threshold": 1.28}
+    assert tiny(tmp_path, loss_fn="importance_sampling").clip_range() == (0.8, 1.2)

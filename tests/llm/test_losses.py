@@ -16,6 +16,8 @@ from edurl.llm.losses import (
     group_advantages,
     importance_sampling,
     kl,
+    kl_penalty_advantages,
+    loss_fn_defaults,
     ppo,
     zero_variance_groups,
 )
@@ -211,30 +213,45 @@ MASK_B_T = t(1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0).reshape(3, 4)  # ragged, and ro
     # row means 1.5 and 6.5; row 2 has no token and does not count: (1.5 + 6.5) / 2
     ("seq_mean_token_mean", 4.0, (1 / (2 * 2), 1 / (4 * 2))),
     ("token_mean", 29 / 6, (1 / 6, 1 / 6)),
-    ("seq_mean_token_sum_norm", 29 / 12, (1 / 12, 1 / 12)),  # divided by B * T = 3 * 4
+    ("seq_mean_token_sum_norm", 29 / 30, (1 / 30, 1 / 30)),  # divided by B * max_tokens = 3 * 10
 ])
 def test_aggregate_hand_computed(mode, expected, grad_rows):
     loss = LOSS_B_T.clone().requires_grad_(True)
-    out = aggregate(loss, MASK_B_T, mode)
+    out = aggregate(loss, MASK_B_T, mode, max_tokens=10)  # max_tokens matters only to Dr. GRPO's mode
     assert out.dim() == 0
     assert out.item() == pytest.approx(expected)
     out.backward()
     expected_grad = torch.zeros(3, 4, dtype=F64)
     expected_grad[0, :2], expected_grad[1] = grad_rows
     torch.testing.assert_close(loss.grad, expected_grad)
-    assert aggregate(LOSS_B_T, MASK_B_T.bool(), mode).item() == pytest.approx(expected)  # bool mask
+    assert aggregate(LOSS_B_T, MASK_B_T.bool(), mode, max_tokens=10).item() == pytest.approx(expected)  # bool mask
 
 
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 def test_aggregate_empty_mask_and_padding(mode):
     loss = LOSS_B_T.clone().requires_grad_(True)
-    out = aggregate(loss, torch.zeros(3, 4, dtype=F64), mode)
+    out = aggregate(loss, torch.zeros(3, 4, dtype=F64), mode, max_tokens=4)
     assert out.item() == 0.0
     out.backward()  # still a graph to backpropagate through
     assert torch.equal(loss.grad, torch.zeros(3, 4, dtype=F64))
     padded = LOSS_B_T.clone()
     padded[2] = float("nan")  # e.g. log(0) at padding: outside the mask it must not matter
-    assert aggregate(padded, MASK_B_T, mode).item() == aggregate(LOSS_B_T, MASK_B_T, mode).item()
+    assert aggregate(padded, MASK_B_T, mode, max_tokens=4).item() == aggregate(LOSS_B_T, MASK_B_T, mode, max_tokens=4).item()
+
+
+def test_dr_grpo_divides_by_sequences_times_a_fixed_budget():
+    # the contract: (values * mask).sum() / (B * M), whatever the padded length T of the batch
+    values, mask = torch.randn(5, 7, dtype=F64), (torch.rand(5, 7) < 0.6).to(F64)
+    got = aggregate(values, mask, "seq_mean_token_sum_norm", max_tokens=16)
+    assert got.item() == pytest.approx(((values * mask).sum() / (5 * 16)).item())
+    # padding the same datums to a longer T (e.g. a long prompt elsewhere in the call) changes nothing
+    wide_values = torch.cat([values, torch.randn(5, 50, dtype=F64)], dim=1)
+    wide_mask = torch.cat([mask, torch.zeros(5, 50, dtype=F64)], dim=1)
+    assert aggregate(wide_values, wide_mask, "seq_mean_token_sum_norm", max_tokens=16).item() == pytest.approx(got.item())
+    with pytest.raises(ValueError, match="needs max_tokens"):
+        aggregate(values, mask, "seq_mean_token_sum_norm")
+    with pytest.raises(ValueError, match="needs max_tokens"):
+        aggregate(values, mask, "seq_mean_token_sum_norm", max_tokens=0)
 
 
 def test_aggregate_errors():
@@ -245,6 +262,46 @@ def test_aggregate_errors():
         aggregate(LOSS_B_T, MASK_B_T[:, :3], "sum")
     with pytest.raises(ValueError, match=r"per_token_loss must be 2-D, got shape \(12,\)"):
         aggregate(LOSS_B_T.flatten(), MASK_B_T.flatten(), "sum")
+
+
+# ---------------------------------------------------------------- KL penalty in the reward (Tinker's way)
+
+
+def test_kl_penalty_advantages_worked_example():
+    # the docstring's example, with a prompt position (mask 0) in front that must not move
+    adv, q, mask = t(0.0, 1.0, 1.0, -1.0, -1.0), t(0.0, -0.5, -1.0, -2.0, -0.2), t(0, 1, 1, 1, 1)
+    ref = q - t(9.0, 0.2, 0.0, -0.1, 0.3)  # k = q - ref = [., 0.2, 0.0, -0.1, 0.3]; mean over actions 0.1
+    new, mean_k = kl_penalty_advantages(adv, q, ref, mask, kl_coef=1.0)
+    assert mean_k.item() == pytest.approx(0.1)
+    torch.testing.assert_close(new, t(0.0, 0.9, 1.1, -0.8, -1.2))
+    same, _ = kl_penalty_advantages(adv, q, ref, mask, kl_coef=0.0)
+    assert torch.equal(same, adv)
+    with pytest.raises(ValueError, match="kl_coef must be >= 0"):
+        kl_penalty_advantages(adv, q, ref, mask, kl_coef=-1.0)
+
+
+def test_kl_in_the_reward_follows_the_reverse_kl_gradient():
+    # exact expectation over a categorical pi: E_pi[A'(x) * grad log pi(x)] with A' = -c * (k(x) - E k) equals
+    # -c * grad KL(pi || ref): the penalty in the reward pulls pi toward ref along the reverse KL
+    theta = THETA.clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    pi, ref = logp.exp().detach(), REF
+    adv, _ = kl_penalty_advantages(torch.zeros(5, dtype=F64), logp.detach(), ref.log(), torch.ones(5, dtype=F64), 1.0)
+    # kl_penalty_advantages centres by the plain mean over tokens; with pi-weights the centring is E_pi[k]
+    k = logp.detach() - ref.log()
+    adv_pi = -(k - (pi * k).sum())
+    (score_grad,) = torch.autograd.grad((pi * adv_pi * logp).sum(), theta)
+    logp2 = torch.log_softmax(theta, -1)
+    reverse_kl = (logp2.exp() * (logp2 - ref.log())).sum()
+    (kl_grad,) = torch.autograd.grad(reverse_kl, theta)
+    torch.testing.assert_close(score_grad, -kl_grad)
+    assert torch.allclose(adv - adv.mean(), adv_pi - adv_pi.mean())  # the same per-token penalty up to a constant
+
+
+def test_each_loss_keeps_its_own_clip_defaults():
+    assert loss_fn_defaults("ppo") == {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    assert loss_fn_defaults("cispo") == {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}
+    assert loss_fn_defaults("importance_sampling") == {}
 
 
 # ---------------------------------------------------------------- kl estimators on an exact distribution

@@ -42,3 +42,20 @@ def test_long_unicode_reply():
     assert grade("é∑😀" * 4000 + "\\boxed{5}", "5").reward == 1.0
     with pytest.raises(TypeError, match="str"):
         grade(None, "5")
+
+
+@pytest.mark.parametrize("reply", ["\\boxed{4_6}", "\\boxed{\u0664\u0666}", "\\boxed{\uff14\uff16}", "\\boxed{4 6}",
+                                   "\\boxed{46.0}", "\\boxed{+-46}"])
+def test_only_a_sign_and_ascii_digits_can_be_correct(reply):
+    # Python's int() reads "4_6", Arabic-Indic "٤٦" and full-width "４６" as 46; the old grade did too
+    assert grade(reply, "46").correct == 0.0
+    assert grade("\\boxed{+46}", "46").correct == 1.0 and grade("\\boxed{-7}", "-7").correct == 1.0
+
+
+def test_jsonl_answers_must_be_integers(tmp_path):
+    from edurl.llm.tasks import JsonlTask
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"question": "Capital of France?", "answer": "Paris"}\n')
+    with pytest.raises(ValueError, match=r"mine.jsonl:1: answer 'Paris' is not an integer"):
+        JsonlTask(path)

@@ -54,10 +54,10 @@ def test_greedy_is_argmax_and_reports_logprobs(small_model, char_tokenizer):
 
 def test_stop_sequences_end_completions(small_model, char_tokenizer):
     prompts = _prompts(char_tokenizer)
-    free = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1))
+    free = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1), eos_token_id=[])
     assert all(c.stop_reason == "length" and len(c.tokens) == 12 for c in free)
     stop_tok = free[0].tokens[2]  # a token we know gets sampled
-    out = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1, stop=[stop_tok]))
+    out = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1, stop=[stop_tok]), eos_token_id=[])
     stopped = [c for c in out if c.stop_reason == "stop"]
     assert stopped
     for c in out:
@@ -70,7 +70,7 @@ def test_stop_sequences_end_completions(small_model, char_tokenizer):
     assert out[0].tokens == free[0].tokens[: len(out[0].tokens)]
     # a two-token stop sequence
     pair = free[0].tokens[3:5]
-    two = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1, stop=[pair]))
+    two = sample(small_model, prompts, 8, SamplingParams(max_tokens=12, seed=1, stop=[pair]), eos_token_id=[])
     assert two[0].stop_reason == "stop" and two[0].tokens[-2:] == pair
 
 
@@ -119,3 +119,18 @@ def test_sampler_on_cuda(char_tokenizer):
     for c in out:
         ref = _recomputed(model, prompts[c.prompt_index], c.tokens, 0.8).cpu()
         assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
+def test_a_models_own_eos_ends_a_completion(small_model, char_tokenizer):
+    # a real chat model whose EOS is not the renderer's stop token: the old sampler ran on to max_tokens
+    import copy
+
+    prompts = _prompts(char_tokenizer)[:1]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    first = sample(small_model, prompts, 1, greedy, eos_token_id=[])[0].tokens[0]
+    model = copy.deepcopy(small_model)
+    model.generation_config.eos_token_id = first  # the model declares the token it emits first as its EOS
+    out = sample(model, prompts, 1, greedy)[0]
+    assert out.tokens == [first] and out.stop_reason == "stop"
+    assert len(sample(model, prompts, 1, greedy, eos_token_id=[])[0].tokens) == 8  # opting out
+    assert sample(small_model, prompts, 1, greedy, eos_token_id=first)[0].tokens == [first]
