@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup lab test unit notebooks clean-venv
+.PHONY: setup lab test unit notebooks gpu-check clean-venv
 
 setup: $(VENV)/.edurl-installed
 
@@ -41,6 +41,11 @@ unit: setup
 
 notebooks: setup
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope notebooks --nbval-lax --nbval-current-env
+
+# On a machine with an NVIDIA GPU: the CUDA tests, every notebook with EDURL_DEVICE=cuda, PPO env-steps/s and
+# LLM sampler/GRPO-step timings, in one table (gpu_check.json). Without a GPU it says so and exits 0.
+gpu-check: setup
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -116,6 +116,9 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
     only after the cell has run. A bar that redraws on every step of a long loop (a few messages per
     redraw) can pass that limit, and the harness then reports a timeout. Pass ``refresh=False`` to
     ``set_postfix`` so that it waits for the next redraw too.
+
+    Iterate it (``for step in progress(range(n))``), or count by hand as the classic-RL trainers do
+    (``bar = progress(total=total_steps)``, then ``bar.update(batch_size)`` per update).
     """
     from tqdm.auto import tqdm
 

@@ -106,3 +106,17 @@ def test_progress_bar_redraws_at_most_about_max_redraws_times():
     resumed = progress(range(900, 1000), total=1000, initial=900, file=io.StringIO())
     assert resumed.miniters == 1
     resumed.close()
+
+
+def test_progress_bar_counting_with_total_and_update_n():
+    # the classic-RL trainers' usage: no iterable, total= env steps, update(n) per batch, postfix without refresh
+    buf = io.StringIO()
+    bar = progress(total=64 * 1000, file=buf)
+    clock = itertools.count(bar.last_print_t, 2.0)
+    bar._time = lambda: next(clock)
+    for _ in range(1000):
+        bar.update(64)
+        bar.set_postfix(mean_return="20", refresh=False)
+    bar.close()
+    assert bar.n == 64 * 1000 and "mean_return=20" in buf.getvalue()  # the postfix shows on the next redraw
+    assert 90 <= buf.getvalue().count("\r") <= 110

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 import edurl
 from edurl.metrics import MetricsLogger
@@ -22,6 +21,7 @@ from edurl.rl.advantages import gae
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
+from edurl.utils import progress
 
 __all__ = ["A2CConfig", "train_a2c"]
 
@@ -72,7 +72,7 @@ def _train(config: A2CConfig) -> TrainResult:
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
     counter, env_steps = None, 0
-    bar = tqdm(total=config.total_steps, desc="A2C env steps", disable=not config.progress)
+    bar = progress(total=config.total_steps, desc="A2C env steps", disable=not config.progress)
     while env_steps < config.total_steps:
         ro, obs, counter = collect_rollout(envs, policy, obs, config.num_steps, device, counter)
         values = value(ro.obs)  # (T, N), with grad for the value loss
@@ -100,7 +100,7 @@ def _train(config: A2CConfig) -> TrainResult:
                                      "optim/value_loss": value_loss.item(), "optim/entropy": entropy.item(),
                                      "time/total": log.elapsed()})
         bar.update(config.num_steps * config.num_envs)
-        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}")
+        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
         if ro.episode_returns and log.should_stop():
             break
     bar.close()

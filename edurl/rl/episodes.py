@@ -36,7 +36,7 @@ class TrainerConfig:
     log_dir: str | None = None
     """If set, write metrics.jsonl there (overwriting a previous run)."""
     progress: bool = True
-    """Show a tqdm progress bar."""
+    """Show a progress bar (``edurl.utils.progress``: about 100 redraws at most, so notebooks stay responsive)."""
 
     def threads(self):
         """Context manager: ``num_threads`` torch threads while training on CPU (no change on a GPU)."""

@@ -11,8 +11,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
+from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
 
 from edurl.envs import TorchCartPole
@@ -81,7 +81,7 @@ def rollouts_from(policy, states: torch.Tensor, first_actions: torch.Tensor, hor
     """
     B = states.shape[0]
     env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9)
-    env.reset(seed=int(torch.randint(0, 2**31, (1,), generator=generator)))
+    env.reset(seed=int(torch.randint(0, 2**31, (1,), generator=generator, device=generator.device)))
     env.state = states.clone()
     obs = states.clone()
     out = {k: [] for k in ("obs", "next_obs", "rewards", "terminated")}
@@ -105,7 +105,7 @@ def _first_episode_returns(ro: dict, gamma: float) -> torch.Tensor:
     """Discounted return of the first episode in each column. (B,)"""
     H = ro["rewards"].shape[0]
     alive = torch.cumprod(torch.cat([torch.ones_like(ro["terminated"][:1]), ~ro["terminated"][:-1]]).float(), 0)
-    discounts = gamma ** torch.arange(H, dtype=ro["rewards"].dtype)[:, None]
+    discounts = gamma ** torch.arange(H, dtype=ro["rewards"].dtype, device=ro["rewards"].device)[:, None]
     return (ro["rewards"] * alive * discounts).sum(0)
 
 
@@ -128,7 +128,7 @@ def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         gen = torch.Generator().manual_seed(seed)
         per_state = []
-        for s, a in tqdm(list(zip(states, actions)), desc="states", disable=not progress):
+        for s, a in progress_bar(list(zip(states, actions)), desc="states", disable=not progress):
             s64 = s.to(torch.float64)
             q = _first_episode_returns(rollouts_from(policy, s64.expand(num_truth, 4), a.expand(num_truth), horizon, gen),
                                        gamma)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import gymnasium as gym
 import torch
-from tqdm.auto import tqdm
 
+from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
 
 from edurl.rl.networks import ValueNet
@@ -37,7 +37,8 @@ def bandit_gradient_samples(logits: torch.Tensor, means: torch.Tensor, stds: tor
     """
     probs = torch.softmax(logits.detach(), -1)
     actions = torch.multinomial(probs, num_samples, replacement=True, generator=generator)  # (S,)
-    rewards = means[actions] + stds[actions] * torch.randn(num_samples, generator=generator, dtype=means.dtype)
+    noise = torch.randn(num_samples, generator=generator, dtype=means.dtype, device=means.device)  # (S,)
+    rewards = means[actions] + stds[actions] * noise
     score = torch.nn.functional.one_hot(actions, len(probs)).to(probs.dtype) - probs  # (S, K)
     return score * (rewards - baseline)[:, None]
 
@@ -80,13 +81,14 @@ def gradient_variance(policy: torch.nn.Module, env_id: str, baselines: dict, *, 
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         envs = [gym.make(env_id) for _ in range(episodes_per_batch)]
         out = {name: [] for name in baselines}
-        for k in tqdm(range(num_batches), desc="gradient batches", disable=not progress):
+        for k in progress_bar(range(num_batches), desc="gradient batches", disable=not progress):
             batch = collect_episodes(envs, policy.act, device,
                                      seeds=[seed + k * episodes_per_batch + i for i in range(episodes_per_batch)])
             G = discounted_returns(batch.rewards, batch.dones, gamma)
             for name, baseline in baselines.items():
                 with torch.no_grad():
                     b = torch.zeros_like(G)
-                    b[batch.mask] = torch.as_tensor(baseline(batch.obs[batch.mask], G[batch.mask]), dtype=G.dtype)
+                    b[batch.mask] = torch.as_tensor(baseline(batch.obs[batch.mask], G[batch.mask]), dtype=G.dtype,
+                                                    device=G.device)
                 out[name].append(flat_policy_gradient(policy, batch, G - b))
         return {name: torch.stack(grads) for name, grads in out.items()}

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
 import edurl
 from edurl.metrics import MetricsLogger
@@ -26,6 +25,7 @@ from edurl.rl.advantages import gae
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
+from edurl.utils import progress
 
 __all__ = ["PPOConfig", "clipped_surrogate", "ppo_diagnostics", "train_ppo"]
 
@@ -140,7 +140,7 @@ def _train(config: PPOConfig) -> TrainResult:
     minibatch_size = batch_size // config.num_minibatches
     num_updates = max(1, config.total_steps // batch_size)
     counter, updates = None, []
-    bar = tqdm(total=num_updates * batch_size, desc="PPO env steps", disable=not config.progress)
+    bar = progress(total=num_updates * batch_size, desc="PPO env steps", disable=not config.progress)
     for update in range(num_updates):
         # detail: lr and clip_eps decay linearly to 0 over the budget
         frac = 1.0 - update / num_updates
@@ -204,7 +204,7 @@ def _train(config: PPOConfig) -> TrainResult:
             logger.log(env_steps, **{f"optim/{k}": v for k, v in row.items() if k != "step"},
                        **{"episodes": len(log), "time/total": log.elapsed()})
         bar.update(batch_size)
-        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", kl=f"{row['approx_kl_k3']:.4f}")
+        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", kl=f"{row['approx_kl_k3']:.4f}", refresh=False)
         if ro.episode_returns and log.should_stop():
             break
     bar.close()

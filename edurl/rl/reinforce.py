@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
-from tqdm.auto import tqdm
 
 import edurl
 from edurl.metrics import MetricsLogger
@@ -22,6 +21,7 @@ from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import collect_episodes
+from edurl.utils import progress
 
 __all__ = ["ReinforceConfig", "reinforce_loss", "train_reinforce"]
 
@@ -90,7 +90,7 @@ def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
     env_steps = 0
-    bar = tqdm(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
+    bar = progress(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
     while len(log) < config.max_episodes:
         # 1. Sample fresh episodes with the current policy.
         first_seed = config.seed * 1_000_003 + len(log)
@@ -122,7 +122,7 @@ def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
                                      "optim/policy_loss": loss.item(), "optim/entropy": dist.entropy().mean().item(),
                                      "time/total": log.elapsed()})
         bar.update(len(batch.lengths))
-        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}")
+        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
         if log.should_stop():
             break
     bar.close()

@@ -71,14 +71,14 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
         act_buf.append(step_act)
         rew_buf.append(step_rew)
     T = len(obs_buf)
-    t = torch.arange(T)[:, None]
-    lengths_t = torch.as_tensor(lengths)[None, :]
+    t = torch.arange(T, device=device)[:, None]
+    lengths_t = torch.as_tensor(lengths, device=device)[None, :]
     return EpisodeBatch(
         obs=torch.as_tensor(np.stack(obs_buf), device=device),
         actions=torch.as_tensor(np.stack(act_buf), device=device),
         rewards=torch.as_tensor(np.stack(rew_buf), device=device),
-        dones=(t == lengths_t - 1).to(device),
-        mask=(t < lengths_t).to(device),
+        dones=t == lengths_t - 1,
+        mask=t < lengths_t,
         terminated=torch.as_tensor(terminated_flags, device=device),
     )
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from edurl._checks import check_gamma, check_tensor
+from edurl.utils import progress as progress_bar
 
 __all__ = [
     "TabularMDP",
@@ -109,10 +109,11 @@ class TabularMDP:
                 "only gymnasium's toy-text envs (FrozenLake, CliffWalking, Taxi) publish one."
             )
         S, A = env.observation_space.n, env.action_space.n
-        P = torch.zeros(S, A, S, dtype=torch.float64)
-        R = torch.zeros(S, A, dtype=torch.float64)
-        ends = torch.zeros(S, dtype=torch.bool)
-        continues = torch.zeros(S, dtype=torch.bool)
+        # filled entry by entry from the env's Python table, so built on the host
+        P = torch.zeros(S, A, S, dtype=torch.float64, device="cpu")
+        R = torch.zeros(S, A, dtype=torch.float64, device="cpu")
+        ends = torch.zeros(S, dtype=torch.bool, device="cpu")
+        continues = torch.zeros(S, dtype=torch.bool, device="cpu")
         for s in range(S):
             for a in range(A):
                 for prob, s_next, reward, terminated in table[s][a]:
@@ -174,7 +175,7 @@ def policy_evaluation(policy: torch.Tensor, mdp: TabularMDP, gamma: float, *, to
     Raises ``RuntimeError`` if it has not converged after ``max_iters`` sweeps (with gamma = 1 that
     happens for a policy that can wander forever without reaching a terminal state).
     """
-    V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype)
+    V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype, device=mdp.P.device)
     deltas = []
     for _ in range(max_iters):
         V_new = bellman_backup(V, policy, mdp, gamma)
@@ -198,9 +199,10 @@ def solve_policy_values(policy: torch.Tensor, mdp: TabularMDP, gamma: float) -> 
     P_pi = torch.einsum("sa,sat->st", policy, mdp.P)  # (S, S)
     R_pi = (policy * mdp.R).sum(-1)  # (S,)
     live = (~mdp.terminal).to(P_pi.dtype)
-    A = torch.eye(mdp.num_states, dtype=P_pi.dtype) - gamma * P_pi * live[None, :]
+    eye = torch.eye(mdp.num_states, dtype=P_pi.dtype, device=P_pi.device)
+    A = eye - gamma * P_pi * live[None, :]
     b = R_pi * live
-    A[mdp.terminal] = torch.eye(mdp.num_states, dtype=P_pi.dtype)[mdp.terminal]  # rows "V(terminal) = 0"
+    A[mdp.terminal] = eye[mdp.terminal]  # rows "V(terminal) = 0"
     if torch.linalg.matrix_rank(A) < mdp.num_states:
         raise ValueError(
             "the Bellman system has no unique solution: with gamma = 1 some states never reach a terminal state "
@@ -217,7 +219,8 @@ def greedy_policy(Q: torch.Tensor) -> torch.Tensor:
 
 def uniform_policy(mdp: TabularMDP) -> torch.Tensor:
     """Every action equally likely in every state: (S, A) filled with 1/A."""
-    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=mdp.P.dtype)
+    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=mdp.P.dtype,
+                      device=mdp.P.device)
 
 
 def value_iteration(mdp: TabularMDP, gamma: float, *, tol: float = 1e-10,
@@ -226,7 +229,7 @@ def value_iteration(mdp: TabularMDP, gamma: float, *, tol: float = 1e-10,
 
     Returns V* (S,), the greedy policy for V* as one-hot (S, A), and the max change per sweep.
     """
-    V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype)
+    V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype, device=mdp.P.device)
     deltas = []
     for _ in range(max_iters):
         V_new = q_values(V, mdp, gamma).max(-1).values.masked_fill(mdp.terminal, 0.0)
@@ -251,7 +254,7 @@ def monte_carlo_value(env, policy: torch.Tensor, gamma: float, num_episodes: int
     rng = np.random.default_rng(seed)
     probs = policy.detach().cpu().numpy()
     returns = np.empty(num_episodes)
-    for i in tqdm(range(num_episodes), desc="Monte Carlo episodes", disable=not progress):
+    for i in progress_bar(range(num_episodes), desc="Monte Carlo episodes", disable=not progress):
         state, _ = env.reset(seed=seed + i)
         G, discount, done = 0.0, 1.0, False
         while not done:

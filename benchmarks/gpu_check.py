@@ -1,0 +1,299 @@
+"""``make gpu-check``: everything the course claims about a CUDA GPU, checked in one command (at most ~10 minutes).
+
+Four checks, each isolated (one that fails or crashes is reported, and the others still run):
+
+==============  =========================================================================================
+check           what it runs
+==============  =========================================================================================
+cuda-tests      ``pytest -m cuda tests``: the unit tests that need a GPU (skipped everywhere else)
+notebooks       every notebook under nbval with ``EDURL_DEVICE=cuda``
+ppo             PPO env steps/s with ``TorchCartPole`` (4096 envs on the GPU), after a warm-up update;
+                also the rollout alone. The aim on an H100 is >= 1M env steps/s.
+llm             on a randomly initialised model with Qwen2.5-0.5B's shapes, loaded with
+                ``load_policy(path, lora=16)`` (bf16 on CUDA): sampler tokens/s for 8 prompts x 8 samples
+                x 128 new tokens, and the time of one GRPO step (forward_backward + optim_step) on them
+==============  =========================================================================================
+
+It prints one table (check, result, seconds) and writes it to ``--out`` as JSON; the exit status is
+non-zero if any check failed. On a machine without an NVIDIA GPU it says so and exits 0, running nothing.
+``ppo_throughput`` and ``llm_throughput`` also run on the CPU at tiny sizes (the unit tests call them so).
+
+    python benchmarks/gpu_check.py                       # all four checks, table + gpu_check.json
+    python benchmarks/gpu_check.py --only ppo llm        # just the throughput figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKS = ("cuda-tests", "notebooks", "ppo", "llm")
+
+#: Qwen2.5-0.5B's shapes (its config.json), for a randomly initialised stand-in: there is no hub here
+QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
+                  rope_theta=1e6)
+
+
+def missing_gpu() -> str | None:
+    """Why this machine cannot run the checks (None when it can)."""
+    reasons = []
+    if not torch.cuda.is_available():
+        reasons.append("torch.cuda.is_available() is False")
+    if shutil.which("nvidia-smi") is None:
+        reasons.append("nvidia-smi not found")
+    return "; ".join(reasons) or None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------- pytest checks
+
+def junit_counts(path: Path) -> dict:
+    """Outcome counts of a pytest ``--junitxml`` report, and the outcome of each test file (or notebook)."""
+    counts, files = Counter(), {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped" and outcome == "passed":
+                outcome = "skipped"
+        counts[outcome] += 1
+        name = case.get("file") or case.get("classname") or "?"
+        if files.get(name) != "failed":
+            files[name] = "failed" if outcome == "failed" else files.get(name, outcome)
+    return {"passed": counts["passed"], "failed": counts["failed"], "skipped": counts["skipped"], "files": files}
+
+
+def run_pytest(args: list[str], timeout: float, env: dict | None = None) -> dict:
+    """``python -m pytest ARGS`` in a subprocess, with its exit status, outcome counts and output tail."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                                  timeout=timeout)
+            rc, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as err:
+            rc, output = None, f"timed out after {timeout:.0f} s\n{err.stdout or ''}"
+        counts = junit_counts(xml) if xml.exists() else {"passed": 0, "failed": 0, "skipped": 0, "files": {}}
+    return {"returncode": rc, **counts, "command": " ".join(cmd[1:]), "output_tail": output[-3000:]}
+
+
+def check_cuda_tests(timeout: float) -> tuple[bool, str, dict]:
+    r = run_pytest(["-m", "cuda", "tests"], timeout)
+    ok = r["returncode"] == 0 and r["passed"] > 0
+    return ok, f"{r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped", r
+
+
+def check_notebooks(timeout: float, workers: int) -> tuple[bool, str, dict]:
+    # loadscope keeps each notebook's cells on one worker, as `make notebooks` does
+    r = run_pytest(["--nbval-lax", "--nbval-current-env", "notebooks/", "-n", str(workers), "--dist", "loadscope"],
+                   timeout, env={"EDURL_DEVICE": "cuda"})
+    notebooks = r.pop("files")
+    # junit names a notebook's cells by its path with dots: notebooks.01_rl_fundamentals.ipynb
+    failed = sorted(name.removeprefix("notebooks.") for name, outcome in notebooks.items() if outcome == "failed")
+    r["notebooks"] = notebooks
+    ok = r["returncode"] == 0 and notebooks and not failed
+    result = f"{len(notebooks) - len(failed)}/{len(notebooks)} notebooks passed ({r['passed']} cells)"
+    if failed:
+        result += "; failed: " + ", ".join(failed)
+    if r["returncode"] is None:
+        result += f"; timed out after {timeout:.0f} s"
+    return bool(ok), result, r
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+
+def ppo_throughput(device: str = "cuda", num_envs: int = 4096, num_steps: int = 32, updates: int = 10,
+                   rollouts: int = 10) -> dict:
+    """PPO env steps per second with ``TorchCartPole`` on ``device``, and the rollout's alone.
+
+    PPO: ``train_ppo`` runs 1 + ``updates`` updates of ``num_envs * num_steps`` env steps (the course's
+    PPOConfig otherwise: 20 epochs over each batch); the rate is taken from the logged wall clock between
+    the end of the first update (the warm-up: allocations, kernel selection) and the end of the last.
+    Rollout: ``collect_rollout`` of a fresh policy, ``rollouts`` times after one warm-up rollout.
+    """
+    from edurl import load_metrics
+    from edurl.envs import TorchCartPole
+    from edurl.rl import CategoricalPolicy, PPOConfig, collect_rollout, train_ppo
+
+    dev = torch.device(device)
+    batch = num_envs * num_steps
+    with tempfile.TemporaryDirectory() as log_dir:
+        config = PPOConfig(env_backend="torch", num_envs=num_envs, num_steps=num_steps,
+                           total_steps=batch * (updates + 1), stop_when_solved=False, device=device,
+                           progress=False, log_dir=log_dir, seed=0)
+        train_ppo(config)
+        m = load_metrics(log_dir)
+    steps, seconds = m["step"].to_numpy(), m["time/total"].to_numpy()
+    ppo_rate = (steps[-1] - steps[0]) / (seconds[-1] - seconds[0])
+
+    env = TorchCartPole(num_envs, device=dev)
+    obs, _ = env.reset(seed=0)
+    policy = CategoricalPolicy(env.obs_dim, env.num_actions).to(dev)
+    ro, obs, counter = collect_rollout(env, policy, obs, num_steps, dev)  # warm-up
+    _sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(rollouts):
+        ro, obs, counter = collect_rollout(env, policy, obs, num_steps, dev, counter)
+    _sync(dev)
+    rollout_rate = rollouts * batch / (time.perf_counter() - t0)
+    return {"device": str(dev), "num_envs": num_envs, "num_steps": num_steps, "timed_updates": updates,
+            "ppo_env_steps_per_s": float(ppo_rate), "rollout_env_steps_per_s": float(rollout_rate)}
+
+
+def check_ppo(num_envs: int) -> tuple[bool, str, dict]:
+    r = ppo_throughput("cuda", num_envs=num_envs)
+    r["aim_env_steps_per_s"], r["meets_aim"] = 1e6, r["ppo_env_steps_per_s"] >= 1e6
+    return True, (f"{r['ppo_env_steps_per_s'] / 1e6:.2f}M env steps/s (rollout alone "
+                  f"{r['rollout_env_steps_per_s'] / 1e6:.2f}M/s), {num_envs} envs; aim >= 1M"), r
+
+
+def llm_throughput(device: str = "cuda", model_shapes: dict | None = None, num_prompts: int = 8, num_samples: int = 8,
+                   prompt_len: int = 64, max_tokens: int = 128, lora_rank: int = 16, seed: int = 0) -> dict:
+    """Sampler tokens/s and one LoRA GRPO step's seconds on a random model with ``model_shapes`` (Qwen2 config).
+
+    The model is saved to a temp folder and loaded back with ``load_policy(path, lora=lora_rank)``, the path
+    a real checkpoint takes (bf16 on CUDA, float32 on the CPU). Prompts are random token ids, sampled with no
+    stop sequence, so every completion has ``max_tokens`` tokens. The GRPO step is one ``forward_backward``
+    (importance-sampling loss, token-mean, group-centred random rewards) and one ``optim_step`` over all the
+    completions; it runs twice and the second, warm step is the one reported.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from edurl.llm.clients import AdamParams, TrainingClient
+    from edurl.llm.datum import build_datum
+    from edurl.llm.policy import load_policy
+    from edurl.llm.sampling import SamplingParams, sample
+    from edurl.llm.tokenizer import build_char_tokenizer
+
+    dev = torch.device(device)
+    shapes = {**QWEN25_05B, **(model_shapes or {})}
+    tokenizer = build_char_tokenizer()  # for its pad id and chat template; the token ids here are random
+    config = Qwen2Config(**shapes, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as path:
+        torch.manual_seed(seed)
+        with torch.device(dev):  # initialise on the GPU: half a billion weights are slow to draw on a CPU
+            base = Qwen2ForCausalLM(config)
+        if dev.type == "cuda":
+            base.to(torch.bfloat16)
+        base.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        del base
+        model, tokenizer = load_policy(path, lora=lora_rank, device=dev)
+    setup_seconds = time.perf_counter() - t0
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    low = len(tokenizer)  # ids past the tokenizer's: never its pad or stop tokens
+    prompts = torch.randint(low, shapes["vocab_size"], (num_prompts, prompt_len), generator=gen, device="cpu").tolist()
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed)
+    pad = tokenizer.pad_token_id
+    sample(model, prompts[:1], 1, SamplingParams(max_tokens=4, seed=seed), pad_token_id=pad)  # warm-up
+    _sync(dev)
+    t0 = time.perf_counter()
+    completions = sample(model, prompts, num_samples, params, pad_token_id=pad)
+    sample_seconds = time.perf_counter() - t0
+    num_tokens = sum(len(c.tokens) for c in completions)
+
+    rewards = torch.rand(num_prompts, num_samples, generator=gen, device="cpu")  # (P, G)
+    advantages = rewards - rewards.mean(1, keepdim=True)  # group-centred, as GRPO's
+    datums = [build_datum(prompts[c.prompt_index], c.tokens, c.logprobs, float(advantages.flatten()[i]))
+              for i, c in enumerate(completions)]
+    trainer = TrainingClient(model, tokenizer)
+    step_seconds = []
+    for _ in range(2):
+        _sync(dev)
+        t0 = time.perf_counter()
+        trainer.forward_backward(datums, "importance_sampling", aggregation="token_mean").result()
+        trainer.optim_step(AdamParams(learning_rate=1e-5)).result()
+        _sync(dev)
+        step_seconds.append(time.perf_counter() - t0)
+    return {"device": str(dev), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "lora_rank": lora_rank, "prompts": num_prompts, "samples_per_prompt": num_samples,
+            "prompt_tokens": prompt_len, "max_tokens": max_tokens, "sampled_tokens": num_tokens,
+            "sample_seconds": sample_seconds,
+            "sampler_tokens_per_s": num_tokens / sample_seconds, "grpo_step_seconds": step_seconds[-1],
+            "first_grpo_step_seconds": step_seconds[0], "setup_seconds": setup_seconds}
+
+
+def check_llm() -> tuple[bool, str, dict]:
+    r = llm_throughput("cuda")
+    return True, (f"sampler {r['sampler_tokens_per_s']:,.0f} tok/s; LoRA-{r['lora_rank']} {r['dtype']} GRPO step "
+                  f"{r['grpo_step_seconds']:.2f} s ({r['prompts']}x{r['samples_per_prompt']} seqs)"), r
+
+
+# ---------------------------------------------------------------------------------------------- the table
+
+def run_check(name: str, fn) -> dict:
+    """Run one check; an exception makes it a failed row, never the end of the run."""
+    t0 = time.perf_counter()
+    try:
+        ok, result, details = fn()
+    except Exception as err:  # noqa: BLE001 -- isolation is the point
+        ok, result, details = False, f"error: {type(err).__name__}: {err}", {"traceback": traceback.format_exc()}
+    row = {"check": name, "ok": bool(ok), "result": result, "seconds": round(time.perf_counter() - t0, 1),
+           "details": details}
+    print(f"  {name}: {'ok' if ok else 'FAILED'} -- {result} ({row['seconds']} s)", flush=True)
+    return row
+
+
+def format_table(rows: list[dict]) -> str:
+    width = max([len("check")] + [len(r["check"]) for r in rows])
+    lines = [f"{'check':{width}s}  {'':6s}  {'seconds':>7s}  result"]
+    for r in rows:
+        lines.append(f"{r['check']:{width}s}  {'ok' if r['ok'] else 'FAILED':6s}  {r['seconds']:7.1f}  {r['result']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="gpu_check.json", help="where to write the table as JSON")
+    ap.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS), help="run only these checks")
+    ap.add_argument("--workers", type=int, default=4, help="pytest-xdist workers for the notebooks")
+    ap.add_argument("--num-envs", type=int, default=4096, help="TorchCartPole envs for the PPO check")
+    ap.add_argument("--tests-timeout", type=float, default=150, help="seconds allowed for pytest -m cuda")
+    ap.add_argument("--notebooks-timeout", type=float, default=330, help="seconds allowed for the notebooks")
+    args = ap.parse_args(argv)
+
+    why = missing_gpu()
+    if why:
+        print(f"gpu-check: no NVIDIA GPU found ({why}); nothing run.")
+        return 0
+    checks = {"cuda-tests": lambda: check_cuda_tests(args.tests_timeout),
+              "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers),
+              "ppo": lambda: check_ppo(args.num_envs),
+              "llm": check_llm}
+    gpu = torch.cuda.get_device_name(0)
+    print(f"gpu-check on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda})", flush=True)
+    rows = [run_check(name, checks[name]) for name in CHECKS if name in args.only]
+    print("\n" + format_table(rows))
+    report = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "checks": rows,
+              "ok": all(r["ok"] for r in rows)}
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nwrote {args.out}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
