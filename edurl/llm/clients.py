@@ -430,9 +430,10 @@ class TrainingClient:
         if not any(q.grad is not None for q in params):
             raise RuntimeError("optim_step found no gradients; call forward_backward first")
         targets = self._optimized_parameters()
-        if targets is not params:  # fp32 master weights: hand them the gradients in fp32
-            for master, q in zip(targets, params):
-                master.grad = None if q.grad is None else q.grad.to(torch.float32)
+        master = self._master is not None
+        if master:  # fp32 master weights: hand them the gradients in fp32
+            for m, q in zip(targets, params):
+                m.grad = None if q.grad is None else q.grad.to(torch.float32)
         if self.optimizer is None:
             self.optimizer = torch.optim.AdamW(targets, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
                                                weight_decay=p.weight_decay)
@@ -445,10 +446,10 @@ class TrainingClient:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(q.grad) for q in grads]))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if targets is not params:
+        if master:
             with torch.no_grad():
-                for master, q in zip(targets, params):
-                    q.copy_(master)  # rounds to the stored dtype; the master keeps what rounding dropped
+                for m, q in zip(targets, params):
+                    q.copy_(m)  # rounds to the stored dtype; the master keeps what rounding dropped
                     q.grad = None
         return Future({"optim/grad_norm": float(norm), "optim/lr": p.learning_rate})
 

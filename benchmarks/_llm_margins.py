@@ -1,0 +1,182 @@
+"""The measured asserts of notebooks 06 and 07, as experiments for ``assert_margins.py``.
+
+Study seed k is the notebook's run with ``seed=k`` everywhere (the SFT warm start, the GRPO problems and
+samples) and every other fixed seed of a cell shifted by k * OFFSET, so k = 0 is the notebook's own run.
+``threads`` is the torch thread count of SFT and GRPO (the notebooks use 2, their configs' default).
+Each experiment trains or loads the SFT warm start of its seed from the cache (``EDURL_CACHE``), so the
+three experiments of one seed train it once.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+OFFSET = 1_000_000
+
+
+def _sft(seed: int, threads: int):
+    from edurl import llm
+
+    config = llm.SFTConfig(seed=seed, num_threads=threads)
+    model, tokenizer, _, _ = llm.load_or_train_sft(config, progress=False)
+    return config, model, tokenizer
+
+
+def sft_warm_start(seed: int, threads: int) -> dict:
+    """Notebook 06, cells 5-6 and 13-14: the SFT warm start's held-out score, and group diversity by temperature."""
+    from edurl import llm
+    from edurl.llm.temperature import group_diversity
+
+    config, model, tokenizer = _sft(seed, threads)
+    renderer, task, off = llm.ChatMLRenderer(tokenizer), config.task(), seed * OFFSET
+    ev = llm.evaluate(model, renderer, task.sample(200, split="test", seed=off))
+    by_t = group_diversity(model, renderer, task.sample(64, "test", seed=1 + off), [0.0, 0.3, 0.6, 1.0, 1.5],
+                           group_size=8, seed=off, progress=False).set_index("temperature")
+    steps = by_t["distinct_answers"].diff().dropna()
+    return {"sft_format": ev.format, "sft_pass_at_1": ev.pass_at_1,
+            "greedy_distinct": float(by_t.loc[0.0, "distinct_answers"]),
+            "greedy_frac_mixed": float(by_t.loc[0.0, "frac_mixed"]),
+            "distinct_min_step": float(steps.min()),
+            "frac_mixed_at_t1": float(by_t.loc[1.0, "frac_mixed"])}
+
+
+def _short_runs(seed: int, threads: int, runs: dict[str, dict]) -> dict:
+    """Notebook 07's ``short_run``: 20 GRPO steps from the SFT start, one per entry of ``runs``."""
+    from edurl.llm import SFTConfig
+    from edurl.llm.grpo import GRPOConfig, train_grpo
+
+    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+    base = dict(max_steps=20, eval_every=1000, num_eval=50, progress=False, seed=seed, num_threads=threads,
+                sft=SFTConfig(num_threads=threads))
+    return {name: train_grpo(GRPOConfig(**{**base, **o, "log_dir": str(root / name)})).metrics
+            for name, o in runs.items()}
+
+
+def grpo_short_runs(seed: int, threads: int) -> dict:
+    """Notebook 07, cells 11, 17 and 19: substeps and the clip, the KL penalty both ways, three mistakes."""
+    _sft(seed, threads)
+    m = _short_runs(seed, threads, {
+        "one": dict(loss_fn="ppo"),
+        "four": dict(loss_fn="ppo", num_substeps=4, learning_rate=1e-3),
+        "free": dict(learning_rate=1e-3, log_kl_ref=True),
+        "in_reward": dict(learning_rate=1e-3, kl_coef=1.0),
+        "in_loss": dict(learning_rate=1e-3, kl_coef=1.0, kl_penalty="loss"),
+        "stale": dict(learning_rate=1e-3, refresh_sampler=False),
+        "cold": dict(learning_rate=1e-3, temperature=0.2),
+    })
+    late = {k: m[k].iloc[5:].mean(numeric_only=True) for k in ("free", "stale", "cold")}  # the notebook's iloc[5:]
+    kl_free = m["free"]["optim/kl_ref"].mean()
+    return {"one_substep_clip_max": float(m["one"]["optim/clip_fraction"].max()),
+            "four_substeps_last_clip": float(m["four"]["optim/clip_fraction_last_substep"].mean()),
+            "kl_reward_over_free": float(m["in_reward"]["optim/kl_ref"].mean() / kl_free),
+            "kl_loss_over_free": float(m["in_loss"]["optim/kl_ref"].mean() / kl_free),
+            "stale_kl_v2_ratio": float(late["stale"]["optim/kl_sample_train_v2"]
+                                       / max(late["free"]["optim/kl_sample_train_v2"], 1e-9)),
+            "cold_minus_base_frac_mixed": float(late["cold"]["env/all/by_group/frac_mixed"]
+                                                - late["free"]["env/all/by_group/frac_mixed"])}
+
+
+def grpo_full(seed: int, threads: int) -> dict:
+    """Notebook 07, cells 21-24: GRPO with the defaults (300 steps), and its compute-matched SFT baseline."""
+    from edurl.llm import SFTConfig
+    from edurl.llm.grpo import GRPOConfig, continued_sft, train_grpo
+
+    _sft(seed, threads)
+    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+    config = GRPOConfig(log_dir=str(root / "grpo"), log_kl_ref=True, seed=seed, num_threads=threads,
+                        sft=SFTConfig(num_threads=threads), progress=False)
+    result = train_grpo(config)
+    baseline = continued_sft(replace(config, log_dir=str(root / "continued_sft"), log_kl_ref=False))
+    return {"grpo_gain": result.final.pass_at_1 - result.start.pass_at_1, "grpo_final_format": result.final.format,
+            "sft_minus_grpo": baseline.final.pass_at_1 - result.final.pass_at_1,
+            "grpo_start_pass_at_1": result.start.pass_at_1, "grpo_final_pass_at_1": result.final.pass_at_1}
+
+
+EXPERIMENTS = {
+    "sft_warm_start": (sft_warm_start, True),
+    "grpo_short_runs": (grpo_short_runs, True),
+    "grpo_full": (grpo_full, True),
+}
+
+
+def checks(Check) -> list:
+    """The asserts of notebooks 06 and 07, as ``Check`` rows of assert_margins.py."""
+    inf = math.inf
+    return [
+        Check("06", "assert sft_eval.format >= 0.9", "sft_warm_start", "sft_format", low=0.9, inclusive=True),
+        Check("06", "assert 0.15 <= sft_eval.pass_at_1 <= 0.6", "sft_warm_start", "sft_pass_at_1", 0.15, 0.6,
+              inclusive=True),
+        Check("06", 'assert by_t.loc[0.0, "distinct_answers"] == 1.0', "sft_warm_start", "greedy_distinct", 1.0, 1.0,
+              inclusive=True),
+        Check("06", 'by_t.loc[0.0, "frac_mixed"] == 0.0', "sft_warm_start", "greedy_frac_mixed", 0.0, 0.0,
+              inclusive=True),
+        Check("06", 'assert by_t["distinct_answers"].is_monotonic_increasing', "sft_warm_start",
+              "distinct_min_step", low=0, inclusive=True),
+        Check("06", 'assert by_t.loc[1.0, "frac_mixed"] > 0.3', "sft_warm_start", "frac_mixed_at_t1", low=0.3),
+        Check("07", 'assert (one["optim/clip_fraction"] == 0).all()', "grpo_short_runs", "one_substep_clip_max",
+              -inf, 0.0, inclusive=True),
+        Check("07", 'assert four["optim/clip_fraction_last_substep"].mean() > 0', "grpo_short_runs",
+              "four_substeps_last_clip", low=0),
+        Check("07", 'assert in_reward["optim/kl_ref"].mean() < free["optim/kl_ref"].mean()', "grpo_short_runs",
+              "kl_reward_over_free", high=1),
+        Check("07", 'assert in_loss["optim/kl_ref"].mean() < free["optim/kl_ref"].mean()', "grpo_short_runs",
+              "kl_loss_over_free", high=1),
+        Check("07", 'assert mistakes.loc["stale sampler", "optim/kl_sample_train_v2"] > 100', "grpo_short_runs",
+              "stale_kl_v2_ratio", low=100),
+        Check("07", 'assert mistakes.loc["temperature 0.2", "env/all/by_group/frac_mixed"] <', "grpo_short_runs",
+              "cold_minus_base_frac_mixed", high=0),
+        Check("07", "assert result.final.format >= 0.95", "grpo_full", "grpo_final_format", low=0.95, inclusive=True),
+        Check("07", "assert gain >= 0.30", "grpo_full", "grpo_gain", low=0.30, inclusive=True),
+        Check("07", "assert baseline.final.pass_at_1 > result.final.pass_at_1", "grpo_full", "sft_minus_grpo", low=0),
+    ]
+
+
+DETERMINISTIC = [  # (notebook, assert, why no study is needed)
+    ("06", "assert prompt == tokenizer.apply_chat_template(", "the renderer against the chat template"),
+    ("06", "assert abs(from_sampler - per_token.sum().item()) < 1e-4", "two computations of the same log-prob"),
+    ("06", 'assert table["reward"].tolist() == [1.0, 0.0, -0.1, 0.9]', "hand-written replies"),
+    ("06", "assert datum.model_input.length == len(prompt) + len(completion.tokens) - 1", "the datum layout"),
+    ("07", "assert torch.allclose(worked, torch.tensor([[0.375, -0.125, -0.625, 0.375]]))", "a worked example"),
+    ("07", 'assert out.metrics["optim/clip_fraction"] == 0.0', "on-policy: ratio 1 up to rounding"),
+    ("07", 'assert torch.all(grads["ppo", 1.0][above] == 0)', "autograd of closed forms"),
+    ("07", "assert close(weights.iloc[1, 0], 5 * weights.iloc[1, 1])", "autograd of closed forms"),
+    ("07", 'assert abs(est["k1"] - exact) < 1e-12', "exact expectations"),
+    ("07", "assert baseline.start.pass_at_1 == result.start.pass_at_1", "the same start and problems"),
+]
+
+
+def main() -> None:
+    """Run experiments over seeds in this process, appending one JSON line per run to ``--out``, so that
+    several processes (e.g. one per core) can share the work and a partial study keeps its runs."""
+    import argparse
+    import json
+    import os
+    import time
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--experiments", default=",".join(EXPERIMENTS))
+    parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="comma-separated study seeds")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--variant", default="threads=1", help="the name the rows carry")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for name in args.experiments.split(","):
+            try:  # a claim file per (experiment, seed, variant): processes sharing --out never run one twice
+                os.close(os.open(f"{args.out}.{name}.{seed}.{args.variant}.claim", os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            t0 = time.perf_counter()
+            stats = EXPERIMENTS[name][0](seed, args.threads)
+            row = {"experiment": name, "variant": args.variant, "seed": seed,
+                   "seconds": round(time.perf_counter() - t0, 2), **stats}
+            print(json.dumps(row), flush=True)
+            with open(args.out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
