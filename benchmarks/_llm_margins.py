@@ -131,10 +131,12 @@ def checks(Check) -> list:
         Check("07", 'assert mistakes.loc["temperature 0.2", "env/all/by_group/frac_mixed"] <', "grpo_short_runs",
               "cold_minus_base_frac_mixed", high=0),
         Check("07", "assert result.final.format >= 0.95", "grpo_full", "grpo_final_format", low=0.95, inclusive=True),
-        Check("07", "assert gain >= 0.30", "grpo_full", "grpo_gain", low=0.30, inclusive=True),
         Check("07", "assert baseline.final.pass_at_1 > result.final.pass_at_1", "grpo_full", "sft_minus_grpo", low=0),
     ]
 
+
+#: measured and printed by notebook 07 but no longer asserted: over 11 runs it ranged from -0.06 to +0.58 (grpo_gain)
+UNASSERTED = ["grpo_gain", "grpo_train_correct_rise"]
 
 DETERMINISTIC = [  # (notebook, assert, why no study is needed)
     ("06", "assert prompt == tokenizer.apply_chat_template(", "the renderer against the chat template"),
