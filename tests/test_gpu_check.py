@@ -40,9 +40,12 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_target_runs_the_script():
-    proc = subprocess.run(["make", "-n", "gpu-check"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    # run as CI does, from inside `make test`: drop the outer make's settings, which add "Entering directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "gpu-check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "benchmarks/gpu_check.py" in proc.stdout.splitlines()[-1]
+    assert any(line.endswith("benchmarks/gpu_check.py") for line in proc.stdout.splitlines()), proc.stdout
 
 
 def test_ppo_throughput_runs_on_the_cpu(gpu_check):
