@@ -90,6 +90,8 @@ def grpo_full(seed: int, threads: int) -> dict:
                         sft=SFTConfig(num_threads=threads), progress=False)
     result = train_grpo(config)
     baseline = continued_sft(replace(config, log_dir=str(root / "continued_sft"), log_kl_ref=False))
+    # grpo_gain and the training-correctness rise are recorded, not checked: notebook 07 prints them but no longer
+    # asserts one seed's gain (it ranged from -0.06 to +0.58 over the study's runs)
     correct = result.metrics["env/all/correct"]  # sampled at T = 1: 256 answers a step, far less noisy than 200 tests
     return {"grpo_gain": result.final.pass_at_1 - result.start.pass_at_1, "grpo_final_format": result.final.format,
             "grpo_train_correct_rise": float(correct.iloc[-50:].mean() - correct.iloc[:50].mean()),
@@ -134,9 +136,6 @@ def checks(Check) -> list:
         Check("07", "assert baseline.final.pass_at_1 > result.final.pass_at_1", "grpo_full", "sft_minus_grpo", low=0),
     ]
 
-
-#: measured and printed by notebook 07 but no longer asserted: over 11 runs it ranged from -0.06 to +0.58 (grpo_gain)
-UNASSERTED = ["grpo_gain", "grpo_train_correct_rise"]
 
 DETERMINISTIC = [  # (notebook, assert, why no study is needed)
     ("06", "assert prompt == tokenizer.apply_chat_template(", "the renderer against the chat template"),

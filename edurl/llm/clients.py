@@ -414,12 +414,15 @@ class TrainingClient:
         return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
 
     # ---------------------------------------------------------------- optimizer
+    def _stores_16_bit(self) -> bool:
+        return any(q.dtype in (torch.bfloat16, torch.float16) for q in self.trainable_parameters())
+
     def _optimized_parameters(self) -> list[torch.nn.Parameter]:
         """What Adam updates: the trainable weights, or fp32 master copies of them when they are stored in a
         16-bit float. In bf16, a weight near 0.03 moves only by steps of about 1e-4, so Adam's steps of about
         ``learning_rate`` (e.g. 4e-5) would round to no change at all; the master copy accumulates them."""
         params = self.trainable_parameters()
-        if self._master is None and any(q.dtype in (torch.bfloat16, torch.float16) for q in params):
+        if self._master is None and self._stores_16_bit():
             self._master = [torch.nn.Parameter(q.detach().to(torch.float32).clone()) for q in params]
         return self._master if self._master is not None else params
 
@@ -509,7 +512,7 @@ class TrainingClient:
             for k, v in state["weights"].items():
                 named[k].copy_(v)
         self._master = None
-        if any(q.dtype in (torch.bfloat16, torch.float16) for q in self.trainable_parameters()):
+        if self._stores_16_bit():
             # the saved fp32 master weights, not their rounded copies, carry on
             self._master = [torch.nn.Parameter(state["weights"][k].to(self.device, torch.float32).clone())
                             for k in self._trainable_names()]
