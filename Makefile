@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup lab test unit notebooks gpu-check clean-venv
+.PHONY: setup lab lint format test unit notebooks gpu-check clean-venv
 
 setup: $(VENV)/.edurl-installed
 
@@ -32,8 +32,17 @@ lab: setup
 	$(BIN)/python -m ipykernel install --user --name edurl --display-name "Python (edurl)"
 	$(BIN)/jupyter lab notebooks/
 
-# Unit tests and notebooks in one pytest run; --dist loadscope keeps each notebook's cells on one worker.
-test: setup
+# Lint and format checks (ruff, configured in pyproject.toml); `make format` rewrites the files instead.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# Lint, then unit tests and notebooks in one pytest run; --dist loadscope keeps each notebook's cells on one worker.
+test: setup lint
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope tests notebooks --nbval-lax --nbval-current-env
 
 unit: setup

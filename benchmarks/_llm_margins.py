@@ -82,7 +82,8 @@ def grpo_short_runs(seed: int, threads: int) -> dict:
 def grpo_full(seed: int, threads: int) -> dict:
     """Notebook 07, cells 21-24: GRPO with the defaults (300 steps), and its compute-matched SFT baseline."""
     from edurl.llm import SFTConfig
-    from edurl.llm.grpo import GRPOConfig, continued_sft, train_grpo
+    from edurl.llm.grpo import GRPOConfig, train_grpo
+    from edurl.llm.sft import continued_sft
 
     _sft(seed, threads)
     root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))

@@ -50,17 +50,21 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import _llm_margins  # benchmarks/ is on sys.path when this script runs
 import gymnasium as gym
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-import _llm_margins  # benchmarks/ is on sys.path when this script runs
 from edurl import rl
 from edurl.rl.gae_study import gae_bias_variance, sample_trajectory
-from edurl.rl.policy_gradient import (bandit_exact_gradient, bandit_gradient_samples, fit_value_baseline,
-                                      gradient_variance)
+from edurl.rl.policy_gradient import (
+    bandit_exact_gradient,
+    bandit_gradient_samples,
+    fit_value_baseline,
+    gradient_variance,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFSET = 1_000_000

@@ -40,7 +40,7 @@ def main():
                      train_reinforce, seeds)
     if args.single_episode:
         rows += run_edurl("edurl REINFORCE (1 ep/update)",
-                          lambda s: ReinforceConfig(seed=s, episodes_per_update=1, lr=0.002, progress=False),
+                          lambda s: ReinforceConfig(seed=s, episodes_per_update=1, learning_rate=0.002, progress=False),
                           train_reinforce, seeds)
     rows += run_edurl("edurl A2C + GAE", lambda s: A2CConfig(seed=s, progress=False, total_steps=1_000_000),
                       train_a2c, seeds)

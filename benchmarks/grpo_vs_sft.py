@@ -5,7 +5,7 @@ the same held-out problems:
 
 * **GRPO** is the recipe's default run (``edurl.llm.grpo.train_grpo``): 300 steps of 32 problems x 8 sampled
   completions, graded by the verifier only.
-* **continued SFT** (``edurl.llm.grpo.continued_sft``) keeps everything GRPO's training half uses (the same
+* **continued SFT** (``edurl.llm.sft.continued_sft``) keeps everything GRPO's training half uses (the same
   trainer, Adam at the same constant learning rate, 300 optimizer steps of 256 sequences, token-mean
   aggregation) but trains on fresh problems *with their right answers*, and samples nothing.
 
@@ -32,7 +32,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from edurl.llm.grpo import GRPOConfig, continued_sft, train_grpo  # noqa: E402
+from edurl.llm.grpo import GRPOConfig, train_grpo  # noqa: E402
+from edurl.llm.sft import continued_sft  # noqa: E402
 
 TARGET_GAIN = 0.30
 TARGET_SECONDS = 180

@@ -89,7 +89,7 @@ NUM_TEST = 200
 def edurl_config(seed: int, steps: int, lr: float, threads: int, log_dir: str) -> GRPOConfig:
     """edurl's side of the table in the module docstring."""
     return GRPOConfig(seed=seed, group_size=GROUP_SIZE, batch_size=BATCH_SIZE, max_steps=steps, learning_rate=lr,
-                      loss_fn="ppo", clip_low=1 - CLIP_EPS, clip_high=1 + CLIP_EPS, aggregation="token_mean",
+                      loss_fn="ppo", clip_low_threshold=1 - CLIP_EPS, clip_high_threshold=1 + CLIP_EPS, aggregation="token_mean",
                       advantage_scale="none", num_substeps=1, kl_coef=0.0, temperature=1.0, max_tokens=MAX_TOKENS,
                       num_eval=NUM_TEST, num_threads=threads, progress=False, log_dir=log_dir)
 
@@ -125,7 +125,7 @@ def run_edurl(config: GRPOConfig, test: list[llm.Problem]) -> dict:
     step_times, rewards = [], []
     for step in range(config.max_steps):
         t = time.perf_counter()
-        row = grpo_step(config, trainer, renderer, task, step, stop)
+        row, _ = grpo_step(config, trainer, renderer, task, step, stop)
         step_times.append(time.perf_counter() - t)
         rewards.append(row["env/all/reward/total"])
     total = setup + sum(step_times)

@@ -3,6 +3,7 @@ what was expected, what was given, and the fix, not deep inside a torch kernel."
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -47,3 +48,44 @@ def check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str)
         raise ValueError(f"{name_a} and {name_b} must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}.")
     if a.device != b.device:
         raise ValueError(f"{name_a} is on {a.device} but {name_b} is on {b.device}; move both to one device.")
+
+
+_RULES = {
+    "positive_int": ("a positive int", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "nonneg_int": ("an int >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "positive": ("a finite number > 0", lambda v: _real(v) and math.isfinite(v) and v > 0),
+    "nonneg": ("a finite number >= 0", lambda v: _real(v) and math.isfinite(v) and v >= 0),
+    "unit": ("a number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
+    "sizes": ("a non-empty tuple of positive ints", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
+              and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)),
+}
+
+
+def _real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def check_fields(config, *, optional: tuple[str, ...] = (), choices: dict[str, tuple] | None = None,
+                 **rules: tuple[str, ...]) -> None:
+    """Validate a config's fields at construction (call it from ``__post_init__``).
+
+    Each keyword of ``rules`` names a rule of ``_RULES`` (``positive_int``, ``nonneg_int``, ``positive``,
+    ``nonneg``, ``unit``, ``sizes``) and the fields it applies to; a field in ``optional`` may also be None.
+    ``choices`` maps a field to its allowed values. The first bad field raises a ValueError that names the
+    config, the field, what it must be and what it got, e.g.
+    ``PPOConfig.num_envs must be a positive int, got 0``.
+    """
+    cls = type(config).__name__
+    for rule, names in rules.items():
+        what, ok = _RULES[rule]
+        for name in names:
+            value = getattr(config, name)
+            if value is None and name in optional:
+                continue
+            if not ok(value):
+                none = " or None" if name in optional else ""
+                raise ValueError(f"{cls}.{name} must be {what}{none}, got {value!r}.")
+    for name, allowed in (choices or {}).items():
+        value = getattr(config, name)
+        if value not in allowed:
+            raise ValueError(f"{cls}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")

@@ -98,7 +98,7 @@ class MetricsLogger:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,14 +6,14 @@ values; the ``plot_*`` functions only draw what it returns.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
 
-__all__ = ["rolling_mean", "align_curves", "plot_learning_curves", "plot_value_grid"]
+__all__ = ["GRPO_PANELS", "align_curves", "plot_grpo_metrics", "plot_learning_curves", "plot_value_grid", "rolling_mean"]
 
 
 def rolling_mean(values, window: int) -> np.ndarray:
@@ -131,3 +131,39 @@ def plot_value_grid(V: torch.Tensor, mdp, *, policy: torch.Tensor | None = None,
     if title:
         ax.set_title(title)
     return ax
+
+
+#: the panels of :func:`plot_grpo_metrics`: (metric, title)
+GRPO_PANELS = (("env/all/correct", "train correct (sampled, T=1)"), ("test/pass_at_1", "held-out pass@1 (greedy)"),
+               ("env/all/format", "format"), ("optim/entropy", "entropy (nats / token)"),
+               ("env/all/by_group/frac_mixed", "frac_mixed (groups with signal)"),
+               ("optim/kl_sample_train_v2", "kl_sample_train_v2"))
+
+
+def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
+    """Learning curves of one or more GRPO (or continued-SFT) runs, Chapter 7: ``runs`` is a metrics DataFrame or ``{label: DataFrame}``.
+
+    Per-step training metrics are drawn as a rolling mean over ``smooth`` steps; evaluations as points.
+    """
+    if isinstance(runs, pd.DataFrame):
+        runs = {"": runs}
+    cols = 3
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.1 * rows), squeeze=False)
+    for ax, (key, title) in zip(axes.flat, panels):
+        for label, m in runs.items():
+            if key not in m:
+                continue
+            data = m[["step", key]].dropna()
+            if key.startswith("test/"):
+                ax.plot(data["step"], data[key], marker="o", label=label or None)
+            else:
+                ax.plot(data["step"], data[key].rolling(smooth, min_periods=1).mean(), label=label or None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("GRPO step")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if len(runs) > 1:
+        axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig

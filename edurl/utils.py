@@ -85,15 +85,20 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
 
 
 
+_pick_device = device  # torch_threads' own argument is called device
+
+
 @contextlib.contextmanager
-def torch_threads(num_threads: int | None):
+def torch_threads(num_threads: int | None, device: str | torch.device | None = "cpu"):
     """Run the block with ``torch.set_num_threads(num_threads)``, then restore the previous setting.
 
     The course's small MLPs run fastest on one CPU thread, and a fixed thread count makes CPU runs
     repeat exactly on machines with different core counts (floating-point sums depend on how the
-    work is split). ``None`` leaves torch's setting alone.
+    work is split). ``None`` leaves torch's setting alone, and so does a ``device`` that is not the CPU
+    (``device=None`` means :func:`device`'s pick): every trainer's config passes its ``num_threads`` and
+    ``device`` fields here.
     """
-    if num_threads is None:
+    if num_threads is None or (device != "cpu" and _pick_device(device).type != "cpu"):
         yield
         return
     if not isinstance(num_threads, int) or num_threads < 1:

@@ -26,9 +26,21 @@ from torch.overrides import TorchFunctionMode
 
 import edurl
 import edurl.rl.ppo
-from edurl.rl import (A2CConfig, CategoricalPolicy, PPOConfig, ReinforceConfig, ValueNet, monte_carlo_value,
-                      policy_evaluation, solve_policy_values, train_a2c, train_ppo, train_reinforce, uniform_policy,
-                      value_iteration)
+from edurl.rl import (
+    A2CConfig,
+    CategoricalPolicy,
+    PPOConfig,
+    ReinforceConfig,
+    ValueNet,
+    monte_carlo_value,
+    policy_evaluation,
+    solve_policy_values,
+    train_a2c,
+    train_ppo,
+    train_reinforce,
+    uniform_policy,
+    value_iteration,
+)
 from edurl.rl.gae_study import gae_bias_variance, sample_trajectory
 from edurl.rl.policy_gradient import bandit_gradient_samples, fit_value_baseline, gradient_variance
 from edurl.rl.tabular import TabularMDP
@@ -178,14 +190,15 @@ def test_sft_names_its_devices(tiny_llm):
 
 
 def test_grpo_and_its_baseline_name_their_devices(tiny_llm, tmp_path):
-    from edurl.llm.grpo import GRPOConfig, continued_sft, train_grpo
+    from edurl.llm.grpo import GRPOConfig, train_grpo
+    from edurl.llm.sft import continued_sft
 
     config = GRPOConfig(sft=tiny_llm, max_steps=2, batch_size=2, group_size=2, num_eval=2, max_tokens=6, eval_every=1,
                         num_threads=1, log_kl_ref=True, log_dir=str(tmp_path / "grpo"), device="cpu")
     assert_device_hygiene(lambda: train_grpo(config))  # trains the SFT warm start first, into EDURL_CACHE
     # the KL penalty in the reward (an extra reference pass) and in the loss, at a sampling temperature != 1
     for mode in ("reward", "loss"):
-        assert_device_hygiene(lambda: train_grpo(replace(config, kl_coef=0.5, kl_penalty=mode, temperature=0.7,
+        assert_device_hygiene(lambda mode=mode: train_grpo(replace(config, kl_coef=0.5, kl_penalty=mode, temperature=0.7,
                                                          log_dir=str(tmp_path / f"kl_{mode}"))))
     assert_device_hygiene(lambda: continued_sft(replace(config, log_dir=str(tmp_path / "continued_sft"))))
 

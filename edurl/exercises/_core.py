@@ -18,8 +18,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

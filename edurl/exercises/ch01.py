@@ -6,7 +6,8 @@ import torch
 
 from edurl.exercises._core import Case, Diagnosis, Verdict, run_checker
 from edurl.rl.returns import discounted_returns as _ref_returns
-from edurl.rl.tabular import TabularMDP, bellman_backup as _ref_backup
+from edurl.rl.tabular import TabularMDP
+from edurl.rl.tabular import bellman_backup as _ref_backup
 
 __all__ = ["check_discounted_returns", "check_bellman_backup"]
 

@@ -12,7 +12,7 @@ __all__ = ["check_reinforce_loss"]
 
 
 def _reference(logprobs, returns):
-    return _library_loss(logprobs, returns, normalize=True)
+    return _library_loss(logprobs, returns, normalize_advantages=True)
 
 
 def _no_minus(logprobs, returns):
@@ -20,7 +20,7 @@ def _no_minus(logprobs, returns):
 
 
 def _not_normalised(logprobs, returns):
-    return _library_loss(logprobs, returns, normalize=False)
+    return _library_loss(logprobs, returns, normalize_advantages=False)
 
 
 def _centred_only(logprobs, returns):

@@ -12,10 +12,10 @@ from edurl.exercises._core import (
     compare_outputs,
     run_checker,
 )
-from edurl.llm.datum import DATUM_FIELDS, Datum
+from edurl.llm.datum import DATUM_FIELDS, Datum, ModelInput
 from edurl.llm.datum import build_datum as _reference
 
-__all__ = ["check_build_datum"]
+__all__ = ["check_build_datum", "datum_shifted_by_prompt_length", "datum_with_unmasked_prompt"]
 
 _NAMES = ("model_input", *DATUM_FIELDS)
 
@@ -38,7 +38,8 @@ def _as_tuple(fn):
     return run
 
 
-def _shift_by_prompt_length(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+def datum_shifted_by_prompt_length(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+    """A realistic bug in ``build_datum``, public because Chapter 7's checker reuses it per completion."""
     # the classic off-by-one: len(prompt) zeros instead of len(prompt) - 1, and the last action dropped
     d = _reference(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
     f = d.loss_fn_inputs
@@ -51,7 +52,8 @@ def _targets_not_shifted(prompt_tokens, completion_tokens, sampling_logprobs, ad
     return Datum(d.model_input, {**d.loss_fn_inputs, "target_tokens": torch.tensor(d.model_input.to_ints())})
 
 
-def _unmasked_prompt(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+def datum_with_unmasked_prompt(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+    """A realistic bug in ``build_datum`` (the prompt gets the advantage), also reused by Chapter 7's checker."""
     d = _reference(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
     f = d.loss_fn_inputs
     return Datum(d.model_input, {**f, "advantages": torch.full_like(f["advantages"], float(advantage)),
@@ -61,7 +63,6 @@ def _unmasked_prompt(prompt_tokens, completion_tokens, sampling_logprobs, advant
 def _full_sequence_input(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
     tokens = list(prompt_tokens) + list(completion_tokens)
     n = len(prompt_tokens)
-    from edurl.llm.datum import ModelInput
     return Datum(ModelInput.from_ints(tokens), {
         "target_tokens": torch.tensor(tokens[1:] + [0]),
         "logprobs": torch.tensor([0.0] * n + list(sampling_logprobs)),
@@ -71,10 +72,10 @@ def _full_sequence_input(prompt_tokens, completion_tokens, sampling_logprobs, ad
 
 
 _DIAGNOSES = [
-    Diagnosis(_shift_by_prompt_length, "off by one: the first sampled token is predicted at position "
+    Diagnosis(datum_shifted_by_prompt_length, "off by one: the first sampled token is predicted at position "
                                        "len(prompt) - 1 (from the last prompt token), so the prompt contributes "
                                        "len(prompt) - 1 zeros, not len(prompt)."),
-    Diagnosis(_unmasked_prompt, "the prompt is not masked: prompt tokens were not sampled by the policy, so "
+    Diagnosis(datum_with_unmasked_prompt, "the prompt is not masked: prompt tokens were not sampled by the policy, so "
                                 "their advantage and mask must be 0."),
     Diagnosis(_targets_not_shifted, "target_tokens must be the input shifted left by one: tokens[1:], "
                                     "while model_input is tokens[:-1]."),

@@ -14,7 +14,7 @@ from edurl.exercises._core import (
     compare_tensors,
     run_checker,
 )
-from edurl.exercises.ch06 import _shift_by_prompt_length, _unmasked_prompt
+from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unmasked_prompt
 from edurl.llm.datum import DATUM_FIELDS, Datum
 from edurl.llm.datum import build_datum as _library_build_datum
 from edurl.llm.losses import group_advantages as _library_group_advantages
@@ -109,101 +109,101 @@ def check_group_advantages(fn, *, verbose: bool = True) -> Verdict:
 # ================================================================ 7.2 ppo_loss
 
 
-def _reference_ppo(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    return _library_ppo(logprobs, sampling_logprobs, advantages, clip_low, clip_high)
+def _reference_ppo(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    return _library_ppo(train_logprobs, sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold)
 
 
-def _ppo_max(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    return -torch.max(ratio * advantages, ratio.clamp(clip_low, clip_high) * advantages)
+def _ppo_max(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    return -torch.max(ratio * advantages, ratio.clamp(clip_low_threshold, clip_high_threshold) * advantages)
 
 
-def _ppo_no_minus(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    return -_reference_ppo(logprobs, sampling_logprobs, advantages, clip_low, clip_high)
+def _ppo_no_minus(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    return -_reference_ppo(train_logprobs, sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold)
 
 
-def _ppo_always_clipped(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    return -(torch.exp(logprobs - sampling_logprobs).clamp(clip_low, clip_high) * advantages)
+def _ppo_always_clipped(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    return -(torch.exp(train_logprobs - sampling_logprobs).clamp(clip_low_threshold, clip_high_threshold) * advantages)
 
 
-def _ppo_never_clipped(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    return -(torch.exp(logprobs - sampling_logprobs) * advantages)
+def _ppo_never_clipped(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    return -(torch.exp(train_logprobs - sampling_logprobs) * advantages)
 
 
-def _ppo_ratio_of_logprobs(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    ratio = logprobs / sampling_logprobs
-    return -torch.min(ratio * advantages, ratio.clamp(clip_low, clip_high) * advantages)
+def _ppo_ratio_of_logprobs(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    ratio = train_logprobs / sampling_logprobs
+    return -torch.min(ratio * advantages, ratio.clamp(clip_low_threshold, clip_high_threshold) * advantages)
 
 
-def _ppo_inverted_ratio(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    ratio = torch.exp(sampling_logprobs - logprobs)
-    return -torch.min(ratio * advantages, ratio.clamp(clip_low, clip_high) * advantages)
+def _ppo_inverted_ratio(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    ratio = torch.exp(sampling_logprobs - train_logprobs)
+    return -torch.min(ratio * advantages, ratio.clamp(clip_low_threshold, clip_high_threshold) * advantages)
 
 
-def _ppo_clip_advantage(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    return -torch.min(ratio * advantages, ratio * advantages.clamp(clip_low, clip_high))
+def _ppo_clip_advantage(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    return -torch.min(ratio * advantages, ratio * advantages.clamp(clip_low_threshold, clip_high_threshold))
 
 
-def _ppo_clip_product(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    return -torch.min(ratio * advantages, (ratio * advantages).clamp(clip_low, clip_high))
+def _ppo_clip_product(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    return -torch.min(ratio * advantages, (ratio * advantages).clamp(clip_low_threshold, clip_high_threshold))
 
 
-def _ppo_bounds_as_eps(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    return -torch.min(ratio * advantages, ratio.clamp(1 - clip_low, 1 + clip_high) * advantages)
+def _ppo_bounds_as_eps(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    return -torch.min(ratio * advantages, ratio.clamp(1 - clip_low_threshold, 1 + clip_high_threshold) * advantages)
 
 
-def _ppo_detached_ratio(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
-    return _reference_ppo(logprobs.detach(), sampling_logprobs, advantages, clip_low, clip_high)
+def _ppo_detached_ratio(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    return _reference_ppo(train_logprobs.detach(), sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold)
 
 
 _PPO_DIAGNOSES = [
     Diagnosis(_ppo_no_minus, "the sign is flipped. min(r*A, clip(r)*A) is an objective to *maximise*; optimisers "
                              "minimise, so the loss is its negative."),
-    Diagnosis(_ppo_detached_ratio, "the gradient is zero everywhere: the ratio was detached from logprobs "
+    Diagnosis(_ppo_detached_ratio, "the gradient is zero everywhere: the ratio was detached from train_logprobs "
                                    "(.detach(), .item(), torch.no_grad() or a NumPy round trip). The whole point of "
-                                   "r = exp(logprobs - sampling_logprobs) is that its gradient flows into logprobs."),
+                                   "r = exp(train_logprobs - sampling_logprobs) is that its gradient flows into train_logprobs."),
     Diagnosis(_ppo_max, "you took max() instead of min(). PPO is pessimistic: it keeps the *smaller* of r*A and "
                         "clip(r)*A, which removes the incentive to move r past the range in the direction A favours."),
     Diagnosis(_ppo_always_clipped, "you return -clip(r)*A without the min(), so the gradient is zero whenever r is "
-                                   "outside [clip_low, clip_high], on both sides. min(r*A, clip(r)*A) keeps the "
+                                   "outside [clip_low_threshold, clip_high_threshold], on both sides. min(r*A, clip(r)*A) keeps the "
                                    "unclipped term where it is smaller, so a move that undoes a bad step keeps its "
-                                   "gradient (A > 0 with r < clip_low, A < 0 with r > clip_high)."),
+                                   "gradient (A > 0 with r < clip_low_threshold, A < 0 with r > clip_high_threshold)."),
     Diagnosis(_ppo_never_clipped, "nothing is clipped: this is the plain importance-sampling loss -r*A. Take "
-                                  "-min(r*A, clamp(r, clip_low, clip_high)*A)."),
+                                  "-min(r*A, clamp(r, clip_low_threshold, clip_high_threshold)*A)."),
     Diagnosis(_ppo_ratio_of_logprobs, "the ratio is of probabilities, not log-probabilities: r = pi / pi_sampler = "
-                                      "exp(logprobs - sampling_logprobs), not logprobs / sampling_logprobs."),
-    Diagnosis(_ppo_inverted_ratio, "the ratio is upside down: r = pi / pi_sampler = exp(logprobs - sampling_logprobs)"
-                                   ", not exp(sampling_logprobs - logprobs)."),
-    Diagnosis(_ppo_clip_advantage, "you clipped the advantage. Clip the ratio: clamp(r, clip_low, clip_high) * A."),
+                                      "exp(train_logprobs - sampling_logprobs), not train_logprobs / sampling_logprobs."),
+    Diagnosis(_ppo_inverted_ratio, "the ratio is upside down: r = pi / pi_sampler = exp(train_logprobs - sampling_logprobs)"
+                                   ", not exp(sampling_logprobs - train_logprobs)."),
+    Diagnosis(_ppo_clip_advantage, "you clipped the advantage. Clip the ratio: clamp(r, clip_low_threshold, clip_high_threshold) * A."),
     Diagnosis(_ppo_clip_product, "you clipped the product r*A. Clip the ratio alone, then multiply: "
-                                 "clamp(r, clip_low, clip_high) * A."),
-    Diagnosis(_ppo_bounds_as_eps, "clip_low and clip_high bound the ratio itself (0.8 and 1.2 for PPO's eps = 0.2): "
-                                  "clamp(r, clip_low, clip_high), not clamp(r, 1 - clip_low, 1 + clip_high)."),
+                                 "clamp(r, clip_low_threshold, clip_high_threshold) * A."),
+    Diagnosis(_ppo_bounds_as_eps, "clip_low_threshold and clip_high_threshold bound the ratio itself (0.8 and 1.2 for PPO's eps = 0.2): "
+                                  "clamp(r, clip_low_threshold, clip_high_threshold), not clamp(r, 1 - clip_low_threshold, 1 + clip_high_threshold)."),
 ]
 
 
 def _per_token_loss_and_grad(fn):
-    """Run ``fn`` on a fresh leaf ``logprobs`` and return (per-token loss, d sum(loss) / d logprobs).
+    """Run ``fn`` on a fresh leaf ``train_logprobs`` and return (per-token loss, d sum(loss) / d train_logprobs).
 
     Each token's loss depends on its own log-prob only, so the gradient of the sum is the per-token gradient.
-    A loss with no graph back to ``logprobs`` gets a zero gradient, which the diagnoses can then name.
+    A loss with no graph back to ``train_logprobs`` gets a zero gradient, which the diagnoses can then name.
     """
 
-    def run(logprobs, sampling_logprobs, advantages, *clip_range):
-        logprobs = logprobs.detach().clone().requires_grad_(True)
-        loss = fn(logprobs, sampling_logprobs, advantages, *clip_range)
-        if isinstance(loss, torch.Tensor) and loss.shape != logprobs.shape:
+    def run(train_logprobs, sampling_logprobs, advantages, *clip_range):
+        train_logprobs = train_logprobs.detach().clone().requires_grad_(True)
+        loss = fn(train_logprobs, sampling_logprobs, advantages, *clip_range)
+        if isinstance(loss, torch.Tensor) and loss.shape != train_logprobs.shape:
             hint = " Do not reduce it (no .mean() or .sum()): aggregation over tokens comes later." \
                 if loss.numel() == 1 else ""
-            raise CheckFailure(f"expected the per-token loss, shape {tuple(logprobs.shape)} like logprobs, got shape "
+            raise CheckFailure(f"expected the per-token loss, shape {tuple(train_logprobs.shape)} like train_logprobs, got shape "
                                f"{tuple(loss.shape)}.{hint}")
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            return loss, torch.zeros_like(logprobs)
-        (grad,) = torch.autograd.grad(loss.sum(), logprobs, allow_unused=True)
-        return loss.detach(), torch.zeros_like(logprobs) if grad is None else grad
+            return loss, torch.zeros_like(train_logprobs)
+        (grad,) = torch.autograd.grad(loss.sum(), train_logprobs, allow_unused=True)
+        return loss.detach(), torch.zeros_like(train_logprobs) if grad is None else grad
 
     return run
 
@@ -217,38 +217,38 @@ def _ppo_cases() -> list[Case]:
     #                A = -0.5 -> loss 0.4 below (gradient 0), 0.5r inside and above (gradient 0.5r)
     cases = [
         Case("ratios 0.1 .. 3 with A = +2 (row 0) and A = -0.5 (row 1)", dict(
-            logprobs=q + ratios.log(), sampling_logprobs=q,
-            advantages=torch.tensor([[2.0] * 5, [-0.5] * 5]), clip_low=0.8, clip_high=1.2)),
+            train_logprobs=q + ratios.log(), sampling_logprobs=q,
+            advantages=torch.tensor([[2.0] * 5, [-0.5] * 5]), clip_low_threshold=0.8, clip_high_threshold=1.2)),
     ]
     q = -torch.rand(3, 6, generator=g) * 4
-    cases.append(Case("on-policy: logprobs == sampling_logprobs (r = 1)", dict(
-        logprobs=q.clone(), sampling_logprobs=q, advantages=torch.randn(3, 6, generator=g),
-        clip_low=0.8, clip_high=1.2)))
+    cases.append(Case("on-policy: train_logprobs == sampling_logprobs (r = 1)", dict(
+        train_logprobs=q.clone(), sampling_logprobs=q, advantages=torch.randn(3, 6, generator=g),
+        clip_low_threshold=0.8, clip_high_threshold=1.2)))
     q = -torch.rand(4, 16, generator=g) * 4
     cases.append(Case("4 x 16 tokens, default clip range (no clip arguments passed)", dict(
-        logprobs=q + torch.randn(4, 16, generator=g) * 0.3, sampling_logprobs=q,
+        train_logprobs=q + torch.randn(4, 16, generator=g) * 0.3, sampling_logprobs=q,
         advantages=torch.randn(4, 16, generator=g))))
     q = -torch.rand(8, 32, generator=g) * 4
     cases.append(Case("8 x 32 tokens, asymmetric range [0.8, 1.28] (DAPO's clip-higher)", dict(
-        logprobs=q + torch.randn(8, 32, generator=g) * 0.3, sampling_logprobs=q,
-        advantages=torch.randn(8, 1, generator=g).expand(8, 32).clone(), clip_low=0.8, clip_high=1.28)))
+        train_logprobs=q + torch.randn(8, 32, generator=g) * 0.3, sampling_logprobs=q,
+        advantages=torch.randn(8, 1, generator=g).expand(8, 32).clone(), clip_low_threshold=0.8, clip_high_threshold=1.28)))
     q = -torch.rand(2, 3, 10, generator=g, dtype=torch.float64) * 4
     cases.append(Case("(P, G, T) = (2, 3, 10) tokens in float64, range [0.9, 1.1]", dict(
-        logprobs=q + torch.randn(2, 3, 10, generator=g, dtype=torch.float64) * 0.2, sampling_logprobs=q,
+        train_logprobs=q + torch.randn(2, 3, 10, generator=g, dtype=torch.float64) * 0.2, sampling_logprobs=q,
         advantages=torch.randn(2, 3, 1, generator=g, dtype=torch.float64).expand(2, 3, 10).clone(),
-        clip_low=0.9, clip_high=1.1)))
+        clip_low_threshold=0.9, clip_high_threshold=1.1)))
     return cases
 
 
 def check_ppo_loss(fn, *, verbose: bool = True) -> Verdict:
-    """Check a learner's per-token ``ppo_loss(logprobs, sampling_logprobs, advantages, clip_low=0.8,
-    clip_high=1.2)``: its values and its gradient with respect to ``logprobs``."""
+    """Check a learner's per-token ``ppo_loss(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8,
+    clip_high_threshold=1.2)``: its values and its gradient with respect to ``train_logprobs``."""
     return run_checker("Exercise 7.2 ppo_loss", fn, _reference_ppo, _ppo_cases(), diagnoses=_PPO_DIAGNOSES,
                        wrap=_per_token_loss_and_grad,
-                       compare=compare_outputs(["per-token loss", "d loss / d logprobs"], rtol=1e-4, atol=1e-6),
+                       compare=compare_outputs(["per-token loss", "d loss / d train_logprobs"], rtol=1e-4, atol=1e-6),
                        verbose=verbose,
-                       default_hint="r = exp(logprobs - sampling_logprobs); loss = -min(r * A, clamp(r, clip_low, "
-                                    "clip_high) * A), one value per token, with the gradient flowing through r.")
+                       default_hint="r = exp(train_logprobs - sampling_logprobs); loss = -min(r * A, clamp(r, clip_low_threshold, "
+                                    "clip_high_threshold) * A), one value per token, with the gradient flowing through r.")
 
 
 # ================================================================ 7.3 build_datums
@@ -257,16 +257,16 @@ _FIELDS = ("model_input", *DATUM_FIELDS)
 
 
 def _reference_build_datums(prompt_tokens, completions, advantages):
-    return [_library_build_datum(prompt_tokens, tokens, logprobs, advantage)
-            for (tokens, logprobs), advantage in zip(completions, advantages)]
+    return [_library_build_datum(prompt_tokens, tokens, train_logprobs, advantage)
+            for (tokens, train_logprobs), advantage in zip(completions, advantages)]
 
 
 def _per_completion(build_one):
     """A group builder that applies a (buggy) one-completion builder to every completion."""
 
     def build(prompt_tokens, completions, advantages):
-        return [build_one(prompt_tokens, tokens, logprobs, advantage)
-                for (tokens, logprobs), advantage in zip(completions, advantages)]
+        return [build_one(prompt_tokens, tokens, train_logprobs, advantage)
+                for (tokens, train_logprobs), advantage in zip(completions, advantages)]
 
     return build
 
@@ -286,9 +286,9 @@ def _advantage_on_last_token(prompt_tokens, completions, advantages):
 
 
 _DATUMS_DIAGNOSES = [
-    Diagnosis(_per_completion(_unmasked_prompt), "the prompt is not masked: prompt tokens were not sampled by the "
+    Diagnosis(_per_completion(datum_with_unmasked_prompt), "the prompt is not masked: prompt tokens were not sampled by the "
                                                  "policy, so their advantage and mask must be 0."),
-    Diagnosis(_per_completion(_shift_by_prompt_length), "off by one: the first sampled token is predicted at "
+    Diagnosis(_per_completion(datum_shifted_by_prompt_length), "off by one: the first sampled token is predicted at "
                                                         "position len(prompt) - 1 (from the last prompt token), so the "
                                                         "prompt contributes len(prompt) - 1 zeros, not len(prompt)."),
     Diagnosis(_first_advantage_everywhere, "every completion got the same advantage (advantages[0]). Completion i "
@@ -370,7 +370,7 @@ def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
     return run_checker("Exercise 7.3 build_datums", fn, _reference_build_datums, _datums_cases(),
                        diagnoses=_DATUMS_DIAGNOSES, compare=_compare_datums, wrap=_datums_as_rows, verbose=verbose,
                        default_hint="for completion i: tokens = prompt + completion; model_input = tokens[:-1]; "
-                                    "target_tokens = tokens[1:]; logprobs, advantages and mask are 0 on the "
+                                    "target_tokens = tokens[1:]; train_logprobs, advantages and mask are 0 on the "
                                     "len(prompt) - 1 prompt targets, then the sampled log-probs, advantages[i], "
                                     "and 1.")
 

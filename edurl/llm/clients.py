@@ -17,12 +17,11 @@ What each call does here:
 
 * ``forward_backward`` pads the datums into one batch, computes ``log pi(target_tokens)`` at the
   sampling ``temperature`` (the sampler reports log-probs at its temperature, so scoring at the same one
-  makes the ratio exactly 1 on-policy), applies the per-token loss from :mod:`edurl.llm.losses`, sums it
-  over the mask (Tinker's convention; pass ``aggregation=`` for GRPO/DAPO/Dr. GRPO), optionally adds a KL
-  penalty to the reference policy as a loss term, and calls ``backward``. It returns the per-token
-  log-probs and diagnostics. Dropout is switched off for good when a client is made (as TRL's
-  ``disable_dropout`` does): with it on, the same weights would score the same tokens differently and the
-  ratio would not be 1 on-policy.
+  makes the ratio exactly 1 on-policy; :mod:`edurl.llm.shared_prefix` runs a prompt shared by a group once),
+  then hands them to :func:`edurl.llm.losses.rl_objective`, which holds the whole objective (per-token loss,
+  aggregation, KL term, diagnostics), and calls ``backward``. It returns the per-token log-probs and the
+  diagnostics. Dropout is switched off for good when a client is made (as TRL's ``disable_dropout`` does):
+  with it on, the same weights would score the same tokens differently and the ratio would not be 1 on-policy.
 * ``optim_step`` runs one Adam step on the accumulated gradients and zeroes them. Weights stored in
   bf16 or fp16 get fp32 master copies that the optimizer updates (small steps would round away in bf16).
 * ``save_weights_and_get_sampling_client`` snapshots the current weights into a
@@ -42,12 +41,14 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from . import losses as L
-from .datum import Datum, ModelInput
-from .policy import LoraSettings, load_policy, wrap_lora
-from .sampling import SamplingParams, _left_pad, sample
+from edurl.llm import losses as L
+from edurl.llm.datum import Datum, ModelInput
+from edurl.llm.padding import pad
+from edurl.llm.policy import LoraSettings, load_policy, wrap_lora
+from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.shared_prefix import token_logprobs
 
 T = TypeVar("T")
 
@@ -189,20 +190,6 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / temperature) in fp32; temperature 0 (greedy) scores at 1, as the sampler reports."""
-    logits = logits.float()
-    if temperature not in (0, 1):
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1)
-
-
-@torch.no_grad()
-def _entropy(logp: torch.Tensor) -> torch.Tensor:
-    """Entropy of each distribution over the last axis, from its log-probs (a diagnostic: no gradient)."""
-    return -(logp.exp() * logp).sum(-1)
-
-
 class TrainingClient:
     """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
 
@@ -216,7 +203,7 @@ class TrainingClient:
         self._master: list[torch.nn.Parameter] | None = None  # fp32 copies of bf16/fp16 weights (optim_step)
         self.device = next(model.parameters()).device
         self.share_prompts = True
-        """Run a prompt shared by several datums once (see ``_logprobs``); False: one pass over whole rows."""
+        """Run a prompt shared by several datums once (:mod:`edurl.llm.shared_prefix`); False: score whole rows."""
 
     # ---------------------------------------------------------------- properties
     @property
@@ -228,26 +215,20 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- forward / backward
     def _batch(self, datums: Sequence[Datum]):
-        B, T = len(datums), max(d.model_input.length for d in datums)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((B, T), pad, dtype=torch.long, device="cpu")
-        attn = torch.zeros((B, T), dtype=torch.long, device="cpu")
-        fields: dict[str, torch.Tensor] = {}
-        for key in datums[0].loss_fn_inputs:
-            dtype = torch.long if key == "target_tokens" else torch.float32
-            fields[key] = torch.zeros((B, T), dtype=dtype, device="cpu")
+        """Right-padded (B, T) input ids, attention mask and one (B, T) tensor per ``loss_fn_inputs`` field."""
+        keys = list(datums[0].loss_fn_inputs)
         for i, d in enumerate(datums):
-            n = d.model_input.length
-            ids[i, :n] = torch.tensor(d.model_input.tokens, device="cpu")
-            attn[i, :n] = 1
-            for key, value in d.loss_fn_inputs.items():
-                if key not in fields:
-                    raise ValueError(f"datums[{i}] has loss_fn_inputs key {key!r} that datums[0] lacks; "
-                                     "give every datum in a batch the same fields")
-                fields[key][i, :n] = value
-        return ids.to(self.device), attn.to(self.device), {k: v.to(self.device) for k, v in fields.items()}
+            extra = [k for k in d.loss_fn_inputs if k not in keys]
+            if extra:
+                raise ValueError(f"datums[{i}] has loss_fn_inputs key {extra[0]!r} that datums[0] lacks; "
+                                 "give every datum in a batch the same fields")
+        ids, attn = pad([d.model_input.tokens for d in datums], self.tokenizer.pad_token_id or 0, device=self.device)
+        fields = {key: pad([d.loss_fn_inputs[key] for d in datums], 0,
+                           dtype=torch.long if key == "target_tokens" else torch.float32, device=self.device)[0]
+                  for key in keys}
+        return ids, attn, fields
 
-    def _run(self, reference: bool, **inputs):
+    def _forward(self, reference: bool, **inputs):
         """The policy's forward pass, or the reference policy's (a frozen copy, or the LoRA adapter switched off)."""
         if not reference:
             return self.model(**inputs)
@@ -258,75 +239,16 @@ class TrainingClient:
                 return self.model(**inputs)
         raise ValueError("this training client has no reference model; create it with keep_reference=True")
 
-    def _whole_rows_logprobs(self, ids, attn, targets, with_entropy: bool, reference: bool, temperature: float):
-        logp = _scaled_log_softmax(self._run(reference, input_ids=ids, attention_mask=attn).logits, temperature)
-        lp = logp.gather(-1, targets[..., None]).squeeze(-1)
-        return lp, _entropy(logp) if with_entropy else None
-
-    def _logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False,
-                  temperature: float = 1.0):
-        """``log pi(targets)`` at every position, (B, T), and the policy's entropy there (or None), both of the
-        distribution at ``temperature`` (the one the sampler drew from).
-
-        Completions sampled as a group share their prompt: every token before a row's first ``mask``
-        position. When at most half the rows have distinct prompts (and ``share_prompts`` is on), each
-        prompt runs once and its KV cache is copied to its completions. GRPO's 8 samples per prompt then
-        cost one prompt and eight completions instead of eight whole sequences, and the gradient still
-        flows into the prompt's keys and values. Positions after a row's end hold 0. With gradient
-        checkpointing on (which drops the KV cache while training), every row runs whole.
-        """
-        # gradient checkpointing drops the KV cache in training mode, so it rules out sharing
+    def _train_logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False,
+                        temperature: float = 1.0):
+        """:func:`edurl.llm.shared_prefix.token_logprobs` with this client's model: (B, T) log-probs and entropy
+        (or None). Gradient checkpointing (which drops the KV cache while training) scores every row whole."""
         checkpointing = self.model.training and any(getattr(m, "gradient_checkpointing", False)
                                                     for m in self.model.modules())
-        if not self.share_prompts or checkpointing:
-            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference, temperature)
-        B, T = ids.shape
-        lengths = attn.sum(1)
-        has_loss = mask.bool().any(1)
-        first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
-        prompts: dict[tuple[int, ...], int] = {}
-        rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
-        if 2 * len(prompts) > B:  # too few repeats to pay for two passes
-            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference, temperature)
-        dev = ids.device
-        u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
-        # ---- each distinct prompt once, left-padded so that all of them end in the last column
-        pids, pmask = _left_pad([list(p) for p in prompts], self.tokenizer.pad_token_id or 0, dev)  # (U, Lp)
-        U, Lp = pids.shape
-        ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        logp_p = _scaled_log_softmax(self._run(reference, input_ids=pids, attention_mask=pmask, position_ids=ppos,
-                                               past_key_values=cache, use_cache=True).logits, temperature)
-        if cache.get_seq_length() != Lp:  # a model that ignored the cache: fall back rather than drop the prompt
-            return self._whole_rows_logprobs(ids, attn, targets, with_entropy, reference, temperature)
-        V = logp_p.shape[-1]
-        col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
-        f = first[:, None]
-        # position c <= f of row i is prompt column Lp - 1 - f + c of prompt u_i
-        in_prompt = col <= f
-        pcol = (Lp - 1 - f + col).clamp(0, Lp - 1)
-        lp = torch.where(in_prompt, logp_p.flatten()[(u[:, None] * Lp + pcol) * V + targets], 0.0)
-        ent = None
-        if with_entropy:
-            ent = torch.where(in_prompt, _entropy(logp_p).flatten()[u[:, None] * Lp + pcol], 0.0)
-        # ---- every completion (the rest of its row) reads its prompt's cache
-        rest = lengths - first - 1  # (B,)
-        Lr = int(rest.max())
-        if Lr > 0:
-            j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
-            rmask = (j < rest[:, None]).long()
-            rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
-            cache.reorder_cache(u)  # copies rows: a differentiable index_select
-            out = self._run(reference, input_ids=rids, attention_mask=torch.cat([pmask[u], rmask], 1),
-                            position_ids=ppos[u, -1:] + 1 + j, past_key_values=cache, use_cache=True)
-            logp_r = _scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
-            in_rest = (col > f) & (col < lengths[:, None])
-            rcol = (col - f - 1).clamp(0, Lr - 1)
-            ridx = torch.arange(B, device=dev)[:, None] * Lr + rcol
-            lp = torch.where(in_rest, logp_r.flatten()[ridx * V + targets], lp)
-            if with_entropy:
-                ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
-        return lp, ent
+        return token_logprobs(lambda **inputs: self._forward(reference, **inputs), ids, attn, targets, mask,
+                              temperature=temperature, with_entropy=with_entropy,
+                              share_prompts=self.share_prompts and not checkpointing,
+                              pad_token_id=self.tokenizer.pad_token_id or 0, model_config=self.model.config)
 
     def _mask(self, datums: Sequence[Datum], fields: dict[str, torch.Tensor], rl: bool) -> torch.Tensor:
         """The (B, T) positions the loss covers: RL datums say so in ``mask``; SFT datums by ``weights != 0``."""
@@ -347,29 +269,30 @@ class TrainingClient:
         ids, attn, f = self._batch(datums)
         mask = f["mask"] if "mask" in f else attn.float()
         with torch.no_grad():
-            lp, _ = self._logprobs(ids, attn, f["target_tokens"], mask, reference=reference, temperature=temperature)
+            lp, _ = self._train_logprobs(ids, attn, f["target_tokens"], mask, reference=reference,
+                                         temperature=temperature)
         return [lp[i, :d.model_input.length].cpu() for i, d in enumerate(datums)]
 
     def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, *,
                          aggregation: str = "sum", max_tokens: int | None = None, temperature: float = 1.0,
                          kl_coef: float = 0.0, kl_estimator: str = "k3",
-                         clip_range: tuple[float, float] | None = None,
                          log_kl_ref: bool = False) -> Future[ForwardBackwardOutput]:
-        """Accumulate the gradient of ``aggregate(loss_fn(...), mask, aggregation) + kl_coef * KL`` over ``datums``.
+        """Accumulate the gradient of :func:`edurl.llm.losses.rl_objective` over ``datums``: batch them, compute
+        the training log-probs, call the objective, ``backward``.
 
         ``loss_fn`` is one of :data:`LOSS_FN_NAMES`; ``loss_fn_config`` holds its keyword arguments (e.g.
         ``{"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}`` for ``"ppo"``, ``{"beta": 0.1}`` for
-        ``"dro"``); a key left out takes the loss's own default. RL losses read ``target_tokens``, ``logprobs``,
+        ``"dro"``); a key left out takes the loss's own default, and the clip range also sets which ratios count
+        toward ``optim/clip_fraction``. RL losses read ``target_tokens``, ``logprobs`` (the sampler's),
         ``advantages`` and ``mask`` from every datum (:func:`edurl.llm.build_datum` writes all four);
         ``cross_entropy`` reads ``target_tokens`` and ``weights``. ``max_tokens`` is the generation budget that
         ``aggregation="seq_mean_token_sum_norm"`` (Dr. GRPO) divides by. ``temperature`` is the sampler's: the
         training log-probs are those of ``softmax(logits / temperature)``, so on-policy the ratio is exactly 1.
         ``kl_coef > 0`` adds a KL penalty to the reference policy *to the loss* (TRL's way; its gradient depends
         on ``kl_estimator``, see :func:`edurl.llm.losses.kl`); Tinker's way puts it into the advantages
-        (:func:`edurl.llm.losses.kl_penalty_advantages`, ``GRPOConfig.kl_penalty="reward"``). ``clip_range``
-        only sets which ratios count toward ``optim/clip_fraction`` (default: the loss's clip range for ``ppo``
-        and ``cispo``, else [0.8, 1.2]). ``log_kl_ref`` adds ``optim/kl_ref`` (k3 against the reference policy)
-        to the metrics at the cost of one more forward pass.
+        (:func:`edurl.llm.losses.kl_penalty_advantages`, ``GRPOConfig.kl_penalty="reward"``). ``log_kl_ref``
+        adds ``optim/kl_ref`` (k3 against the reference policy) to the metrics at the cost of one more forward
+        pass.
         """
         if loss_fn not in LOSS_FN_NAMES:
             raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
@@ -378,36 +301,30 @@ class TrainingClient:
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (the sampler's; 0 = greedy scores at 1), got {temperature!r}")
         rl = loss_fn != "cross_entropy"
+        if not rl and (kl_coef > 0 or log_kl_ref):
+            raise ValueError("kl_coef and log_kl_ref apply to the RL losses; cross_entropy (SFT) has no KL term. "
+                             "Pass kl_coef=0 and log_kl_ref=False.")
         _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
-        config = dict(loss_fn_config or {})
-        if clip_range is None:
-            defaults = {**L.loss_fn_defaults(loss_fn), **config} if loss_fn in ("ppo", "cispo") else {}
-            clip_range = (defaults.get("clip_low_threshold", 0.8), defaults.get("clip_high_threshold", 1.2))
         self.model.train()  # dropout was switched off when the client was made; train() only matters for e.g. checkpointing
         ids, attn, f = self._batch(datums)
         mask = self._mask(datums, f, rl)
-        lp, entropy = self._logprobs(ids, attn, f["target_tokens"], mask, with_entropy=True, temperature=temperature)
-        metrics: dict[str, float] = {}
-        n_tok = mask.sum().clamp(min=1)
-        metrics["optim/entropy"] = float((entropy * mask).sum() / n_tok)
+        train_logprobs, entropy = self._train_logprobs(ids, attn, f["target_tokens"], mask, with_entropy=True,
+                                                       temperature=temperature)
         if rl:
-            per_token = L.get_loss_fn(loss_fn)(lp, f["logprobs"], f["advantages"], **config)
-            diff = (f["logprobs"] - lp.detach()) * mask  # sampling - training, on action tokens
-            metrics["optim/kl_sample_train_v1"] = float(diff.sum() / n_tok)
-            metrics["optim/kl_sample_train_v2"] = float(0.5 * (diff**2).sum() / n_tok)
-            metrics["optim/clip_fraction"] = float(L.clip_fraction(lp.detach(), f["logprobs"], mask, *clip_range))
+            ref_logprobs = None
+            if kl_coef > 0 or log_kl_ref:
+                with torch.no_grad():
+                    ref_logprobs, _ = self._train_logprobs(ids, attn, f["target_tokens"], mask, reference=True,
+                                                           temperature=temperature)
+            loss, metrics = L.rl_objective(train_logprobs, f["logprobs"], f["advantages"], mask, loss_fn=loss_fn,
+                                           loss_fn_config=loss_fn_config, aggregation=aggregation,
+                                           max_tokens=max_tokens, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
+                                           kl_estimator=kl_estimator, entropy=entropy)
         else:
-            per_token = -lp * f["weights"]
-        loss = L.aggregate(per_token, mask, aggregation, max_tokens=max_tokens)
-        if kl_coef > 0 or log_kl_ref:
-            with torch.no_grad():
-                ref, _ = self._logprobs(ids, attn, f["target_tokens"], mask, reference=True, temperature=temperature)
-            kl_tok = L.kl(lp, ref, kl_estimator)
-            metrics["optim/kl_ref"] = float((L.kl(lp.detach(), ref, "k3") * mask).sum() / n_tok)
-            if kl_coef > 0:
-                loss = loss + kl_coef * L.aggregate(kl_tok, mask, aggregation, max_tokens=max_tokens)
+            loss, metrics = L.supervised_objective(train_logprobs, f["weights"], mask, aggregation=aggregation,
+                                                   max_tokens=max_tokens, entropy=entropy)
         loss.backward()
-        outputs = [{"logprobs": lp[i, :d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
+        outputs = [{"logprobs": train_logprobs[i, :d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
         return Future(ForwardBackwardOutput(loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics))
 
     async def forward_backward_async(self, datums, loss_fn, loss_fn_config=None, **kwargs):

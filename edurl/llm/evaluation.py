@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .renderer import ChatMLRenderer
-from .rewards import grade
-from .sampling import SamplingParams, sample
-from .tasks import Problem
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.rewards import grade
+from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.tasks import Problem
 
 
 @dataclass

@@ -10,6 +10,10 @@ One iteration is the seven steps of the reference loop::
     6. forward_backward(datums, loss_fn) then optim_step, num_substeps times over slices of the batch
     7. log the metrics; every eval_every steps, greedy pass@1 on held-out problems
 
+The file reads top to bottom: :class:`GRPOConfig`, then :func:`grpo_step` (one iteration, which calls
+:func:`edurl.llm.losses.rl_objective` through ``forward_backward``), then :func:`train_grpo` (the loop), then
+helpers. The loop itself (resume, evaluation, logging, checkpoints) is :mod:`edurl.llm.loop`.
+
 ``train_grpo`` resumes from the newest checkpoint in ``log_dir`` when ``resume=True``; problems and
 sampling seeds are functions of (seed, step), and a checkpoint holds everything else the loop carries
 (weights, Adam's moments, and the stale sampler when ``refresh_sampler=False``), so on a CPU a resumed
@@ -22,25 +26,20 @@ adds it to the loss instead, as TRL does.
 
 from __future__ import annotations
 
-import json
+import math
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import pandas as pd
 import torch
 
-from ..metrics import MetricsLogger, load_metrics, truncate_metrics
-from ..utils import device as pick_device
-from ..utils import progress, torch_threads
-from . import losses as L
-from .clients import AdamParams, ServiceClient, TrainingClient
-from .datum import Datum, build_datum, build_supervised_datum
-from .evaluation import EvalResult, evaluate
-from .renderer import ChatMLRenderer
-from .rewards import grade
-from .sampling import SamplingParams
-from .sft import SFTConfig, demonstration_example, load_or_train_sft
+from edurl.llm import losses as L
+from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
+from edurl.llm.datum import Datum, build_datum
+from edurl.llm.loop import GRPOResult, make_training_client, problem_seed, run_training_loop, substeps
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.rewards import grade
+from edurl.llm.sampling import SamplingParams
+from edurl.llm.sft import SFTConfig
 
 
 @dataclass
@@ -63,10 +62,11 @@ class GRPOConfig:
     """Adam learning rate (constant)."""
     loss_fn: str = "importance_sampling"
     """importance_sampling, ppo, cispo or dro (see edurl.llm.losses)."""
-    clip_low: float | None = None
-    """Lower ratio bound for ppo and cispo's clip; None: the loss's own default (ppo 0.8, cispo 0.0)."""
-    clip_high: float | None = None
-    """Upper ratio bound for ppo and cispo's clip; None: the loss's own default (ppo 1.2, cispo 4.0)."""
+    clip_low_threshold: float | None = None
+    """Lower bound of the ratio in ppo's and cispo's clip (Tinker's loss_fn_config key); None: the loss's own
+    default (ppo 0.8, cispo 0.0). optim/clip_fraction counts ratios outside the same range."""
+    clip_high_threshold: float | None = None
+    """Upper bound of the ratio in ppo's and cispo's clip; None: the loss's own default (ppo 1.2, cispo 4.0)."""
     dro_beta: float = 0.05
     """beta of the dro loss."""
     aggregation: str = "token_mean"
@@ -105,7 +105,8 @@ class GRPOConfig:
     log_dir: str = "runs/grpo_arithmetic"
     """Where metrics.jsonl and checkpoints go."""
     seed: int = 0
-    """Seeds everything: the SFT warm start (it replaces sft.seed), the problems and the sampling."""
+    """Seeds everything: the SFT warm start, the problems and the sampling. The warm start is trained with
+    sft.seed = seed; a different sft.seed is refused rather than silently replaced."""
     num_threads: int = 2
     """torch CPU threads."""
     device: str | None = None
@@ -134,170 +135,39 @@ class GRPOConfig:
                              f"term), got {self.kl_penalty!r}")
         if not self.kl_coef >= 0:
             raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature!r}")
+        if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
+        for name in ("eval_every", "save_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
+        if self.eval_every == 0:
+            raise ValueError("eval_every must be >= 1 (steps between held-out evaluations)")
+        if self.lora_rank is not None and (not isinstance(self.lora_rank, int) or self.lora_rank < 1):
+            raise ValueError(f"lora_rank must be None (train every weight) or a positive int, got {self.lora_rank!r}")
+        if self.sft.seed not in (0, self.seed):
+            raise ValueError(f"sft.seed={self.sft.seed} but seed={self.seed}: GRPO's seed also seeds its SFT warm "
+                             f"start, so set only seed (here seed={self.sft.seed}), or leave sft.seed at 0.")
+        if self.clip_low_threshold is not None or self.clip_high_threshold is not None:
+            low, high = L.clip_bounds(self.loss_fn, self.loss_fn_config())
+            if not low <= high:
+                raise ValueError(f"clip_low_threshold must be <= clip_high_threshold, got [{low}, {high}]")
 
     def loss_fn_config(self) -> dict:
         """The ``loss_fn_config`` of ``forward_backward``: the fields set here; the loss's defaults fill the rest."""
         if self.loss_fn in ("ppo", "cispo"):
-            given = {"clip_low_threshold": self.clip_low, "clip_high_threshold": self.clip_high}
+            given = {"clip_low_threshold": self.clip_low_threshold, "clip_high_threshold": self.clip_high_threshold}
             return {k: v for k, v in given.items() if v is not None}
         if self.loss_fn == "dro":
             return {"beta": self.dro_beta}
         return {}
 
-    def clip_range(self) -> tuple[float, float]:
-        """The ratio range that counts toward ``optim/clip_fraction``: the loss's clip, else [0.8, 1.2]."""
-        bounds = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
-        if self.loss_fn in ("ppo", "cispo"):
-            bounds.update(L.loss_fn_defaults(self.loss_fn))
-        low = self.clip_low if self.clip_low is not None else bounds["clip_low_threshold"]
-        high = self.clip_high if self.clip_high is not None else bounds["clip_high_threshold"]
-        return low, high
-
-
-@dataclass
-class GRPOResult:
-    """What :func:`train_grpo` (and its baseline :func:`continued_sft`) returns."""
-
-    config: GRPOConfig
-    metrics: pd.DataFrame
-    """One row per step (metrics.jsonl)."""
-    trainer: TrainingClient
-    start: EvalResult | None
-    """Held-out evaluation before the first step (None when resumed)."""
-    final: EvalResult
-    """Held-out evaluation after the last step."""
-
-
-def _checkpoints(log_dir: Path) -> list[Path]:
-    return sorted(p for p in (log_dir / "checkpoints").glob("step_*") if (p / "state.pt").exists())
-
-
-def problem_seed(seed: int, step: int) -> int:
-    """The seed of step `step`'s problems and samples: a function of (seed, step), so resumed runs repeat."""
-    return 1_000_003 * (seed + 1) + step
-
-
-def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:
-    """The trainer (from the SFT checkpoint or ``base_model``), the renderer and the task."""
-    service = ServiceClient(device=pick_device(config.device), log_dir=config.log_dir)
-    if config.base_model is None:
-        model, tokenizer, _, _ = load_or_train_sft(replace(config.sft, seed=config.seed), progress=config.progress)
-        base = (model, tokenizer)
-    else:
-        base = config.base_model
-    if config.lora_rank is not None:
-        trainer = service.create_lora_training_client(base, rank=config.lora_rank)
-    else:
-        trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0 or config.log_kl_ref)
-    return trainer, ChatMLRenderer(trainer.tokenizer), config.sft.task()
-
-
-def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
-    """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring."""
-    config = config or GRPOConfig()
-    sampler = None  # the last step's sampler: reused only when config.refresh_sampler is False
-
-    def step_fn(trainer, renderer, task, step):
-        nonlocal sampler
-        row = grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler)
-        sampler = row.pop("_sampler")
-        return row
-
-    def on_resume(trainer, checkpoint):
-        nonlocal sampler
-        sampler = trainer.load_sampler(checkpoint)  # the stale sampler, when the run keeps one
-
-    def sampler_to_save():
-        return None if config.refresh_sampler else sampler
-
-    return _run(config, step_fn, "GRPO", postfix="env/all/correct", on_resume=on_resume,
-                sampler_to_save=sampler_to_save)
-
-
-def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
-    """The compute-matched baseline of ``train_grpo(config)``: the same start trained on the right answers.
-
-    Everything GRPO's training half uses is kept: the trainer built from ``config``, Adam at
-    ``learning_rate``, ``max_steps`` batches of ``batch_size * group_size`` sequences, each split into
-    ``num_substeps`` optimizer steps, the ``aggregation`` and the held-out evaluation. Only the
-    sequences differ: fresh training problems with their worked answers (``loss_fn="cross_entropy"``)
-    instead of graded samples, and there is no sampling to pay for. This needs the answers; GRPO
-    needs only the verifier. Writes ``log_dir/metrics.jsonl`` (``optim/loss``, ``optim/entropy``,
-    ``test/pass_at_1``, ``time/train``); ``result.trainer`` holds the model.
-    """
-    config = config or GRPOConfig()
-    if config.resume:
-        raise ValueError("continued_sft starts fresh; set resume=False")
-    n = config.batch_size * config.group_size
-
-    def step_fn(trainer, renderer, task, step):
-        t0 = time.perf_counter()
-        problems = task.sample(n, split="train", seed=problem_seed(config.seed, step))
-        datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
-        rows = []
-        for chunk in _substeps(datums, config.num_substeps):
-            out = trainer.forward_backward(chunk, "cross_entropy", aggregation=config.aggregation,
-                                           max_tokens=config.max_tokens).result()
-            opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
-            rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
-        row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
-        return {**row, "time/train": time.perf_counter() - t0}
-
-    return _run(replace(config, kl_coef=0.0, log_kl_ref=False), step_fn, "continued SFT", postfix="optim/loss")
-
-
-def _substeps(datums: list, num_substeps: int) -> list[list]:
-    """``datums`` cut into ``num_substeps`` consecutive slices (the last may be shorter), one optimizer step each."""
-    size = -(-len(datums) // num_substeps)
-    return [datums[k:k + size] for k in range(0, len(datums), size)]
-
-
-def _run(config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None) -> GRPOResult:
-    """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
-    evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar.
-    ``on_resume(trainer, checkpoint)`` restores what the step function carries between steps, and
-    ``sampler_to_save()`` names a sampler that every checkpoint must keep."""
-    log_dir = Path(config.log_dir)
-    with torch_threads(config.num_threads):
-        trainer, renderer, task = make_training_client(config)
-        test = task.sample(config.num_eval, split="test", seed=config.seed)
-        start_step, start_eval = 0, None
-        if config.resume and _checkpoints(log_dir):
-            checkpoint = _checkpoints(log_dir)[-1]
-            extra = trainer.load_state(checkpoint)
-            if on_resume is not None:
-                on_resume(trainer, checkpoint)
-            start_step = extra["step"]
-            truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
-            logger = MetricsLogger(log_dir, if_exists="append")
-        else:
-            logger = MetricsLogger(log_dir, if_exists="overwrite")
-            (log_dir / "config.json").write_text(json.dumps({"run": desc, **asdict(config)}, indent=1, default=str))
-            start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-        bar = progress(range(start_step, config.max_steps), desc=desc, disable=not config.progress,
-                       initial=start_step, total=config.max_steps)
-        for step in bar:
-            row = step_fn(trainer, renderer, task, step)
-            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
-                ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-                row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                bar.set_postfix({postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}", "test": f"{ev.pass_at_1:.2f}"},
-                                refresh=False)
-            if step == 0 and start_eval is not None:
-                row.update({"test/start_pass_at_1": start_eval.pass_at_1})
-            logger.log(step, **row)
-            if config.save_every and (step + 1) % config.save_every == 0:
-                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1},
-                                   sampler=sampler_to_save() if sampler_to_save is not None else None)
-        bar.close()
-        logger.close()
-        final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-    return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)
-
 
 def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRenderer, task, step: int, stop,
-              sampler=None) -> dict:
-    """One iteration (steps 1-6 of the module docstring). Returns the metrics row (and the sampler used)."""
+              sampler: SamplingClient | None = None) -> tuple[dict[str, float], SamplingClient]:
+    """One iteration (steps 1-6 of the module docstring). Returns the metrics row and the sampler it used
+    (pass that sampler back in to keep it, the stale-sampler mistake, with ``refresh_sampler=False``)."""
     t0 = time.perf_counter()
     # 1. a sampler over the current weights (or the old one, for the stale-sampler demonstration)
     if sampler is None or config.refresh_sampler:
@@ -331,12 +201,11 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     fwd_metrics: list[dict] = []
     loss_kl_coef = config.kl_coef if config.kl_penalty == "loss" else 0.0
     if datums:
-        for chunk in _substeps(datums, config.num_substeps):
+        for chunk in substeps(datums, config.num_substeps):
             out = trainer.forward_backward(chunk, config.loss_fn, config.loss_fn_config(),
                                            aggregation=config.aggregation, max_tokens=config.max_tokens,
                                            temperature=config.temperature, kl_coef=loss_kl_coef,
-                                           kl_estimator=config.kl_estimator, clip_range=config.clip_range(),
-                                           log_kl_ref=config.kl_coef > 0 or config.log_kl_ref).result()
+                                           kl_estimator=config.kl_estimator, log_kl_ref=config.kl_coef > 0 or config.log_kl_ref).result()
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             fwd_metrics.append({**out.metrics, **opt, "optim/loss": out.loss})
     t2 = time.perf_counter()
@@ -357,8 +226,31 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
         row[key] = sum(m[key] for m in fwd_metrics) / len(fwd_metrics)
     if fwd_metrics:  # the last substep's ratio is the one furthest from 1
         row["optim/clip_fraction_last_substep"] = fwd_metrics[-1]["optim/clip_fraction"]
-    row["_sampler"] = sampler
-    return row
+    return row, sampler
+
+
+def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
+    """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring."""
+    config = config or GRPOConfig()
+    sampler = None  # the last step's sampler: reused only when config.refresh_sampler is False
+
+    def step_fn(trainer, renderer, task, step):
+        nonlocal sampler
+        row, sampler = grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler)
+        return row
+
+    def on_resume(trainer, checkpoint):
+        nonlocal sampler
+        sampler = trainer.load_sampler(checkpoint)  # the stale sampler, when the run keeps one
+
+    def sampler_to_save():
+        return None if config.refresh_sampler else sampler
+
+    return run_training_loop(config, step_fn, "GRPO", postfix="env/all/correct", on_resume=on_resume,
+                             sampler_to_save=sampler_to_save)
+
+
+# ---------------------------------------------------------------- helpers
 
 
 def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfig) -> tuple[list, float]:
@@ -373,43 +265,4 @@ def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfi
     return [Datum(d.model_input, {**d.loss_fn_inputs, "advantages": a}) for d, a in zip(datums, pieces)], float(mean_k)
 
 
-#: the panels of :func:`plot_grpo_metrics`: (metric, title)
-GRPO_PANELS = (("env/all/correct", "train correct (sampled, T=1)"), ("test/pass_at_1", "held-out pass@1 (greedy)"),
-               ("env/all/format", "format"), ("optim/entropy", "entropy (nats / token)"),
-               ("env/all/by_group/frac_mixed", "frac_mixed (groups with signal)"),
-               ("optim/kl_sample_train_v2", "kl_sample_train_v2"))
-
-
-def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
-    """Learning curves of one or more runs: ``runs`` is a metrics DataFrame or ``{label: DataFrame}``.
-
-    Per-step training metrics are drawn as a rolling mean over ``smooth`` steps; evaluations as points.
-    """
-    import matplotlib.pyplot as plt
-
-    if isinstance(runs, pd.DataFrame):
-        runs = {"": runs}
-    cols = 3
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.1 * rows), squeeze=False)
-    for ax, (key, title) in zip(axes.flat, panels):
-        for label, m in runs.items():
-            if key not in m:
-                continue
-            data = m[["step", key]].dropna()
-            if key.startswith("test/"):
-                ax.plot(data["step"], data[key], marker="o", label=label or None)
-            else:
-                ax.plot(data["step"], data[key].rolling(smooth, min_periods=1).mean(), label=label or None)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("GRPO step")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    if len(runs) > 1:
-        axes.flat[0].legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-__all__ = ["GRPOConfig", "GRPOResult", "GRPO_PANELS", "continued_sft", "grpo_step", "make_training_client",
-           "plot_grpo_metrics", "problem_seed", "train_grpo"]
+__all__ = ["GRPOConfig", "GRPOResult", "grpo_step", "make_training_client", "problem_seed", "train_grpo"]

@@ -1,8 +1,10 @@
-"""Policy-gradient losses for LLMs, their aggregation, KL estimators and group advantages (Chapter 7).
+"""The objective of an LLM policy-gradient step, readable in one place (Chapter 7).
 
-Every loss takes per-token tensors of one shape, usually ``(B, T)``, and returns the per-token loss of that
-shape; :func:`aggregate` then reduces it over the mask. With ``lp = logprobs`` (the policy being trained),
-``q = sampling_logprobs`` (the policy that sampled the tokens), ``A = advantages`` and ``r = exp(lp - q)``:
+:func:`rl_objective` is what ``TrainingClient.forward_backward`` computes once it has the training log-probs:
+a per-token loss, its aggregation over the action tokens, an optional KL term, and the diagnostics. Every
+piece it calls is below it in this file. With ``lp = train_logprobs`` (the policy being trained, with
+gradients), ``q = sampling_logprobs`` (the policy that sampled the tokens; the datum key ``logprobs``),
+``A = advantages`` and ``r = exp(lp - q)``, the per-token losses are:
 
 ====================  ===================================================  =========================================
 name                  per-token loss                                       source
@@ -13,9 +15,11 @@ cispo                 -sg(clamp(r, lo, hi)) * lp * A   (sg: stop-grad)     MiniM
 dro                   -(lp * A - beta / 2 * (lp - q)**2)                   Richemond et al., 2024; Kimi k1.5, 2025
 ====================  ===================================================  =========================================
 
-The names and defaults follow Tinker's built-in losses, so cookbook-style loops read the same here. The
-aggregation modes are those of GRPO (Shao et al., 2024), DAPO (Yu et al., 2025) and Dr. GRPO (Liu et al., 2025);
-the KL estimators are from Schulman (2020), "Approximating KL Divergence".
+The names and defaults follow Tinker's built-in losses, so cookbook-style loops read the same here; ``lo`` and
+``hi`` are Tinker's ``clip_low_threshold`` and ``clip_high_threshold``. ``ppo``'s surrogate and the clip
+fraction are Chapter 5's own (:mod:`edurl.objectives`). The aggregation modes are those of GRPO (Shao et al.,
+2024), DAPO (Yu et al., 2025) and Dr. GRPO (Liu et al., 2025); the KL estimators are from Schulman (2020),
+"Approximating KL Divergence".
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from edurl._checks import check_same_shape, check_tensor
+from edurl.objectives import check_clip_range, clip_fraction, clipped_surrogate
 
 __all__ = [
     "ADVANTAGE_SCALES",
@@ -35,6 +40,7 @@ __all__ = [
     "LOSS_FNS",
     "aggregate",
     "cispo",
+    "clip_bounds",
     "clip_fraction",
     "dro",
     "drop_zero_variance_groups",
@@ -45,79 +51,152 @@ __all__ = [
     "kl_penalty_advantages",
     "loss_fn_defaults",
     "ppo",
+    "rl_objective",
+    "supervised_objective",
     "zero_variance_groups",
 ]
 
 
-def _check_inputs(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor) -> None:
-    check_tensor(logprobs, "logprobs", floating=True)
-    check_same_shape(logprobs, sampling_logprobs, "logprobs", "sampling_logprobs")
-    check_same_shape(logprobs, advantages, "logprobs", "advantages")
+# ---------------------------------------------------------------- the objective
 
 
-def _check_thresholds(low: float, high: float) -> None:
-    if not low <= high:
-        raise ValueError(f"the clip range needs clip_low_threshold <= clip_high_threshold, got [{low}, {high}]. "
-                         "Both bound the ratio r = pi / pi_sampler itself, e.g. [0.8, 1.2] for PPO's eps = 0.2.")
+def rl_objective(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, *, loss_fn: str | Callable[..., torch.Tensor],
+                 loss_fn_config: dict[str, float] | None = None, aggregation: str = "sum",
+                 max_tokens: int | None = None, ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
+                 kl_estimator: str = "k3", entropy: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one RL ``forward_backward`` call, and its diagnostics. Every tensor argument is (B, T).
+
+    ::
+
+        per_token = loss_fn(train_logprobs, sampling_logprobs, advantages, **loss_fn_config)     # (B, T)
+        loss      = aggregate(per_token, mask, aggregation, max_tokens)                          # 0-d
+                  + kl_coef * aggregate(kl(train_logprobs, ref_logprobs, kl_estimator), mask, ...)
+
+    ``loss_fn`` is a name in :data:`LOSS_FNS` or a function of that signature; a key left out of
+    ``loss_fn_config`` takes the loss's own default. ``mask`` is 1 on action tokens, 0 on prompt and padding.
+    The KL term (TRL's way; Tinker's puts the penalty into the advantages with :func:`kl_penalty_advantages`)
+    needs ``ref_logprobs``, the reference policy's log-probs of the same tokens. Metrics, each a mean over the
+    action tokens (float; no gradient):
+
+    ==============================  ============================================================================
+    optim/kl_sample_train_v1        mean(q - lp): k1 estimate of KL(sampler || trainer); 0 on-policy
+    optim/kl_sample_train_v2        mean((q - lp)**2) / 2: k2 estimate; never negative
+    optim/clip_fraction             share of tokens with r outside the loss's clip range (:func:`clip_bounds`)
+    optim/kl_ref                    k3 estimate of KL(trainer || reference); only with ``ref_logprobs``
+    optim/entropy                   mean entropy of the trainer's next-token distribution; only with ``entropy``
+    ==============================  ============================================================================
+
+    On-policy (``train_logprobs`` equal to ``sampling_logprobs``) both sample-train KLs and the clip fraction
+    are 0. ``forward_backward`` returns exactly this loss (tests/llm/test_clients.py checks it).
+    """
+    check_tensor(train_logprobs, "train_logprobs", ndim=(2,), floating=True)
+    for other, name in ((sampling_logprobs, "sampling_logprobs"), (advantages, "advantages"), (mask, "mask")):
+        check_same_shape(train_logprobs, other, "train_logprobs", name)
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(f"kl_coef={kl_coef} adds a KL penalty to the reference policy, so it needs ref_logprobs, "
+                         "the reference's log-probs of the same tokens (TrainingClient.compute_logprobs(datums, "
+                         "reference=True)); pass them, or kl_coef=0.")
+    if not kl_coef >= 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef!r}; 0 turns the penalty off.")
+    config = dict(loss_fn_config or {})
+    fn = get_loss_fn(loss_fn) if isinstance(loss_fn, str) else loss_fn
+    per_token = fn(train_logprobs, sampling_logprobs, advantages, **config)  # (B, T)
+    loss = aggregate(per_token, mask, aggregation, max_tokens=max_tokens)
+    n_tok = mask.sum().clamp(min=1)
+    lp = train_logprobs.detach()
+    diff = (sampling_logprobs - lp) * mask  # (B, T) sampling - training, on action tokens
+    metrics = {"optim/kl_sample_train_v1": float(diff.sum() / n_tok),
+               "optim/kl_sample_train_v2": float(0.5 * (diff**2).sum() / n_tok),
+               "optim/clip_fraction": float(clip_fraction(lp, sampling_logprobs, mask,
+                                                          *clip_bounds(loss_fn, config)))}
+    if ref_logprobs is not None:
+        check_same_shape(train_logprobs, ref_logprobs, "train_logprobs", "ref_logprobs")
+        metrics["optim/kl_ref"] = float((kl(lp, ref_logprobs, "k3") * mask).sum() / n_tok)
+        if kl_coef > 0:
+            kl_tok = kl(train_logprobs, ref_logprobs, kl_estimator)  # (B, T), with gradients
+            loss = loss + kl_coef * aggregate(kl_tok, mask, aggregation, max_tokens=max_tokens)
+    if entropy is not None:
+        metrics["optim/entropy"] = float((entropy * mask).sum() / n_tok)
+    return loss, metrics
+
+
+def supervised_objective(train_logprobs: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, *,
+                         aggregation: str = "sum", max_tokens: int | None = None,
+                         entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The ``cross_entropy`` loss of ``forward_backward`` (SFT): ``aggregate(-train_logprobs * weights, mask,
+    aggregation)``, and ``optim/entropy`` when ``entropy`` is given. Every tensor argument is (B, T)."""
+    check_tensor(train_logprobs, "train_logprobs", ndim=(2,), floating=True)
+    check_same_shape(train_logprobs, weights, "train_logprobs", "weights")
+    loss = aggregate(-train_logprobs * weights, mask, aggregation, max_tokens=max_tokens)
+    metrics = {}
+    if entropy is not None:
+        metrics["optim/entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+    return loss, metrics
+
+
+def _check_inputs(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor) -> None:
+    check_tensor(train_logprobs, "train_logprobs", floating=True)
+    check_same_shape(train_logprobs, sampling_logprobs, "train_logprobs", "sampling_logprobs")
+    check_same_shape(train_logprobs, advantages, "train_logprobs", "advantages")
 
 
 # ---------------------------------------------------------------- per-token losses
 
 
-def importance_sampling(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
+def importance_sampling(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
                         advantages: torch.Tensor) -> torch.Tensor:
-    """-r * A, r = exp(logprobs - sampling_logprobs). Gradient w.r.t. logprobs: -r * A.
+    """-r * A, r = exp(train_logprobs - sampling_logprobs). Gradient w.r.t. train_logprobs: -r * A.
 
     On-policy (r = 1) this is the REINFORCE gradient; off-policy, r reweights each sampled token so the
     expected gradient is the one of the policy being trained. Nothing stops r from growing large.
     """
-    _check_inputs(logprobs, sampling_logprobs, advantages)
-    ratio = torch.exp(logprobs - sampling_logprobs)
+    _check_inputs(train_logprobs, sampling_logprobs, advantages)
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
     return -(ratio * advantages)
 
 
-def ppo(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
+def ppo(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
         clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2) -> torch.Tensor:
-    """-min(r * A, clamp(r, lo, hi) * A), the clipped surrogate of Chapter 5 with lo = 1 - eps, hi = 1 + eps.
+    """-min(r * A, clamp(r, lo, hi) * A): Chapter 5's :func:`edurl.objectives.clipped_surrogate`, per token.
 
-    Gradient w.r.t. logprobs: 0 where the clip binds (A > 0 and r > hi, or A < 0 and r < lo), else -r * A.
+    Gradient w.r.t. train_logprobs: 0 where the clip binds (A > 0 and r > hi, or A < 0 and r < lo), else -r * A.
     On the boundary itself (r == hi or r == lo) the gradient still flows. At r = 1 this equals
-    :func:`importance_sampling`.
+    :func:`importance_sampling`. PPO's eps = 0.2 is the range [0.8, 1.2].
     """
-    _check_inputs(logprobs, sampling_logprobs, advantages)
-    _check_thresholds(clip_low_threshold, clip_high_threshold)
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    clipped = ratio.clamp(clip_low_threshold, clip_high_threshold)
-    return -torch.min(ratio * advantages, clipped * advantages)
+    _check_inputs(train_logprobs, sampling_logprobs, advantages)
+    return clipped_surrogate(train_logprobs, sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold)
 
 
-def cispo(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
+def cispo(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
           clip_low_threshold: float = 0.0, clip_high_threshold: float = 4.0) -> torch.Tensor:
-    """-sg(clamp(r, lo, hi)) * logprobs * A, sg = stop-gradient (``.detach()``).
+    """-sg(clamp(r, lo, hi)) * train_logprobs * A, sg = stop-gradient (``.detach()``).
 
-    Gradient w.r.t. logprobs: -clamp(r, lo, hi) * A. Unlike PPO, a token whose ratio left the range keeps its
-    gradient; only its importance weight is capped. So rare tokens that PPO would silence (often the "fork"
+    Gradient w.r.t. train_logprobs: -clamp(r, lo, hi) * A. Unlike PPO, a token whose ratio left the range keeps
+    its gradient; only its importance weight is capped. So rare tokens that PPO would silence (often the "fork"
     tokens of a reasoning chain) still learn.
     """
-    _check_inputs(logprobs, sampling_logprobs, advantages)
-    _check_thresholds(clip_low_threshold, clip_high_threshold)
-    weight = torch.exp(logprobs - sampling_logprobs).clamp(clip_low_threshold, clip_high_threshold).detach()
-    return -(weight * logprobs * advantages)
+    _check_inputs(train_logprobs, sampling_logprobs, advantages)
+    check_clip_range(clip_low_threshold, clip_high_threshold)
+    weight = torch.exp(train_logprobs - sampling_logprobs).clamp(clip_low_threshold, clip_high_threshold).detach()
+    return -(weight * train_logprobs * advantages)
 
 
-def dro(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
+def dro(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
         beta: float) -> torch.Tensor:
-    """-(logprobs * A - beta / 2 * (logprobs - sampling_logprobs)**2).
+    """-(train_logprobs * A - beta / 2 * (train_logprobs - sampling_logprobs)**2).
 
-    Gradient w.r.t. logprobs: -A + beta * (logprobs - sampling_logprobs). The quadratic penalty, not a ratio
-    clip, keeps the policy near the sampler, which is what makes this loss usable off-policy and offline.
+    Gradient w.r.t. train_logprobs: -A + beta * (train_logprobs - sampling_logprobs). The quadratic penalty,
+    not a ratio clip, keeps the policy near the sampler, which is what makes this loss usable off-policy and
+    offline.
     """
-    _check_inputs(logprobs, sampling_logprobs, advantages)
+    _check_inputs(train_logprobs, sampling_logprobs, advantages)
     if not beta >= 0:
         raise ValueError(f"dro needs beta >= 0, got {beta}. It weights the penalty beta / 2 * (lp - q)**2 that "
                          "keeps the policy near the sampler; beta = 0 drops the penalty.")
-    log_ratio = logprobs - sampling_logprobs
-    return -(logprobs * advantages - 0.5 * beta * log_ratio**2)
+    log_ratio = train_logprobs - sampling_logprobs
+    return -(train_logprobs * advantages - 0.5 * beta * log_ratio**2)
 
 
 LOSS_FNS: dict[str, Callable[..., torch.Tensor]] = {
@@ -144,20 +223,16 @@ def loss_fn_defaults(name: str) -> dict[str, float]:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
-@torch.no_grad()
-def clip_fraction(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor,
-                  low: float = 0.8, high: float = 1.2) -> torch.Tensor:
-    """Share of masked tokens whose ratio r lies outside [low, high] (strictly); a 0-d float tensor, 0 if none.
-
-    For PPO this bounds from above the share of tokens whose gradient the clip removed: a token outside the
-    range loses its gradient only when its advantage sign makes the clip bind.
-    """
-    check_same_shape(logprobs, sampling_logprobs, "logprobs", "sampling_logprobs")
-    check_same_shape(logprobs, mask, "logprobs", "mask")
-    keep = mask != 0
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    outside = ((ratio < low) | (ratio > high)) & keep
-    return outside.sum().to(logprobs.dtype) / keep.sum().clamp_min(1).to(logprobs.dtype)
+def clip_bounds(loss_fn: str | Callable[..., torch.Tensor], loss_fn_config: dict[str, float] | None = None
+                ) -> tuple[float, float]:
+    """The ratio range ``(clip_low_threshold, clip_high_threshold)`` that ``optim/clip_fraction`` counts
+    against: the loss's own clip for ``ppo`` and ``cispo`` (``loss_fn_config`` over its defaults), else PPO's
+    [0.8, 1.2], a yardstick of how far the trainer has moved from the sampler."""
+    bounds = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+    if loss_fn in ("ppo", "cispo"):
+        bounds.update(loss_fn_defaults(loss_fn))
+        bounds.update({k: v for k, v in (loss_fn_config or {}).items() if k in bounds})
+    return bounds["clip_low_threshold"], bounds["clip_high_threshold"]
 
 
 # ---------------------------------------------------------------- aggregation
@@ -216,10 +291,10 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_t
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
-def kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl(train_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from tokens x sampled from pi; same shape as the inputs.
 
-    With d = ref_logprobs - logprobs = log(pi_ref(x) / pi(x)):
+    With d = ref_logprobs - train_logprobs = log(pi_ref(x) / pi(x)):
 
     ==  ==================  =====================================================================
     k1  -d                  unbiased; negative on some tokens; high variance
@@ -228,7 +303,7 @@ def kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> to
     ==  ==================  =====================================================================
 
     All three are fine numbers to log. Used as a loss term (``loss += beta * kl(...)``, autograd
-    differentiating through ``logprobs`` only, the sampled tokens held fixed), their expected gradients on
+    differentiating through ``train_logprobs`` only, the sampled tokens held fixed), their expected gradients on
     samples from pi itself are not the same, and only one is the gradient of the KL it estimates:
 
     - k1: E_pi[grad k1] = E_pi[grad log pi] = sum_x grad pi(x) = 0. No pull toward pi_ref, only noise. The
@@ -242,9 +317,9 @@ def kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> to
 
     tests/llm/test_losses.py checks each of these statements on an exact categorical distribution.
     """
-    check_tensor(logprobs, "logprobs", floating=True)
-    check_same_shape(logprobs, ref_logprobs, "logprobs", "ref_logprobs")
-    d = ref_logprobs - logprobs
+    check_tensor(train_logprobs, "train_logprobs", floating=True)
+    check_same_shape(train_logprobs, ref_logprobs, "train_logprobs", "ref_logprobs")
+    d = ref_logprobs - train_logprobs
     if estimator == "k1":
         return -d
     if estimator == "k2":

@@ -27,6 +27,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from edurl._checks import check_fields
+
 ARCHITECTURES = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}
 
 
@@ -46,6 +48,13 @@ class TinyLMConfig:
     """Width of each block's MLP."""
     max_position_embeddings: int = 128
     """Longest sequence (prompt + completion) in tokens."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, positive_int=("hidden_size", "num_layers", "num_heads", "intermediate_size",
+                                         "max_position_embeddings"), choices={"arch": tuple(ARCHITECTURES)})
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"TinyLMConfig.hidden_size ({self.hidden_size}) must be divisible by num_heads "
+                             f"({self.num_heads})")
 
 
 def build_tiny_lm(tokenizer: PreTrainedTokenizerBase, config: TinyLMConfig | None = None, seed: int = 0) -> PreTrainedModel:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..utils import device as default_device
-from .renderer import require_chat_template
+from edurl.llm.renderer import require_chat_template
+from edurl.utils import device as default_device
 
 
 @dataclass

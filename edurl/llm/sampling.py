@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from edurl.llm.padding import pad
+
 
 @dataclass
 class SamplingParams:
@@ -88,16 +90,6 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
             raise TypeError(f"prompt {i} must hold int token ids, got {p[:5]!r}...")
         out.append(p)
     return out
-
-
-def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long, device="cpu")
-    mask = torch.zeros((len(prompts), length), dtype=torch.long, device="cpu")
-    for i, p in enumerate(prompts):
-        ids[i, length - len(p):] = torch.tensor(p, device="cpu")
-        mask[i, length - len(p):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +156,7 @@ def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples
     was_training = model.training
     model.eval()
     # ---- prefill each prompt once ------------------------------------------------------------
-    ids, mask = _left_pad(prompts, pad_token_id, device)  # (P, L)
+    ids, mask = pad(prompts, pad_token_id, side="left", device=device)  # (P, L)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L): first real token is position 0
     cache = DynamicCache(config=model.config)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)

@@ -21,32 +21,38 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..utils import device as pick_device
-from ..utils import progress as progress_bar
-from ..utils import torch_threads
-from .evaluation import evaluate
-from .model import TinyLMConfig, build_tiny_lm
-from .renderer import ChatMLRenderer
-from .tasks import ArithmeticTask
-from .tokenizer import build_char_tokenizer
+from edurl._checks import check_fields
+from edurl.llm.clients import AdamParams
+from edurl.llm.datum import build_supervised_datum
+from edurl.llm.evaluation import evaluate
+from edurl.llm.model import TinyLMConfig, build_tiny_lm
+from edurl.llm.padding import pad
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.tasks import TaskConfig
+from edurl.llm.tokenizer import build_char_tokenizer
+from edurl.utils import device as pick_device
+from edurl.utils import progress as progress_bar
+from edurl.utils import torch_threads
+
+if TYPE_CHECKING:
+    from edurl.llm.grpo import GRPOConfig
+    from edurl.llm.loop import GRPOResult
 
 CACHE_VERSION = 1  # bump when training code changes what a config produces
 
 
 @dataclass
-class SFTConfig:
-    """Supervised warm start of the tiny LM on arithmetic demonstrations."""
+class SFTConfig(TaskConfig):
+    """Supervised warm start of the tiny LM on arithmetic demonstrations (the task's fields come from
+    :class:`edurl.llm.tasks.TaskConfig`)."""
 
-    num_digits: int = 2
-    """Task difficulty: operands have up to this many digits."""
-    ops: tuple[str, ...] = ("+",)
-    """Operations in the task."""
     model: TinyLMConfig = field(default_factory=TinyLMConfig)
     """Sizes of the tiny LM."""
     max_steps: int = 1000
@@ -60,7 +66,7 @@ class SFTConfig:
     """Validation problems for that check."""
     batch_size: int = 64
     """Problems per step (fresh ones each step)."""
-    lr: float = 3e-3
+    learning_rate: float = 3e-3
     """Peak AdamW learning rate (linear warm-up, cosine decay)."""
     warmup_steps: int = 30
     """Steps of linear learning-rate warm-up."""
@@ -77,14 +83,18 @@ class SFTConfig:
     def key(self) -> str:
         """A short hash of everything that determines the trained weights."""
         fields = asdict(self)
+        fields["lr"] = fields.pop("learning_rate")  # the field's old name: keys (and cached checkpoints) unchanged
         kind = pick_device(fields.pop("device")).type
         if kind != "cpu":  # CPU keys stay those of the checkpoints cached before the field existed
             fields["device"] = kind
         blob = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def task(self) -> ArithmeticTask:
-        return ArithmeticTask(num_digits=self.num_digits, ops=self.ops)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_fields(self, positive_int=("max_steps", "check_every", "num_valid", "batch_size", "num_threads"),
+                     nonneg_int=("warmup_steps", "seed"), nonneg=("learning_rate", "weight_decay"),
+                     unit=("target_pass_at_1",), optional=("target_pass_at_1",))
 
 
 def cache_dir() -> Path:
@@ -101,12 +111,8 @@ def demonstration_example(renderer: ChatMLRenderer, problem) -> tuple[list[int],
 def _batch(renderer: ChatMLRenderer, problems, pad_id: int):
     """Right-padded (B, T) tokens, attention mask and loss weights for a list of problems."""
     examples = [demonstration_example(renderer, p) for p in problems]
-    T = max(len(t) for t, _ in examples)
-    tokens = torch.full((len(examples), T), pad_id, dtype=torch.long, device="cpu")
-    mask = torch.zeros((len(examples), T), dtype=torch.long, device="cpu")
-    weights = torch.zeros((len(examples), T), device="cpu")
-    for i, (t, w) in enumerate(examples):
-        tokens[i, : len(t)], mask[i, : len(t)], weights[i, : len(w)] = torch.tensor(t, device="cpu"), 1, torch.tensor(w, device="cpu")
+    tokens, mask = pad([t for t, _ in examples], pad_id)
+    weights, _ = pad([w for _, w in examples], 0, dtype=torch.float32, length=tokens.shape[1])
     return tokens, mask, weights
 
 
@@ -133,13 +139,13 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     model = build_tiny_lm(tokenizer, config.model, seed=config.seed).to(dev)
     valid = task.sample(config.num_valid, split="valid", seed=config.seed)
     test = task.sample(num_eval, split="test", seed=config.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:  # linear warm-up, then cosine decay to 10%
         if step < config.warmup_steps:
-            return config.lr * (step + 1) / config.warmup_steps
+            return config.learning_rate * (step + 1) / config.warmup_steps
         frac = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
-        return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     history: list[dict] = []
     start = time.perf_counter()
@@ -204,3 +210,38 @@ def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, re
     except OSError:  # another process cached the same config first; theirs is identical
         shutil.rmtree(tmp, ignore_errors=True)
     return model, tokenizer, history, path
+
+
+def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
+    """The compute-matched baseline of :func:`edurl.llm.grpo.train_grpo` ``(config)``: the same start trained on the right answers.
+
+    Everything GRPO's training half uses is kept: the trainer built from ``config``, Adam at
+    ``learning_rate``, ``max_steps`` batches of ``batch_size * group_size`` sequences, each split into
+    ``num_substeps`` optimizer steps, the ``aggregation`` and the held-out evaluation. Only the
+    sequences differ: fresh training problems with their worked answers (``loss_fn="cross_entropy"``)
+    instead of graded samples, and there is no sampling to pay for. This needs the answers; GRPO
+    needs only the verifier. Writes ``log_dir/metrics.jsonl`` (``optim/loss``, ``optim/entropy``,
+    ``test/pass_at_1``, ``time/train``); ``result.trainer`` holds the model.
+    """
+    from edurl.llm.grpo import GRPOConfig  # here, not at the top: grpo and loop import this module
+    from edurl.llm.loop import problem_seed, run_training_loop, substeps
+
+    config = config or GRPOConfig()
+    if config.resume:
+        raise ValueError("continued_sft starts fresh; set resume=False")
+    n = config.batch_size * config.group_size
+
+    def step_fn(trainer, renderer, task, step):
+        t0 = time.perf_counter()
+        problems = task.sample(n, split="train", seed=problem_seed(config.seed, step))
+        datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
+        rows = []
+        for chunk in substeps(datums, config.num_substeps):
+            out = trainer.forward_backward(chunk, "cross_entropy", aggregation=config.aggregation,
+                                           max_tokens=config.max_tokens).result()
+            opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+            rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
+        row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
+        return {**row, "time/train": time.perf_counter() - t0}
+
+    return run_training_loop(replace(config, kl_coef=0.0, log_kl_ref=False), step_fn, "continued SFT", postfix="optim/loss")

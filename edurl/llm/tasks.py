@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .rewards import is_integer_answer
+from edurl.llm.rewards import is_integer_answer
 
 SPLITS = ("train", "valid", "test")
 
@@ -62,6 +62,28 @@ def _check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     return split
+
+
+@dataclass
+class TaskConfig:
+    """The task that the SFT warm start learns and GRPO then trains on: one definition for both.
+
+    ``SFTConfig`` is a ``TaskConfig`` (these fields come first in it, so on the command line they are
+    ``--sft.num-digits`` and ``--sft.ops``), and a GRPO run's task is its warm start's: ``GRPOConfig.sft``.
+    """
+
+    num_digits: int = 2
+    """Task difficulty: operands have up to this many digits (1 to 9)."""
+    ops: tuple[str, ...] = ("+",)
+    """Operations in the task: any of "+" and "-"."""
+
+    def __post_init__(self) -> None:
+        self.ops = tuple(self.ops)
+        self.task()  # ArithmeticTask checks num_digits and ops, with the messages its callers also see
+
+    def task(self) -> ArithmeticTask:
+        """The task these fields describe."""
+        return ArithmeticTask(num_digits=self.num_digits, ops=self.ops)
 
 
 class ArithmeticTask:

@@ -16,10 +16,10 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .renderer import ChatMLRenderer
-from .rewards import extract_boxed, grade
-from .sampling import SamplingParams, sample
-from .tasks import Problem
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.rewards import extract_boxed, grade
+from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.tasks import Problem
 
 
 @torch.no_grad()

@@ -1,19 +1,28 @@
-"""Command-line overrides for dataclass configs: ``--field value`` for every field, ``--help`` for their docs."""
+"""Command-line overrides for the configs, from tyro: ``--field value`` for every field (nested ones as
+``--sft.num-digits 3``), ``--flag`` / ``--no-flag`` for booleans, and ``--help`` with each field's docstring
+and default."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
-import sys
 import textwrap
-import types
-import typing
 from pathlib import Path
+
+import tyro
+
+
+def parse_config(cls, argv: list[str] | None = None, **defaults):
+    """Build ``cls`` from the command line (``sys.argv[1:]`` when ``argv`` is None); ``defaults`` override the
+    class's own defaults (e.g. a recipe's ``log_dir``). Unknown or malformed flags exit with tyro's message;
+    a value the config itself refuses raises its ``ValueError``."""
+    return tyro.cli(cls, args=argv, default=cls(**defaults) if defaults else None)
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstring written under each field of a dataclass and its dataclass bases (STYLE.md's config convention)."""
+    """The docstring written under each field of a dataclass and its dataclass bases (STYLE.md's config
+    convention, which tyro reads for ``--help``)."""
     docs = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -24,55 +33,6 @@ def field_docs(cls) -> dict[str, str]:
                     and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
                 docs[node.target.id] = nxt.value.value.strip()
     return docs
-
-
-def _convert(name: str, text: str, annotation):
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if text.lower() == "none" and type(None) in args:
-            return None
-        annotation = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    try:
-        if annotation is bool:
-            if text.lower() in ("1", "true", "yes"):
-                return True
-            if text.lower() in ("0", "false", "no"):
-                return False
-            raise ValueError
-        if origin is tuple:
-            return tuple(args[0](x) for x in text.split(",") if x)
-        return annotation(text)
-    except ValueError:
-        raise SystemExit(f"--{name.replace('_', '-')}: cannot read {text!r} as {getattr(annotation, '__name__', annotation)}.")
-
-
-def parse_config(cls, argv: list[str] | None = None, **defaults):
-    """Build ``cls`` from ``--field value`` pairs (dashes or underscores). Unknown fields are an error."""
-    argv = sys.argv[1:] if argv is None else argv
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    if any(a in ("-h", "--help") for a in argv):
-        docs = field_docs(cls)
-        print(f"Fields of {cls.__name__} (override with --field value):\n")
-        for name, f in fields.items():
-            default = defaults.get(name, f.default)
-            print(f"  --{name.replace('_', '-'):<22} {docs.get(name, '')} [default: {default}]")
-        raise SystemExit(0)
-    values = dict(defaults)
-    it = iter(argv)
-    for arg in it:
-        if not arg.startswith("--"):
-            raise SystemExit(f"expected --field value, got {arg!r}. Run with --help for the fields.")
-        key, _, inline = arg[2:].partition("=")
-        name = key.replace("-", "_")
-        if name not in fields:
-            raise SystemExit(f"unknown field --{key} for {cls.__name__}. Fields: {', '.join(fields)}.")
-        text = inline if inline else next(it, None)
-        if text is None:
-            raise SystemExit(f"--{key} needs a value.")
-        values[name] = _convert(name, text, hints[name])
-    return cls(**values)
 
 
 def save_learning_curve(result, path: Path, title: str) -> Path:
@@ -95,7 +55,7 @@ def save_learning_curve(result, path: Path, title: str) -> Path:
 
 
 def run_trainer_recipe(config_cls, train, name: str, argv=None):
-    """Parse ``--field value`` overrides, train, write the learning curve PNG beside metrics.jsonl, report."""
+    """Parse the command line (``--help`` lists the fields), train, write the learning curve PNG beside metrics.jsonl, report."""
     config = parse_config(config_cls, argv, log_dir=f"runs/{name.lower().replace(' ', '_')}_cartpole")
     result = train(config)
     png = save_learning_curve(result, Path(config.log_dir) / "learning_curve.png", name)

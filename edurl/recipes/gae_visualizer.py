@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edurl._checks import check_fields, check_gamma
 from edurl.recipes._cli import parse_config
 
 
@@ -18,13 +19,19 @@ class GAEVisualizerConfig:
     gamma: float = 0.99
     """Discount factor."""
     lams: tuple[float, ...] = (0.0, 0.5, 0.9, 0.95, 1.0)
-    """The lambdas to draw, comma-separated on the command line."""
+    """The lambdas to draw (on the command line: --lams 0 0.5 1)."""
     train_episodes: int = 64
     """REINFORCE (value baseline) episodes to train the policy and critic before drawing."""
     seed: int = 0
     """Seed for training and for the episode drawn."""
     out: str = "gae_visualizer.png"
     """Where to write the PNG."""
+
+    def __post_init__(self) -> None:
+        check_gamma(self.gamma)
+        check_fields(self, positive_int=("train_episodes",), nonneg_int=("seed",))
+        if not self.lams or not all(isinstance(lam, (int, float)) and 0 <= lam <= 1 for lam in self.lams):
+            raise ValueError(f"GAEVisualizerConfig.lams must be one or more numbers in [0, 1], got {self.lams!r}.")
 
 
 def main(argv=None):

@@ -2,8 +2,9 @@
 
     python -m edurl.recipes.grpo_arithmetic                       # defaults: about 3 minutes on 2 CPU cores
     python -m edurl.recipes.grpo_arithmetic --loss-fn ppo --num-substeps 4 --log-dir runs/ppo4
-    python -m edurl.recipes.grpo_arithmetic --resume true         # continue from the newest checkpoint
-    python -m edurl.recipes.grpo_arithmetic --help                # every field, with its doc
+    python -m edurl.recipes.grpo_arithmetic --resume               # continue from the newest checkpoint
+    python -m edurl.recipes.grpo_arithmetic --sft.num-digits 3 --loss-fn ppo   # nested fields: --sft.*
+    python -m edurl.recipes.grpo_arithmetic --help                # every field, with its doc and default
 
 Writes ``<log_dir>/metrics.jsonl``, ``<log_dir>/config.json``, checkpoints under ``<log_dir>/checkpoints/``
 and ``<log_dir>/learning_curves.png``.
@@ -11,7 +12,8 @@ and ``<log_dir>/learning_curves.png``.
 
 from pathlib import Path
 
-from edurl.llm.grpo import GRPOConfig, plot_grpo_metrics, train_grpo
+from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.plotting import plot_grpo_metrics
 from edurl.recipes._cli import parse_config
 
 

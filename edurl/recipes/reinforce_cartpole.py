@@ -1,4 +1,4 @@
-"""REINFORCE on CartPole-v1 (Chapter 2). ``python -m edurl.recipes.reinforce_cartpole --seed 1 --lr 0.005``
+"""REINFORCE on CartPole-v1 (Chapter 2). ``python -m edurl.recipes.reinforce_cartpole --seed 1 --learning-rate 0.005``
 
 Writes ``<log_dir>/metrics.jsonl`` and ``<log_dir>/learning_curve.png`` (log_dir: runs/reinforce_cartpole).
 """

@@ -7,25 +7,25 @@
 - ``reinforce.py`` (Chapter 2), ``a2c.py`` (Chapter 3) and ``ppo.py`` (Chapter 5): the trainers.
 """
 
+from edurl.objectives import clipped_surrogate
 from edurl.rl.a2c import A2CConfig, train_a2c
 from edurl.rl.advantages import gae, td_errors
 from edurl.rl.episodes import TrainResult, solved_at
 from edurl.rl.networks import CategoricalPolicy, ValueNet, mlp
-from edurl.rl.ppo import PPOConfig, clipped_surrogate, ppo_diagnostics, train_ppo
+from edurl.rl.ppo import PPOConfig, ppo_diagnostics, train_ppo
 from edurl.rl.reinforce import ReinforceConfig, reinforce_loss, train_reinforce
 from edurl.rl.returns import discounted_returns
-from edurl.rl.rollout import (EpisodeBatch, Rollout, collect_episodes, collect_rollout, evaluate_policy,
-                              make_vector_env)
+from edurl.rl.rollout import EpisodeBatch, Rollout, collect_episodes, collect_rollout, evaluate_policy, make_vector_env
 from edurl.rl.tabular import (
-    TabularMDP,
-    bellman_backup,
-    greedy_policy,
-    monte_carlo_value,
-    policy_evaluation,
-    q_values,
-    solve_policy_values,
-    uniform_policy,
-    value_iteration,
+                              TabularMDP,
+                              bellman_backup,
+                              greedy_policy,
+                              monte_carlo_value,
+                              policy_evaluation,
+                              q_values,
+                              solve_policy_values,
+                              uniform_policy,
+                              value_iteration,
 )
 
 __all__ = [

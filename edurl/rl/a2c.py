@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import torch
 
 import edurl
+from edurl._checks import check_fields
 from edurl.metrics import MetricsLogger
 from edurl.rl.advantages import gae
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
-from edurl.utils import progress
+from edurl.utils import progress, torch_threads
 
 __all__ = ["A2CConfig", "train_a2c"]
 
@@ -36,7 +37,7 @@ class A2CConfig(TrainerConfig):
     """Discount factor."""
     lam: float = 0.95
     """GAE lambda: 0 = one-step TD errors, 1 = Monte Carlo returns minus V."""
-    lr: float = 2.5e-3
+    learning_rate: float = 2.5e-3
     """Adam learning rate (policy and value together)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy and value MLPs."""
@@ -51,10 +52,16 @@ class A2CConfig(TrainerConfig):
     total_steps: int = 300_000
     """Stop after this many env steps."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_fields(self, positive_int=("num_envs", "num_steps", "total_steps"), unit=("gamma", "lam"),
+                     nonneg=("learning_rate", "vf_coef", "ent_coef"), positive=("max_grad_norm",),
+                     sizes=("hidden_sizes",))
+
 
 def train_a2c(config: A2CConfig) -> TrainResult:
     """Train with A2C + GAE until solved (or ``total_steps``). See ``A2CConfig``."""
-    with config.threads():
+    with torch_threads(config.num_threads, config.device):
         return _train(config)
 
 
@@ -68,7 +75,7 @@ def _train(config: A2CConfig) -> TrainResult:
     policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
     value = ValueNet(obs_dim, config.hidden_sizes).to(device)
     params = list(policy.parameters()) + list(value.parameters())
-    optimizer = torch.optim.Adam(params, lr=config.lr)
+    optimizer = torch.optim.Adam(params, lr=config.learning_rate)
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
     counter, env_steps = None, 0

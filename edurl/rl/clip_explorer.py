@@ -1,6 +1,6 @@
 """The clipped objective made visible (Chapter 5): PPO's per-sample objective and its gradient against the ratio.
 
-Everything is computed with ``edurl.rl.ppo.clipped_surrogate`` and autograd, so the figure shows what the
+Everything is computed with ``edurl.objectives.clipped_surrogate`` (the function PPO trains with) and autograd, so the figure shows what the
 training code actually does, including exactly where the gradient is zero.
 """
 
@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from edurl.rl.ppo import clipped_surrogate
+from edurl.objectives import clipped_surrogate
 
 __all__ = ["clip_objective_and_grad", "clip_case", "plot_clip_explorer"]
 
@@ -19,7 +19,7 @@ def clip_objective_and_grad(ratios: torch.Tensor, advantage: float, clip_eps: fl
     """Objective min(r*A, clip(r)*A) (the negated loss) and its derivative with respect to r, at each ratio."""
     r = ratios.detach().clone().to(torch.float64).requires_grad_(True)
     adv = torch.full_like(r, advantage)
-    objective = -clipped_surrogate(torch.log(r), torch.zeros_like(r), adv, clip_eps)
+    objective = -clipped_surrogate(torch.log(r), torch.zeros_like(r), adv, 1 - clip_eps, 1 + clip_eps)
     objective.sum().backward()
     return objective.detach(), r.grad
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-import edurl
+from edurl._checks import check_fields
 
 __all__ = ["TrainerConfig", "solved_at", "TrainResult", "EpisodeLog"]
 
@@ -38,9 +38,9 @@ class TrainerConfig:
     progress: bool = True
     """Show a progress bar (``edurl.utils.progress``: about 100 redraws at most, so notebooks stay responsive)."""
 
-    def threads(self):
-        """Context manager: ``num_threads`` torch threads while training on CPU (no change on a GPU)."""
-        return edurl.torch_threads(self.num_threads if edurl.device(self.device).type == "cpu" else None)
+    def __post_init__(self) -> None:
+        check_fields(self, positive_int=("solve_window", "num_threads"), nonneg_int=("seed",),
+                     optional=("num_threads",))
 
 
 def solved_at(episode_returns, threshold: float = 475.0, window: int = 100) -> int | None:
@@ -79,7 +79,7 @@ class TrainResult:
     """One row of optimisation diagnostics per update, for trainers that keep them (PPO)."""
 
     @classmethod
-    def from_episodes(cls, rows: list[dict], config, policy, value) -> "TrainResult":
+    def from_episodes(cls, rows: list[dict], config, policy, value) -> TrainResult:
         df = pd.DataFrame(rows, columns=["episode", "step", "episode_return", "episode_length", "time/total"])
         i = solved_at(df["episode_return"], config.solve_threshold, config.solve_window)
         if i is None:

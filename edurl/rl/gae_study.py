@@ -12,11 +12,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from edurl.utils import progress as progress_bar
-from edurl.utils import torch_threads
-
 from edurl.envs import TorchCartPole
 from edurl.rl.advantages import gae, td_errors
+from edurl.utils import progress as progress_bar
+from edurl.utils import torch_threads
 
 __all__ = ["Trajectory", "sample_trajectory", "plot_gae", "rollouts_from", "gae_bias_variance"]
 
@@ -111,7 +110,7 @@ def _first_episode_returns(ro: dict, gamma: float) -> torch.Tensor:
 
 @torch.no_grad()
 def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor, *, gamma: float = 0.99,
-                      lams=np.linspace(0, 1, 11), num_truth: int = 2048, num_samples: int = 256,
+                      lams=None, num_truth: int = 2048, num_samples: int = 256,
                       horizon: int = 300, seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """Bias and variance of GAE(lambda) at t = 0 from each saved (state, action), against Monte Carlo truth.
 
@@ -124,7 +123,9 @@ def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor
     states, and their sum (the mean squared error of a single GAE estimate). bias^2 is corrected for the
     two sources of noise in measuring it (the sample mean's variance/num_samples and ``truth_se2``, the
     squared standard error of the Monte Carlo target), so a value near 0 may come out slightly negative.
+    ``lams`` defaults to 0, 0.1, ..., 1.
     """
+    lams = np.linspace(0, 1, 11) if lams is None else lams
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         gen = torch.Generator().manual_seed(seed)
         per_state = []

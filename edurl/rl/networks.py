@@ -8,11 +8,13 @@ from the PPO implementations studied by Engstrom et al., 2020, and Huang et al.,
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.distributions import Categorical
+
+from edurl.objectives import entropy
 
 __all__ = ["mlp", "CategoricalPolicy", "ValueNet"]
 
@@ -44,7 +46,7 @@ class CategoricalPolicy(nn.Module):
     def logprob_and_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi(a|s) (B,) and the entropy of pi(.|s) (B,), without building a Distribution (PPO's inner loop)."""
         logp = torch.log_softmax(self.net(obs), -1)  # (B, A)
-        return logp.gather(-1, actions[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+        return logp.gather(-1, actions[:, None]).squeeze(-1), entropy(logp)
 
     @torch.no_grad()
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

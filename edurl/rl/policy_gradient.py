@@ -10,12 +10,11 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 
-from edurl.utils import progress as progress_bar
-from edurl.utils import torch_threads
-
 from edurl.rl.networks import ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, collect_episodes
+from edurl.utils import progress as progress_bar
+from edurl.utils import torch_threads
 
 __all__ = ["bandit_exact_gradient", "bandit_gradient_samples", "flat_policy_gradient", "fit_value_baseline",
            "gradient_variance"]
@@ -52,7 +51,7 @@ def flat_policy_gradient(policy: torch.nn.Module, batch: EpisodeBatch, weights: 
 
 
 def fit_value_baseline(policy: torch.nn.Module, env_id: str, num_episodes: int, gamma: float, *, steps: int = 500,
-                       lr: float = 3e-3, seed: int = 0, device: torch.device = torch.device("cpu")) -> ValueNet:
+                       learning_rate: float = 3e-3, seed: int = 0, device: torch.device | str = "cpu") -> ValueNet:
     """Regress a fresh ValueNet on the reward-to-go of ``num_episodes`` episodes of ``policy`` (kept fixed)."""
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         envs = [gym.make(env_id) for _ in range(num_episodes)]
@@ -60,7 +59,7 @@ def fit_value_baseline(policy: torch.nn.Module, env_id: str, num_episodes: int, 
         G = discounted_returns(batch.rewards, batch.dones, gamma)[batch.mask]
         obs = batch.obs[batch.mask]
         value = ValueNet(obs.shape[-1]).to(device)
-        opt = torch.optim.Adam(value.parameters(), lr=lr)
+        opt = torch.optim.Adam(value.parameters(), lr=learning_rate)
         for _ in range(steps):
             loss = ((value(obs) - G) ** 2).mean()
             opt.zero_grad()
@@ -71,7 +70,7 @@ def fit_value_baseline(policy: torch.nn.Module, env_id: str, num_episodes: int, 
 
 def gradient_variance(policy: torch.nn.Module, env_id: str, baselines: dict, *, num_batches: int = 100,
                       episodes_per_batch: int = 4, gamma: float = 0.99, seed: int = 0,
-                      device: torch.device = torch.device("cpu"), progress: bool = True) -> dict[str, torch.Tensor]:
+                      device: torch.device | str = "cpu", progress: bool = True) -> dict[str, torch.Tensor]:
     """Per-batch REINFORCE gradients at a fixed policy, for each baseline, on the *same* batches.
 
     ``baselines`` maps a name to a function ``(obs (B, obs_dim), G (B,)) -> b (B,)`` of precomputed,

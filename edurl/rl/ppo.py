@@ -4,7 +4,7 @@ Each update collects T steps from N envs, computes GAE(lambda) advantages (Chapt
 batch for several epochs of minibatch steps on
 
     L = -mean( min(r * A, clip(r, 1 - eps, 1 + eps) * A) ) + vf_coef * L_V - ent_coef * H,
-    r = pi_theta(a|s) / pi_old(a|s) = exp(logprob - old_logprob),
+    r = pi_theta(a|s) / pi_old(a|s) = exp(train_logprob - sampling_logprob),
 
 where pi_old is the policy that collected the batch. The clip removes the incentive to move r outside
 [1 - eps, 1 + eps], which is what makes the reuse safe. Implementation details that matter carry a
@@ -20,14 +20,16 @@ import pandas as pd
 import torch
 
 import edurl
+from edurl._checks import check_fields
 from edurl.metrics import MetricsLogger
+from edurl.objectives import clip_fraction, clipped_surrogate
 from edurl.rl.advantages import gae
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
-from edurl.utils import progress
+from edurl.utils import progress, torch_threads
 
-__all__ = ["PPOConfig", "clipped_surrogate", "ppo_diagnostics", "train_ppo"]
+__all__ = ["PPOConfig", "ppo_diagnostics", "train_ppo"]
 
 
 @dataclass
@@ -46,7 +48,7 @@ class PPOConfig(TrainerConfig):
     """Discount factor."""
     lam: float = 0.8
     """GAE lambda."""
-    lr: float = 1e-3
+    learning_rate: float = 1e-3
     """Adam learning rate at the start."""
     anneal_lr: bool = True
     """Decay the learning rate linearly to 0 over total_steps."""
@@ -62,44 +64,45 @@ class PPOConfig(TrainerConfig):
     """Weight of the entropy bonus."""
     max_grad_norm: float = 0.5
     """Clip the global gradient norm to this."""
-    norm_adv: bool = True
+    normalize_advantages: bool = True
     """Standardise advantages within each minibatch."""
     target_kl: float | None = None
     """Stop the epochs of an update early once the k3 approx-KL exceeds this (None: never)."""
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy and value MLPs."""
     total_steps: int = 200_000
-    """Env-step budget (also the horizon of the lr and clip schedules)."""
+    """Env-step budget (also the horizon of the learning-rate and clip schedules)."""
 
-
-def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      clip_eps: float) -> torch.Tensor:
-    """Per-sample PPO policy loss: -min(r * A, clip(r, 1 - eps, 1 + eps) * A), r = exp(logprobs - old_logprobs).
-
-    All inputs (B,); returns (B,). For A > 0 the min picks the clipped term once r > 1 + eps (gradient 0);
-    for A < 0 once r < 1 - eps (gradient 0). Inside the range both terms agree.
-    """
-    ratio = torch.exp(logprobs - old_logprobs)
-    return -torch.min(ratio * advantages, ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages)
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_fields(self, positive_int=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_steps"),
+                     unit=("gamma", "lam"), nonneg=("learning_rate", "vf_coef", "ent_coef", "target_kl"),
+                     positive=("clip_eps", "max_grad_norm"), optional=("target_kl",),
+                     sizes=("hidden_sizes",), choices={"env_backend": ("gymnasium", "torch")})
+        if (self.num_envs * self.num_steps) % self.num_minibatches:
+            raise ValueError(f"PPOConfig.num_minibatches ({self.num_minibatches}) must divide num_envs * num_steps "
+                             f"({self.num_envs * self.num_steps}), the batch of one update.")
 
 
 _STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl_k1", "approx_kl_k3", "clip_fraction")
 
 
 @torch.no_grad()
-def ppo_diagnostics(logprobs: torch.Tensor, old_logprobs: torch.Tensor, clip_eps: float
+def ppo_diagnostics(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, clip_eps: float
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """How far the policy has moved from the one that sampled the batch.
 
-    approx_kl_k1 = mean(old - new) and approx_kl_k3 = mean((r - 1) - log r), both estimating KL(pi_old || pi)
+    approx_kl_k1 = mean(q - lp) and approx_kl_k3 = mean((r - 1) - log r), both estimating KL(pi_old || pi)
     from samples of pi_old (Schulman, 2020, "Approximating KL divergence"); k3 is never negative and has
-    lower variance. clip_fraction = share of samples with |r - 1| > eps, where the clip cut the gradient
-    (for samples whose advantage sign makes it bind). Returns (approx_kl_k1, approx_kl_k3, clip_fraction) as
+    lower variance. clip_fraction = share of samples with r outside [1 - eps, 1 + eps], where the clip cut
+    the gradient (for samples whose advantage sign makes it bind): :func:`edurl.objectives.clip_fraction`,
+    the one Chapter 7 logs too. Returns (approx_kl_k1, approx_kl_k3, clip_fraction) as
     0-d tensors, so the training loop never waits on a device sync.
     """
-    log_ratio = logprobs - old_logprobs
+    log_ratio = train_logprobs - sampling_logprobs
     ratio = log_ratio.exp()
-    return (-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_eps).float().mean()
+    return ((-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(),
+            clip_fraction(train_logprobs, sampling_logprobs, None, 1 - clip_eps, 1 + clip_eps))
 
 
 def _make_env(config: PPOConfig, device: torch.device):
@@ -120,7 +123,7 @@ def _make_env(config: PPOConfig, device: torch.device):
 
 def train_ppo(config: PPOConfig) -> TrainResult:
     """Train with PPO until solved (or ``total_steps``). ``result.updates`` holds the diagnostics per update."""
-    with config.threads():
+    with torch_threads(config.num_threads, config.device):
         return _train(config)
 
 
@@ -133,7 +136,7 @@ def _train(config: PPOConfig) -> TrainResult:
     value = ValueNet(obs_dim, config.hidden_sizes).to(device)
     params = list(policy.parameters()) + list(value.parameters())
     # detail: Adam eps 1e-5; the fused kernel cuts per-step overhead, which dominates for nets this small
-    optimizer = torch.optim.Adam(params, lr=config.lr, eps=1e-5, fused=device.type in ("cpu", "cuda"))
+    optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=device.type in ("cpu", "cuda"))
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
     batch_size = config.num_envs * config.num_steps
@@ -142,12 +145,12 @@ def _train(config: PPOConfig) -> TrainResult:
     counter, updates = None, []
     bar = progress(total=num_updates * batch_size, desc="PPO env steps", disable=not config.progress)
     for update in range(num_updates):
-        # detail: lr and clip_eps decay linearly to 0 over the budget
+        # detail: learning_rate and clip_eps decay linearly to 0 over the budget
         frac = 1.0 - update / num_updates
-        lr = config.lr * frac if config.anneal_lr else config.lr
+        learning_rate = config.learning_rate * frac if config.anneal_lr else config.learning_rate
         clip_eps = config.clip_eps * frac if config.anneal_clip else config.clip_eps
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = learning_rate
 
         # ---- rollout and advantages (no grad): pi_old is the policy right now
         ro, obs, counter = collect_rollout(env, policy, obs, config.num_steps, device, counter)
@@ -156,7 +159,7 @@ def _train(config: PPOConfig) -> TrainResult:
             next_values = value(ro.next_obs)  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
         advantages, returns = gae(ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam)
         b_obs, b_actions = ro.obs.reshape(batch_size, -1), ro.actions.reshape(-1)
-        b_old_logprobs, b_adv = ro.logprobs.reshape(-1), advantages.reshape(-1)
+        b_sampling_logprobs, b_adv = ro.logprobs.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
 
         # ---- several epochs of minibatch updates on the same batch
@@ -166,11 +169,11 @@ def _train(config: PPOConfig) -> TrainResult:
             perm = torch.randperm(batch_size, device=device) if config.num_minibatches > 1 else slice(None)
             for start in range(0, batch_size, minibatch_size):
                 idx = perm[start:start + minibatch_size] if config.num_minibatches > 1 else perm
-                new_logprobs, entropy = policy.logprob_and_entropy(b_obs[idx], b_actions[idx])
+                train_logprobs, entropy = policy.logprob_and_entropy(b_obs[idx], b_actions[idx])
                 adv = b_adv[idx]
-                if config.norm_adv and adv.numel() > 1:
+                if config.normalize_advantages and adv.numel() > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # detail: per-minibatch normalisation
-                policy_loss = clipped_surrogate(new_logprobs, b_old_logprobs[idx], adv, clip_eps).mean()
+                policy_loss = clipped_surrogate(train_logprobs, b_sampling_logprobs[idx], adv, 1 - clip_eps, 1 + clip_eps).mean()
                 new_values = value(b_obs[idx])
                 if config.clip_value:  # detail: optional value clipping around the old predictions
                     clipped = b_values[idx] + (new_values - b_values[idx]).clamp(-clip_eps, clip_eps)
@@ -187,7 +190,7 @@ def _train(config: PPOConfig) -> TrainResult:
                 if epoch == config.update_epochs - 1 or config.target_kl is not None:
                     # diagnostics of the last epoch: how far the policy ended up from pi_old
                     stats.append(torch.stack([policy_loss.detach(), value_loss.detach(), entropy.detach(),
-                                              *ppo_diagnostics(new_logprobs.detach(), b_old_logprobs[idx], clip_eps)]))
+                                              *ppo_diagnostics(train_logprobs.detach(), b_sampling_logprobs[idx], clip_eps)]))
             if config.target_kl is not None and stats[-1][4] > config.target_kl:
                 break  # detail: early stop once the k3 approx-KL passes target_kl
 
@@ -196,7 +199,7 @@ def _train(config: PPOConfig) -> TrainResult:
         log.add(ro.episode_returns, ro.episode_lengths, env_steps)
         var_returns = b_returns.var()
         row = dict(zip(_STAT_NAMES, torch.stack(stats[-config.num_minibatches:]).mean(0).tolist()))
-        row.update(step=env_steps, epochs=epoch + 1, lr=lr, clip_eps=clip_eps,
+        row.update(step=env_steps, epochs=epoch + 1, learning_rate=learning_rate, clip_eps=clip_eps,
                    explained_variance=float(1 - (b_returns - b_values).var() / var_returns) if var_returns > 0
                    else float("nan"))
         updates.append(row)

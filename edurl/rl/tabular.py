@@ -96,7 +96,7 @@ class TabularMDP:
         return self.P.shape[1]
 
     @classmethod
-    def from_gymnasium(cls, env) -> "TabularMDP":
+    def from_gymnasium(cls, env) -> TabularMDP:
         """Read the transition table ``env.unwrapped.P`` of a toy-text env (FrozenLake, CliffWalking, Taxi).
 
         ``P[s][a]`` there is a list of ``(prob, next_state, reward, terminated)``. A state counts as

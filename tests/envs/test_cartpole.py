@@ -83,7 +83,7 @@ def test_runs_on_cuda_and_matches_cpu():
     cpu.reset(seed=0)
     gpu.reset(seed=0)
     gpu.state = cpu.state.cuda()
-    for t in range(20):
+    for _ in range(20):
         a = torch.randint(0, 2, (64,))
         o1, *_ = cpu.step(a)
         o2, *_ = gpu.step(a.cuda())

@@ -2,16 +2,18 @@ import pytest
 import torch
 
 from edurl import exercises
-from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises import NOT_ATTEMPTED, PASSED
 from edurl.exercises.ch06 import (
     _full_sequence_input,
-    _shift_by_prompt_length,
     _targets_not_shifted,
-    _unmasked_prompt,
+    datum_shifted_by_prompt_length,
+    datum_with_unmasked_prompt,
 )
 from edurl.exercises.solutions.ch06 import build_datum
 from edurl.llm.datum import Datum, ModelInput
 from edurl.llm.datum import build_datum as reference
+
+from .conftest import assert_rejected
 
 
 def test_reference_and_worked_solution_pass():
@@ -31,17 +33,15 @@ def _mask_only_advantages(prompt_tokens, completion_tokens, sampling_logprobs, a
 
 
 @pytest.mark.parametrize("buggy, message", [
-    (_shift_by_prompt_length, "off by one"),
-    (_unmasked_prompt, "the prompt is not masked"),
+    (datum_shifted_by_prompt_length, "off by one"),
+    (datum_with_unmasked_prompt, "the prompt is not masked"),
     (_targets_not_shifted, "target_tokens must be the input shifted left by one"),
     (_full_sequence_input, "model_input is tokens[:-1]"),
     (_no_mask_field, "loss_fn_inputs lacks ['mask']"),
     (_mask_only_advantages, "mask: values differ"),
 ])
 def test_buggy_versions_are_rejected_with_the_right_hint(buggy, message):
-    verdict = exercises.check_build_datum(buggy, verbose=False)
-    assert verdict.status == FAILED
-    assert message in verdict.message
+    verdict = assert_rejected(exercises.check_build_datum, buggy, message)
     assert verdict.implementation is reference
 
 
@@ -60,8 +60,7 @@ def test_stub_and_wrong_types():
         tokens = list(prompt_tokens) + list(completion_tokens)
         return Datum(ModelInput.from_ints(tokens), {"target_tokens": torch.tensor(tokens[1:])})
 
-    verdict = exercises.check_build_datum(model_input_too_long, verbose=False)
-    assert verdict.status == FAILED and "has shape" in verdict.message
+    assert_rejected(exercises.check_build_datum, model_input_too_long, "has shape")
 
 
 def test_solution_is_registered(capsys):

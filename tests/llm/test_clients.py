@@ -6,7 +6,7 @@ import torch
 
 from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, ServiceClient
-from edurl.llm.datum import Datum, ModelInput, build_datum
+from edurl.llm.datum import Datum, ModelInput, build_datum, build_supervised_datum
 from edurl.llm.evaluation import sequence_logprobs
 from edurl.llm.sampling import SamplingParams
 
@@ -352,3 +352,34 @@ def test_a_checkpoint_can_keep_a_stale_sampler(trainer, tmp_path):
     for a, b in zip(stale.model.parameters(), restored.model.parameters()):
         assert torch.equal(a, b)
     assert trainer.load_sampler(trainer.save_state("no_sampler")) is None
+
+
+@pytest.mark.parametrize("loss_fn, config, kl_coef", [("ppo", {"clip_high_threshold": 1.1}, 0.0),
+                                                      ("cispo", None, 0.3), ("dro", {"beta": 0.2}, 0.1)])
+def test_forward_backward_loss_is_rl_objectives_on_the_same_tensors(trainer, loss_fn, config, kl_coef):
+    # off-policy: one optimizer step first, so the ratio, the clip and the KL are all away from their on-policy values
+    datums = rl_datums(trainer)
+    trainer.forward_backward(datums, "importance_sampling").result()
+    trainer.optim_step(AdamParams(learning_rate=1e-2)).result()
+    out = trainer.forward_backward(datums, loss_fn, config, aggregation="token_mean", kl_coef=kl_coef,
+                                   log_kl_ref=True).result()
+    ids, attn, f = trainer._batch(datums)
+    with torch.no_grad():
+        train_lp, entropy = trainer._train_logprobs(ids, attn, f["target_tokens"], f["mask"], with_entropy=True)
+        ref_lp = torch.stack([torch.nn.functional.pad(r, (0, ids.shape[1] - len(r)))
+                              for r in trainer.compute_logprobs(datums, reference=True)])
+    loss, metrics = L.rl_objective(train_lp, f["logprobs"], f["advantages"], f["mask"], loss_fn=loss_fn,
+                                   loss_fn_config=config, aggregation="token_mean", ref_logprobs=ref_lp,
+                                   kl_coef=kl_coef, entropy=entropy)
+    assert out.loss == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
+    assert out.metrics.keys() == metrics.keys()
+    for key, value in metrics.items():
+        assert out.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert out.metrics["optim/kl_sample_train_v2"] > 0  # really off-policy
+
+
+def test_cross_entropy_refuses_a_kl_term(trainer):
+    d = build_supervised_datum(PROMPT + [5, 6, 7], [0.0] * len(PROMPT) + [1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="cross_entropy"):
+        trainer.forward_backward([d], "cross_entropy", kl_coef=0.1)
+

@@ -2,9 +2,10 @@ from dataclasses import replace
 
 import pytest
 
-from edurl.llm.grpo import GRPOConfig, continued_sft, problem_seed, train_grpo
+from edurl.llm import losses as L
+from edurl.llm.grpo import GRPOConfig, problem_seed, train_grpo
 from edurl.llm.renderer import ChatMLRenderer
-from edurl.llm.sft import SFTConfig, _batch, load_or_train_sft, sft_loss
+from edurl.llm.sft import SFTConfig, _batch, continued_sft, load_or_train_sft, sft_loss
 
 from .conftest import SMALL
 
@@ -41,8 +42,8 @@ def test_metrics_file_has_the_course_names(tmp_path):
 
 
 def test_substeps_engage_the_clip(tmp_path):
-    m = train_grpo(tiny(tmp_path, loss_fn="ppo", num_substeps=4, learning_rate=3e-2, clip_low=0.99,
-                        clip_high=1.01, center_advantages=False)).metrics  # raw rewards: never all-zero
+    m = train_grpo(tiny(tmp_path, loss_fn="ppo", num_substeps=4, learning_rate=3e-2, clip_low_threshold=0.99,
+                        clip_high_threshold=1.01, center_advantages=False)).metrics  # raw rewards: never all-zero
     assert m["optim/clip_fraction_last_substep"].max() > 0
 
 
@@ -166,8 +167,25 @@ def test_sampling_temperature_is_matched_by_the_trainer(tmp_path):
 
 
 def test_clip_range_defaults_to_each_losss_own(tmp_path):
+    def bounds(**kw):
+        config = tiny(tmp_path, **kw)
+        return L.clip_bounds(config.loss_fn, config.loss_fn_config())
+
     assert tiny(tmp_path, loss_fn="cispo").loss_fn_config() == {}
-    assert tiny(tmp_path, loss_fn="cispo").clip_range() == (0.0, 4.0)
-    assert tiny(tmp_path, loss_fn="ppo").clip_range() == (0.8, 1.2)
-    assert tiny(tmp_path, loss_fn="ppo", clip_high=1.28).loss_fn_config() == {"clip_high_threshold": 1.28}
-    assert tiny(tmp_path, loss_fn="importance_sampling").clip_range() == (0.8, 1.2)
+    assert bounds(loss_fn="cispo") == (0.0, 4.0)
+    assert bounds(loss_fn="ppo") == (0.8, 1.2)
+    assert tiny(tmp_path, loss_fn="ppo", clip_high_threshold=1.28).loss_fn_config() == {"clip_high_threshold": 1.28}
+    assert bounds(loss_fn="ppo", clip_high_threshold=1.28) == (0.8, 1.28)
+    assert bounds(loss_fn="importance_sampling") == (0.8, 1.2)
+
+
+def test_config_refuses_bad_values_and_a_conflicting_sft_seed(tmp_path):
+    with pytest.raises(ValueError, match="clip_low_threshold must be <= clip_high_threshold"):
+        tiny(tmp_path, loss_fn="ppo", clip_low_threshold=1.3)
+    with pytest.raises(ValueError, match="sft.seed=3 but seed=0"):
+        tiny(tmp_path, sft=SFTConfig(seed=3))
+    with pytest.raises(ValueError, match="learning_rate"):
+        tiny(tmp_path, learning_rate=-1.0)
+    with pytest.raises(ValueError, match="lora_rank"):
+        tiny(tmp_path, lora_rank=0)
+    assert tiny(tmp_path, seed=3, sft=SFTConfig(seed=3)).seed == 3

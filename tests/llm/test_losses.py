@@ -4,6 +4,7 @@ import statistics
 import pytest
 import torch
 
+from edurl.llm import losses as L
 from edurl.llm.losses import (
     AGGREGATION_MODES,
     LOSS_FNS,
@@ -368,7 +369,7 @@ def test_k1_in_the_reward_gives_the_reverse_kl_gradient():
 def test_kl_errors():
     with pytest.raises(ValueError, match="unknown KL estimator 'k4'; known estimators: k1, k2, k3"):
         kl(THETA, REF, "k4")
-    with pytest.raises(ValueError, match="logprobs and ref_logprobs must have the same shape"):
+    with pytest.raises(ValueError, match="train_logprobs and ref_logprobs must have the same shape"):
         kl(THETA, REF[:3], "k3")
 
 
@@ -425,3 +426,44 @@ def test_drop_zero_variance_groups():
     assert none_left.shape == (0, 3)
     with pytest.raises(ValueError, match="others\\[0\\] has 3 entries but rewards has 4 groups"):
         drop_zero_variance_groups(rewards, names[:3])
+
+
+def test_rl_objective_by_hand():
+    # one sequence, three action tokens and a padded position; importance sampling, token_mean
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.5, 0.9]])).requires_grad_(True)
+    q = torch.log(torch.tensor([[0.5, 0.5, 0.25, 0.1]]))
+    adv = torch.tensor([[1.0, 2.0, -1.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    ref = torch.log(torch.tensor([[0.25, 0.25, 0.5, 0.3]]))
+    loss, m = L.rl_objective(lp, q, adv, mask, loss_fn="importance_sampling", aggregation="token_mean",
+                             ref_logprobs=ref, kl_coef=0.5, kl_estimator="k1")
+    # ratios 1, 0.5, 2: per-token -r*A = -1, -1, 2 -> mean 0; k1 = lp - ref = log 2, 0, 0 -> mean log(2)/3
+    assert loss.item() == pytest.approx(0.5 * math.log(2) / 3)
+    # q - lp on action tokens: 0, log 2, -log 2
+    assert m["optim/kl_sample_train_v1"] == pytest.approx(0.0, abs=1e-7)
+    assert m["optim/kl_sample_train_v2"] == pytest.approx(math.log(2) ** 2 / 3)
+    assert m["optim/clip_fraction"] == pytest.approx(2 / 3)  # 0.5 and 2 lie outside [0.8, 1.2]
+    # k3 with d = ref - lp = -log 2, 0, 0: exp(d) - 1 - d = log 2 - 1/2
+    assert m["optim/kl_ref"] == pytest.approx((math.log(2) - 0.5) / 3)
+    assert "optim/entropy" not in m
+    loss.backward()
+    assert lp.grad[0, 3] == 0  # padding gets no gradient
+
+
+def test_rl_objective_takes_a_function_and_checks_its_inputs():
+    lp, q, adv, mask = torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 3)
+    loss, m = L.rl_objective(lp, q, adv, mask, loss_fn=lambda a, b, c: -c * torch.exp(a - b), aggregation="sum",
+                             entropy=torch.full((2, 3), 0.25))
+    assert loss.item() == -6.0 and m["optim/entropy"] == 0.25 and m["optim/clip_fraction"] == 0.0
+    with pytest.raises(ValueError, match="needs ref_logprobs"):
+        L.rl_objective(lp, q, adv, mask, loss_fn="ppo", kl_coef=0.1)
+    with pytest.raises(ValueError, match="same shape"):
+        L.rl_objective(lp, q[:, :2], adv, mask, loss_fn="ppo")
+    with pytest.raises(ValueError, match="unknown loss"):
+        L.rl_objective(lp, q, adv, mask, loss_fn="grpo")
+
+
+def test_clip_bounds_are_the_losss_own():
+    assert L.clip_bounds("ppo") == (0.8, 1.2)
+    assert L.clip_bounds("cispo", {"clip_high_threshold": 5.0}) == (0.0, 5.0)
+    assert L.clip_bounds("dro", {"beta": 0.1}) == (0.8, 1.2)

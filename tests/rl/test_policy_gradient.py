@@ -2,8 +2,12 @@ import gymnasium as gym
 import torch
 
 from edurl.rl import CategoricalPolicy, collect_episodes
-from edurl.rl.policy_gradient import (bandit_exact_gradient, bandit_gradient_samples, flat_policy_gradient,
-                                      gradient_variance)
+from edurl.rl.policy_gradient import (
+    bandit_exact_gradient,
+    bandit_gradient_samples,
+    flat_policy_gradient,
+    gradient_variance,
+)
 
 
 def test_bandit_exact_gradient_hand_computed():

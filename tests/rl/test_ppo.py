@@ -9,7 +9,8 @@ from edurl.rl.ppo import PPOConfig, clipped_surrogate, ppo_diagnostics, train_pp
 
 def _loss_and_grad(ratio, adv, eps=0.2):
     logp = torch.tensor([math.log(ratio)], dtype=torch.float64, requires_grad=True)
-    loss = clipped_surrogate(logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), eps)
+    loss = clipped_surrogate(logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64),
+                             1 - eps, 1 + eps)
     loss.sum().backward()
     return loss.item(), logp.grad.item()
 
@@ -62,7 +63,7 @@ def test_ppo_learns_and_logs_diagnostics(tmp_path, backend):
     u = result.updates
     assert len(u) == 50 and {"approx_kl_k1", "approx_kl_k3", "clip_fraction", "explained_variance"} <= set(u.columns)
     assert (u["approx_kl_k3"] >= 0).all() and u["clip_fraction"].between(0, 1).all()
-    assert u["lr"].iloc[0] == pytest.approx(1e-3) and u["lr"].iloc[-1] < u["lr"].iloc[0]  # annealed
+    assert u["learning_rate"].iloc[0] == pytest.approx(1e-3) and u["learning_rate"].iloc[-1] < u["learning_rate"].iloc[0]  # annealed
     assert "optim/clip_fraction" in load_metrics(tmp_path)
 
 

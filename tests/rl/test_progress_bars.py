@@ -17,8 +17,18 @@ import pytest
 import torch
 import tqdm.std
 
-from edurl.rl import (A2CConfig, CategoricalPolicy, PPOConfig, ReinforceConfig, ValueNet, monte_carlo_value, train_a2c,
-                      train_ppo, train_reinforce, uniform_policy)
+from edurl.rl import (
+    A2CConfig,
+    CategoricalPolicy,
+    PPOConfig,
+    ReinforceConfig,
+    ValueNet,
+    monte_carlo_value,
+    train_a2c,
+    train_ppo,
+    train_reinforce,
+    uniform_policy,
+)
 from edurl.rl.gae_study import gae_bias_variance
 from edurl.rl.policy_gradient import gradient_variance
 from edurl.rl.tabular import TabularMDP
@@ -45,7 +55,7 @@ RUNS = {
     # trainers: bar.update(n) with total=...
     # a small lr keeps episodes short (and the test fast): the bar does not care what is learned
     "reinforce": lambda: train_reinforce(ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=2 * UPDATES,
-                                                                 lr=1e-4))),
+                                                                 learning_rate=1e-4))),
     "a2c": lambda: train_a2c(A2CConfig(**_tiny(num_envs=2, num_steps=2, total_steps=4 * UPDATES))),
     "ppo": lambda: train_ppo(PPOConfig(**_tiny(env_backend="torch", num_envs=2, num_steps=2, update_epochs=1,
                                                total_steps=4 * UPDATES))),

@@ -2,8 +2,17 @@ import gymnasium as gym
 import pytest
 import torch
 
-from edurl.rl import (TabularMDP, bellman_backup, greedy_policy, monte_carlo_value, policy_evaluation, q_values,
-                      solve_policy_values, uniform_policy, value_iteration)
+from edurl.rl import (
+    TabularMDP,
+    bellman_backup,
+    greedy_policy,
+    monte_carlo_value,
+    policy_evaluation,
+    q_values,
+    solve_policy_values,
+    uniform_policy,
+    value_iteration,
+)
 
 
 def chain_mdp():

@@ -17,16 +17,16 @@ def group_advantages(rewards):
     return rewards - rewards.mean(dim=1, keepdim=True)  # (P, G) - (P, 1)
 
 
-def ppo_loss(logprobs, sampling_logprobs, advantages, clip_low=0.8, clip_high=1.2):
+def ppo_loss(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
     """Exercise 7.2: the clipped surrogate, one loss per token; every input and the result share one shape.
 
-    r = pi / pi_sampler, computed from log-probs as exp(lp - q) so the gradient flows into logprobs.
-    min() is pessimistic: once r has left [clip_low, clip_high] in the direction A favours, the clipped
+    r = pi / pi_sampler, computed from log-probs as exp(lp - q) so the gradient flows into train_logprobs.
+    min() is pessimistic: once r has left [clip_low_threshold, clip_high_threshold] in the direction A favours, the clipped
     term is the smaller one, it is constant in r, and the token's gradient is 0. Moves that undo a bad
-    step (A > 0 with r < clip_low, A < 0 with r > clip_high) keep the unclipped term and its gradient.
+    step (A > 0 with r < clip_low_threshold, A < 0 with r > clip_high_threshold) keep the unclipped term and its gradient.
     """
-    ratio = torch.exp(logprobs - sampling_logprobs)
-    clipped = ratio.clamp(clip_low, clip_high)
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    clipped = ratio.clamp(clip_low_threshold, clip_high_threshold)
     return -torch.min(ratio * advantages, clipped * advantages)  # minimise the negative objective
 
 

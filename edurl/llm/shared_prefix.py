@@ -1,0 +1,108 @@
+"""Training log-probs of a batch of datums, running a prompt that several completions share only once.
+
+``TrainingClient.forward_backward`` and ``compute_logprobs`` call :func:`token_logprobs`. GRPO's G samples of
+one problem share their prompt: every token before a row's first ``mask`` position. Scoring the rows whole
+runs that prompt G times; here, when at most half the rows have distinct prompts, each prompt runs once and its
+KV cache is copied to its completions::
+
+    whole rows:     [prompt | completion 1]  ...  [prompt | completion G]      G * (Lp + Lc) positions
+    shared prefix:  [prompt] -> KV cache -> [completion 1] ... [completion G]  Lp + G * Lc positions
+
+The gradient still flows into the prompt's keys and values (the cache is copied by a differentiable
+``index_select``), and the result equals whole-row scoring up to rounding (tests/llm/test_shared_prefix.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import DynamicCache
+
+from edurl.llm.padding import pad
+from edurl.objectives import entropy
+
+__all__ = ["scaled_log_softmax", "token_logprobs"]
+
+
+def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / temperature) in fp32; temperature 0 (greedy) scores at 1, as the sampler reports."""
+    logits = logits.float()
+    if temperature not in (0, 1):
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _entropy(logp: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():  # a diagnostic: no gradient
+        return entropy(logp)
+
+
+def token_logprobs(forward: Callable[..., object], ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor,
+                   mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+                   share_prompts: bool = True, pad_token_id: int = 0, model_config=None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log pi(targets)`` at every position, (B, T), and the entropy of pi there (or None), both of the
+    distribution at ``temperature`` (the one the sampler drew from).
+
+    ``forward(**inputs)`` is the model's call (the policy's, or the reference's); ``ids``, ``attn``, ``targets``
+    and ``mask`` are the (B, T) right-padded batch. Positions after a row's end hold 0. ``share_prompts=False``
+    (e.g. under gradient checkpointing, which drops the KV cache) scores every row whole. ``model_config`` is
+    the model's config, which the KV cache needs.
+    """
+    if not share_prompts:
+        return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
+    B, T = ids.shape
+    lengths = attn.sum(1)
+    has_loss = mask.bool().any(1)
+    first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
+    prompts: dict[tuple[int, ...], int] = {}
+    rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
+    if 2 * len(prompts) > B:  # too few repeats to pay for two passes
+        return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
+    dev = ids.device
+    u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
+    # ---- each distinct prompt once, left-padded so that all of them end in the last column
+    pids, pmask = pad([list(p) for p in prompts], pad_token_id, side="left", device=dev)  # (U, Lp)
+    U, Lp = pids.shape
+    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model_config)
+    logp_p = scaled_log_softmax(forward(input_ids=pids, attention_mask=pmask, position_ids=ppos,
+                                        past_key_values=cache, use_cache=True).logits, temperature)
+    if cache.get_seq_length() != Lp:  # a model that ignored the cache: fall back rather than drop the prompt
+        return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
+    V = logp_p.shape[-1]
+    col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
+    f = first[:, None]
+    # position c <= f of row i is prompt column Lp - 1 - f + c of prompt u_i
+    in_prompt = col <= f
+    pcol = (Lp - 1 - f + col).clamp(0, Lp - 1)
+    lp = torch.where(in_prompt, logp_p.flatten()[(u[:, None] * Lp + pcol) * V + targets], 0.0)
+    ent = None
+    if with_entropy:
+        ent = torch.where(in_prompt, _entropy(logp_p).flatten()[u[:, None] * Lp + pcol], 0.0)
+    # ---- every completion (the rest of its row) reads its prompt's cache
+    rest = lengths - first - 1  # (B,)
+    Lr = int(rest.max())
+    if Lr > 0:
+        j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
+        rmask = (j < rest[:, None]).long()
+        rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
+        cache.reorder_cache(u)  # copies rows: a differentiable index_select
+        out = forward(input_ids=rids, attention_mask=torch.cat([pmask[u], rmask], 1),
+                      position_ids=ppos[u, -1:] + 1 + j, past_key_values=cache, use_cache=True)
+        logp_r = scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
+        in_rest = (col > f) & (col < lengths[:, None])
+        rcol = (col - f - 1).clamp(0, Lr - 1)
+        ridx = torch.arange(B, device=dev)[:, None] * Lr + rcol
+        lp = torch.where(in_rest, logp_r.flatten()[ridx * V + targets], lp)
+        if with_entropy:
+            ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
+    return lp, ent
+
+
+def _whole_rows(forward, ids, attn, targets, with_entropy: bool, temperature: float):
+    """One pass over every whole row: the reference that the shared-prefix path must equal."""
+    logp = scaled_log_softmax(forward(input_ids=ids, attention_mask=attn).logits, temperature)
+    lp = logp.gather(-1, targets[..., None]).squeeze(-1)
+    return lp, _entropy(logp) if with_entropy else None

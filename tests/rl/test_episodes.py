@@ -1,0 +1,26 @@
+import pytest
+
+from edurl.rl import solved_at
+from edurl.rl.episodes import EpisodeLog, TrainerConfig
+
+
+def test_solved_at_hand_computed():
+    assert solved_at([1, 2, 3], threshold=2, window=2) == 2  # means: 1.5, 2.5 -> episode index 2
+    assert solved_at([5, 5], threshold=5, window=3) is None  # not a full window yet
+    assert solved_at([0, 10, 0, 10], threshold=6, window=2) is None
+    assert solved_at([475] * 100, window=100) == 99
+    with pytest.raises(ValueError):
+        solved_at([1], window=0)
+
+
+def test_episode_log_rows_and_stop_rule():
+    log = EpisodeLog(TrainerConfig(solve_threshold=10, solve_window=2))
+    log.add([5.0, 20.0], [5, 20], step=25)
+    assert len(log) == 2 and log.rows[1] == {"episode": 1, "step": 25, "episode_return": 20.0, "episode_length": 20,
+                                             "time/total": log.rows[1]["time/total"]}
+    assert log.recent_mean() == 12.5 and log.should_stop()
+    result = log.result(policy=None, value=None)
+    assert result.solved_episode == 2 and result.solved_step == 25
+    never = EpisodeLog(TrainerConfig(solve_threshold=10, solve_window=2, stop_when_solved=False))
+    never.add([50.0, 50.0], [50, 50], step=100)
+    assert not never.should_stop() and never.result(None, None).solved

@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from edurl._checks import check_gamma, check_same_shape, check_tensor
+
+
+def test_check_gamma():
+    assert check_gamma(torch.tensor(0.5)) == 0.5 and check_gamma(1) == 1.0
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\], got 1.5"):
+        check_gamma(1.5)
+    with pytest.raises(TypeError, match="got bool"):
+        check_gamma(True)
+    with pytest.raises(TypeError, match="got str"):
+        check_gamma("0.9")
+
+
+def test_check_tensor():
+    x = torch.zeros(2, 3)
+    assert check_tensor(x, "x", ndim=(2,), floating=True) is x
+    with pytest.raises(TypeError, match=r"Wrap it with torch.as_tensor"):
+        check_tensor([1.0, 2.0], "x")
+    with pytest.raises(ValueError, match=r"got shape \(2, 3\)"):
+        check_tensor(x, "x", ndim=(1,))
+    with pytest.raises(TypeError, match=r"Use x.float\(\)"):
+        check_tensor(torch.zeros(2, dtype=torch.long), "x", floating=True)
+
+
+def test_check_same_shape():
+    check_same_shape(torch.zeros(2), torch.ones(2), "a", "b")
+    with pytest.raises(ValueError, match=r"a and b must have the same shape, got \(2,\) and \(3,\)"):
+        check_same_shape(torch.zeros(2), torch.zeros(3), "a", "b")
+
+
+def test_check_fields_names_the_config_the_field_and_the_rule():
+    from dataclasses import dataclass
+
+    from edurl._checks import check_fields
+
+    @dataclass
+    class Cfg:
+        n: int = 1
+        lr: float = 0.1
+        kl: float | None = None
+        mode: str = "a"
+
+    check_fields(Cfg(), positive_int=("n",), nonneg=("lr",), positive=("kl",), optional=("kl",),
+                 choices={"mode": ("a", "b")})
+    cases = [({"n": 0}, r"Cfg.n must be a positive int, got 0"), ({"n": True}, r"Cfg.n must be a positive int"),
+             ({"n": 2.0}, r"Cfg.n must be a positive int, got 2.0"), ({"lr": -1e-3}, r"Cfg.lr must be a finite"),
+             ({"lr": float("nan")}, r"Cfg.lr must be a finite number >= 0, got nan"),
+             ({"kl": 0.0}, r"Cfg.kl must be a finite number > 0 or None, got 0.0"),
+             ({"mode": "c"}, r"Cfg.mode must be one of 'a', 'b'; got 'c'")]
+    for fields, message in cases:
+        with pytest.raises(ValueError, match=message):
+            check_fields(Cfg(**fields), positive_int=("n",), nonneg=("lr",), positive=("kl",), optional=("kl",),
+                         choices={"mode": ("a", "b")})
+
+
+def _configs():
+    from edurl.llm.model import TinyLMConfig
+    from edurl.llm.sft import SFTConfig
+    from edurl.llm.tasks import TaskConfig
+    from edurl.recipes.gae_visualizer import GAEVisualizerConfig
+    from edurl.rl.a2c import A2CConfig
+    from edurl.rl.ppo import PPOConfig
+    from edurl.rl.reinforce import ReinforceConfig
+
+    return [
+        (ReinforceConfig, {"episodes_per_update": 0}, "ReinforceConfig.episodes_per_update must be a positive int"),
+        (ReinforceConfig, {"gamma": 1.5}, "ReinforceConfig.gamma must be a number in"),
+        (ReinforceConfig, {"baseline": "critic"}, "ReinforceConfig.baseline must be one of 'none', 'value'"),
+        (ReinforceConfig, {"hidden_sizes": ()}, "ReinforceConfig.hidden_sizes must be a non-empty tuple"),
+        (ReinforceConfig, {"solve_window": 0}, "ReinforceConfig.solve_window must be a positive int"),
+        (ReinforceConfig, {"num_threads": 0}, "ReinforceConfig.num_threads must be a positive int or None"),
+        (A2CConfig, {"lam": -0.1}, "A2CConfig.lam must be a number in"),
+        (A2CConfig, {"learning_rate": -1.0}, "A2CConfig.learning_rate must be a finite number >= 0"),
+        (PPOConfig, {"num_minibatches": 3}, r"num_minibatches \(3\) must divide num_envs \* num_steps \(256\)"),
+        (PPOConfig, {"clip_eps": 0.0}, "PPOConfig.clip_eps must be a finite number > 0"),
+        (PPOConfig, {"target_kl": -0.01}, "PPOConfig.target_kl must be a finite number >= 0 or None"),
+        (PPOConfig, {"env_backend": "jax"}, "PPOConfig.env_backend must be one of 'gymnasium', 'torch'"),
+        (TaskConfig, {"num_digits": 0}, r"num_digits must be an int in \[1, 9\]"),
+        (SFTConfig, {"ops": ("*",)}, "ops must be a non-empty tuple of"),
+        (SFTConfig, {"batch_size": 0}, "SFTConfig.batch_size must be a positive int"),
+        (SFTConfig, {"target_pass_at_1": 1.5}, r"SFTConfig.target_pass_at_1 must be a number in \[0, 1\] or None"),
+        (TinyLMConfig, {"num_heads": 3}, r"hidden_size \(128\) must be divisible by num_heads \(3\)"),
+        (TinyLMConfig, {"arch": "gpt2"}, "TinyLMConfig.arch must be one of"),
+        (GAEVisualizerConfig, {"lams": (0.5, 1.2)}, r"lams must be one or more numbers in \[0, 1\]"),
+    ]
+
+
+@pytest.mark.parametrize("cls, fields, message", _configs(), ids=lambda x: getattr(x, "__name__", None))
+def test_every_config_refuses_a_bad_field_when_it_is_made(cls, fields, message):
+    cls()  # the defaults are valid
+    with pytest.raises(ValueError, match=message):
+        cls(**fields)
