@@ -23,8 +23,15 @@ def run_edurl(name, make_config, train, seeds, greedy_episodes=0):
     for seed in seeds:
         t0 = time.perf_counter()
         r = train(make_config(seed))
-        row = {"algo": name, "seed": seed, "solved": r.solved, "episodes": r.solved_episode, "steps": r.solved_step,
-               "seconds": r.solved_time, "run_seconds": time.perf_counter() - t0}
+        row = {
+            "algo": name,
+            "seed": seed,
+            "solved": r.solved,
+            "episodes": r.solved_episode,
+            "steps": r.solved_step,
+            "seconds": r.solved_time,
+            "run_seconds": time.perf_counter() - t0,
+        }
         if greedy_episodes and r.solved:
             row["greedy"] = float(evaluate_policy(r.policy, "CartPole-v1", greedy_episodes, torch.device("cpu")).mean())
         rows.append(row)
@@ -56,9 +63,15 @@ def run_sb3(name, make_model, seeds, budget, greedy_episodes=0):
         t0 = time.perf_counter()
         model.learn(budget, callback=tracker)
         i = solved_at(tracker.returns)
-        row = {"algo": name, "seed": seed, "solved": i is not None, "episodes": None if i is None else i + 1,
-               "steps": None if i is None else tracker.steps[i], "seconds": None if i is None else tracker.times[i],
-               "run_seconds": time.perf_counter() - t0}
+        row = {
+            "algo": name,
+            "seed": seed,
+            "solved": i is not None,
+            "episodes": None if i is None else i + 1,
+            "steps": None if i is None else tracker.steps[i],
+            "seconds": None if i is None else tracker.times[i],
+            "run_seconds": time.perf_counter() - t0,
+        }
         if greedy_episodes and i is not None:
             row["greedy"] = sb3_greedy(model, greedy_episodes)
         rows.append(row)
@@ -81,9 +94,12 @@ def sb3_greedy(model, num_episodes: int, seed: int = 10_000) -> float:
 
 def _print_row(row):
     secs = row["seconds"]
-    print(f"  {row['algo']:30s} seed {row['seed']}: {'solved' if row['solved'] else 'NOT solved'} "
-          f"episodes={row['episodes']} steps={row['steps']} seconds={secs and round(secs, 1)}"
-          + (f" greedy={row['greedy']:.1f}" if "greedy" in row else ""), flush=True)
+    print(
+        f"  {row['algo']:30s} seed {row['seed']}: {'solved' if row['solved'] else 'NOT solved'} "
+        f"episodes={row['episodes']} steps={row['steps']} seconds={secs and round(secs, 1)}"
+        + (f" greedy={row['greedy']:.1f}" if "greedy" in row else ""),
+        flush=True,
+    )
 
 
 def _stat(values):

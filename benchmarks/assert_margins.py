@@ -80,6 +80,7 @@ VARIANTS = {  # name: (environment variables of its subprocess, num_threads of t
 # ---------------------------------------------------------------- experiments: one function per notebook cell
 # Each takes (seed, threads) and returns the measured statistics of one run, by name.
 
+
 def random_cartpole(seed: int, threads: int) -> dict:
     """Notebook 01, cells 4 and 7: a uniformly random policy on CartPole, with and without a 10-step limit."""
     off = seed * OFFSET
@@ -98,9 +99,11 @@ def random_cartpole(seed: int, threads: int) -> dict:
 
     full = lengths(gym.make("CartPole-v1"), 500)
     short = lengths(gym.make("CartPole-v1", max_episode_steps=10), 200)
-    return {"random_mean_length": float(np.mean([n for n, _, _ in full])),
-            "random_longest": max(n for n, _, _ in full),
-            "short_truncated": sum(tr and not te for _, te, tr in short)}
+    return {
+        "random_mean_length": float(np.mean([n for n, _, _ in full])),
+        "random_longest": max(n for n, _, _ in full),
+        "short_truncated": sum(tr and not te for _, te, tr in short),
+    }
 
 
 def frozenlake_monte_carlo(seed: int, threads: int) -> dict:
@@ -122,8 +125,9 @@ def _bandit_z(seed: int, num_samples: int, baseline: float) -> float:
     logits = torch.tensor([0.5, -0.5], dtype=torch.float64)
     means, stds = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([1.0, 1.0], dtype=torch.float64)
     exact = bandit_exact_gradient(logits, means)
-    s = bandit_gradient_samples(logits, means, stds, num_samples, baseline=baseline,
-                                generator=torch.Generator().manual_seed(seed))
+    s = bandit_gradient_samples(
+        logits, means, stds, num_samples, baseline=baseline, generator=torch.Generator().manual_seed(seed)
+    )
     se = s.std(0) / len(s) ** 0.5
     return ((s.mean(0) - exact).abs() / se).max().item()
 
@@ -142,8 +146,10 @@ def reinforce_cartpole(seed: int, threads: int) -> dict:
     """Notebooks 02 (cells 8-12) and 03 (cell 10): REINFORCE until solved, then the greedy policy."""
     r = rl.train_reinforce(rl.ReinforceConfig(seed=seed, device="cpu", num_threads=threads, progress=False))
     greedy = rl.evaluate_policy(r.policy, "CartPole-v1", 8, CPU, greedy=True)
-    return {"reinforce_solved_episode": r.solved_episode if r.solved else math.nan,
-            "reinforce_greedy_mean": float(greedy.mean())}
+    return {
+        "reinforce_solved_episode": r.solved_episode if r.solved else math.nan,
+        "reinforce_greedy_mean": float(greedy.mean()),
+    }
 
 
 def baseline_variance(seed: int, threads: int) -> dict:
@@ -152,24 +158,31 @@ def baseline_variance(seed: int, threads: int) -> dict:
     config = rl.ReinforceConfig(seed=seed, max_episodes=48, device="cpu", num_threads=threads, progress=False)
     policy = rl.train_reinforce(config).policy
     value = fit_value_baseline(policy, "CartPole-v1", num_episodes=128, gamma=0.99, steps=1500, seed=10_000 + off)
-    held_out = rl.collect_episodes([gym.make("CartPole-v1") for _ in range(64)], policy.act, CPU,
-                                   seeds=list(range(20_000 + off, 20_064 + off)))
+    held_out = rl.collect_episodes(
+        [gym.make("CartPole-v1") for _ in range(64)], policy.act, CPU, seeds=list(range(20_000 + off, 20_064 + off))
+    )
     constant = rl.discounted_returns(held_out.rewards, held_out.dones, 0.99)[held_out.mask].mean().item()
-    grads = gradient_variance(policy, "CartPole-v1",
-                              {"none": lambda obs, G: 0.0, "constant": lambda obs, G: constant,
-                               "learned value": lambda obs, G: value(obs)},
-                              num_batches=150, episodes_per_batch=4, seed=50_000 + off, progress=False)
+    grads = gradient_variance(
+        policy,
+        "CartPole-v1",
+        {"none": lambda obs, G: 0.0, "constant": lambda obs, G: constant, "learned value": lambda obs, G: value(obs)},
+        num_batches=150,
+        episodes_per_batch=4,
+        seed=50_000 + off,
+        progress=False,
+    )
     var = {name: g.var(0).sum().item() for name, g in grads.items()}
     cos = torch.nn.functional.cosine_similarity(grads["none"].mean(0), grads["learned value"].mean(0), dim=0)
-    return {"var_none_over_constant": var["none"] / var["constant"],
-            "var_constant_over_value": var["constant"] / var["learned value"],
-            "mean_gradient_cosine": cos.item()}
+    return {
+        "var_none_over_constant": var["none"] / var["constant"],
+        "var_constant_over_value": var["constant"] / var["learned value"],
+        "mean_gradient_cosine": cos.item(),
+    }
 
 
 def a2c_cartpole(seed: int, threads: int) -> dict:
     """Notebook 03, cell 10: A2C + GAE until solved, within the notebook's budget of 1M env steps."""
-    r = rl.train_a2c(rl.A2CConfig(seed=seed, device="cpu", num_threads=threads, total_steps=1_000_000,
-                                  progress=False))
+    r = rl.train_a2c(rl.A2CConfig(seed=seed, device="cpu", num_threads=threads, total_steps=1_000_000, progress=False))
     return {"a2c_solved_step": r.solved_step if r.solved else math.nan}
 
 
@@ -186,8 +199,17 @@ def gae_study(seed: int, threads: int) -> dict:
     picks = torch.linspace(0, len(episode["rewards"]) - 1, 10).long()
     out, best = {}, {}
     for name, critic in critics.items():
-        df = gae_bias_variance(policy, critic, episode["states"][picks], episode["actions"][picks], gamma=0.99,
-                               num_truth=2048, num_samples=256, seed=3 + off, progress=False)
+        df = gae_bias_variance(
+            policy,
+            critic,
+            episode["states"][picks],
+            episode["actions"][picks],
+            gamma=0.99,
+            num_truth=2048,
+            num_samples=256,
+            seed=3 + off,
+            progress=False,
+        )
         # smallest relative increase of the variance from one lambda to the next (>= 0: monotonic)
         out[f"{name}_variance_min_rel_step"] = float((df["variance"].diff() / df["variance"]).min())
         out[f"{name}_bias2_drop"] = float(df["bias2"].iloc[0] - df["bias2"].iloc[-1])
@@ -199,19 +221,22 @@ def gae_study(seed: int, threads: int) -> dict:
 
 def ppo_cartpole(seed: int, threads: int) -> dict:
     """Notebook 05, cells 8 and 11: PPO on TorchCartPole until solved, and its diagnostics."""
-    r = rl.train_ppo(rl.PPOConfig(seed=seed, env_backend="torch", device="cpu", num_threads=threads,
-                                  progress=False))
+    r = rl.train_ppo(rl.PPOConfig(seed=seed, env_backend="torch", device="cpu", num_threads=threads, progress=False))
     u = r.updates
-    late, ev = u.iloc[len(u) // 2:], u["explained_variance"]
-    return {"ppo_solved_step": r.solved_step if r.solved else math.nan, "ppo_updates": len(u),
-            "kl_k3_min": float(u["approx_kl_k3"].min()), "kl_k3_median": float(u["approx_kl_k3"].median()),
-            "clip_fraction_median": float(u["clip_fraction"].median()),
-            "late_explained_variance": float(late["explained_variance"].median()),
-            # other summaries of the critic's progress, to compare with the asserted one
-            "early_explained_variance": float(ev.iloc[:max(1, len(u) // 10)].median()),
-            "last_quarter_explained_variance": float(ev.iloc[3 * len(u) // 4:].median()),
-            "max_explained_variance": float(ev.max()),
-            "entropy_drop": float(u["entropy"].iloc[0] - u["entropy"].iloc[-1])}
+    late, ev = u.iloc[len(u) // 2 :], u["explained_variance"]
+    return {
+        "ppo_solved_step": r.solved_step if r.solved else math.nan,
+        "ppo_updates": len(u),
+        "kl_k3_min": float(u["approx_kl_k3"].min()),
+        "kl_k3_median": float(u["approx_kl_k3"].median()),
+        "clip_fraction_median": float(u["clip_fraction"].median()),
+        "late_explained_variance": float(late["explained_variance"].median()),
+        # other summaries of the critic's progress, to compare with the asserted one
+        "early_explained_variance": float(ev.iloc[: max(1, len(u) // 10)].median()),
+        "last_quarter_explained_variance": float(ev.iloc[3 * len(u) // 4 :].median()),
+        "max_explained_variance": float(ev.max()),
+        "entropy_drop": float(u["entropy"].iloc[0] - u["entropy"].iloc[-1]),
+    }
 
 
 EXPERIMENTS = {  # name: (function, whether it trains a torch network and so runs in every variant)
@@ -228,6 +253,7 @@ EXPERIMENTS = {  # name: (function, whether it trains a torch network and so run
 
 
 # ---------------------------------------------------------------- the asserts, as the notebooks state them
+
 
 @dataclass
 class Check:
@@ -271,41 +297,112 @@ class Check:
 
 CHECKS = [
     Check("01", "assert 15 < lengths.mean() < 30", "random_cartpole", "random_mean_length", 15, 30),
-    Check("01", "assert all(terminated and not truncated for _, terminated, truncated in episodes)",
-          "random_cartpole", "random_longest", high=500),
+    Check(
+        "01",
+        "assert all(terminated and not truncated for _, terminated, truncated in episodes)",
+        "random_cartpole",
+        "random_longest",
+        high=500,
+    ),
     Check("01", "assert n_trunc > 100", "random_cartpole", "short_truncated", low=100),
-    Check("01", "assert abs(mc_greedy - V_star[0].item()) < 4 * se_greedy", "frozenlake_monte_carlo",
-          "mc_z_greedy", high=4),
-    Check("01", "assert abs(mc_uniform - V_uniform[0].item()) < 4 * se_uniform", "frozenlake_monte_carlo",
-          "mc_z_uniform", high=4),
+    Check(
+        "01",
+        "assert abs(mc_greedy - V_star[0].item()) < 4 * se_greedy",
+        "frozenlake_monte_carlo",
+        "mc_z_greedy",
+        high=4,
+    ),
+    Check(
+        "01",
+        "assert abs(mc_uniform - V_uniform[0].item()) < 4 * se_uniform",
+        "frozenlake_monte_carlo",
+        "mc_z_uniform",
+        high=4,
+    ),
     Check("02", "assert ((estimate - exact).abs() < 4 * se).all()", "bandit_reinforce", "bandit_z", high=4),
-    Check("02", "assert r.solved and returns.tail(100).mean() >= 475", "reinforce_cartpole",
-          "reinforce_solved_episode", high=3000, inclusive=True, log=True),  # solved within max_episodes
-    Check("02", "assert median_greedy >= 400", "reinforce_cartpole", "reinforce_greedy_mean", low=400,
-          inclusive=True, over_seeds=3),
-    Check("03", "assert ((s.mean(0) - exact).abs() < 4 * se).all()", "bandit_baselines", "bandit_z_baselines",
-          high=4),
-    Check("03", 'assert variance["none"] > variance["constant"] > variance["learned value"]', "baseline_variance",
-          "var_none_over_constant", low=1, log=True),
-    Check("03", 'assert variance["none"] > variance["constant"] > variance["learned value"]', "baseline_variance",
-          "var_constant_over_value", low=1, log=True),
-    Check("03", "assert all(r.solved for r in a2c.values())", "a2c_cartpole", "a2c_solved_step",
-          high=1_000_000, inclusive=True, log=True),
+    Check(
+        "02",
+        "assert r.solved and returns.tail(100).mean() >= 475",
+        "reinforce_cartpole",
+        "reinforce_solved_episode",
+        high=3000,
+        inclusive=True,
+        log=True,
+    ),  # solved within max_episodes
+    Check(
+        "02",
+        "assert median_greedy >= 400",
+        "reinforce_cartpole",
+        "reinforce_greedy_mean",
+        low=400,
+        inclusive=True,
+        over_seeds=3,
+    ),
+    Check("03", "assert ((s.mean(0) - exact).abs() < 4 * se).all()", "bandit_baselines", "bandit_z_baselines", high=4),
+    Check(
+        "03",
+        'assert variance["none"] > variance["constant"] > variance["learned value"]',
+        "baseline_variance",
+        "var_none_over_constant",
+        low=1,
+        log=True,
+    ),
+    Check(
+        "03",
+        'assert variance["none"] > variance["constant"] > variance["learned value"]',
+        "baseline_variance",
+        "var_constant_over_value",
+        low=1,
+        log=True,
+    ),
+    Check(
+        "03",
+        "assert all(r.solved for r in a2c.values())",
+        "a2c_cartpole",
+        "a2c_solved_step",
+        high=1_000_000,
+        inclusive=True,
+        log=True,
+    ),
     # cell 10 prints f"{r.solved_step:,}" for REINFORCE too, which raises unless every run solved
-    Check("03", "r.solved_step:,", "reinforce_cartpole", "reinforce_solved_episode", high=3000, inclusive=True,
-          log=True),
-    *[Check("04", source, "gae_study", f"{critic}_{stat}", low, high, inclusive=inclusive, note=note)
-      for critic in ("rough", "good")
-      for source, stat, low, high, inclusive, note in (
-          ('assert df["variance"].is_monotonic_increasing', "variance_min_rel_step", 0, math.inf, True, ""),
-          ('assert df["bias2"].iloc[0] > df["bias2"].iloc[-1]', "bias2_drop", 0, math.inf, False, ""),
-          ('assert df["bias2"].iloc[-1] < 1.0', "bias2_at_1", -math.inf, 1.0, False, ""))],
-    Check("04", 'assert best["good critic"] < best["rough critic"]', "gae_study", "best_lam_gap", low=0,
-          note="on a grid of lambdas 0.1 apart"),
-    Check("05", "assert all(r.solved for r in ppo.values())", "ppo_cartpole", "ppo_solved_step",
-          high=200_000, inclusive=True, log=True),
-    Check("05", 'assert (u["approx_kl_k3"] >= 0).all()', "ppo_cartpole", "kl_k3_min", low=0, inclusive=True,
-          note="(r - 1) - log r >= 0 for every sample"),
+    Check(
+        "03", "r.solved_step:,", "reinforce_cartpole", "reinforce_solved_episode", high=3000, inclusive=True, log=True
+    ),
+    *[
+        Check("04", source, "gae_study", f"{critic}_{stat}", low, high, inclusive=inclusive, note=note)
+        for critic in ("rough", "good")
+        for source, stat, low, high, inclusive, note in (
+            ('assert df["variance"].is_monotonic_increasing', "variance_min_rel_step", 0, math.inf, True, ""),
+            ('assert df["bias2"].iloc[0] > df["bias2"].iloc[-1]', "bias2_drop", 0, math.inf, False, ""),
+            ('assert df["bias2"].iloc[-1] < 1.0', "bias2_at_1", -math.inf, 1.0, False, ""),
+        )
+    ],
+    Check(
+        "04",
+        'assert best["good critic"] < best["rough critic"]',
+        "gae_study",
+        "best_lam_gap",
+        low=0,
+        note="on a grid of lambdas 0.1 apart",
+    ),
+    Check(
+        "05",
+        "assert all(r.solved for r in ppo.values())",
+        "ppo_cartpole",
+        "ppo_solved_step",
+        high=200_000,
+        inclusive=True,
+        log=True,
+    ),
+    Check(
+        "05",
+        'assert (u["approx_kl_k3"] >= 0).all()',
+        "ppo_cartpole",
+        "kl_k3_min",
+        low=0,
+        inclusive=True,
+        note="(r - 1) - log r >= 0 for every sample",
+    ),
     Check("05", 'u["approx_kl_k3"].median() < 0.05', "ppo_cartpole", "kl_k3_median", high=0.05),
     Check("05", 'assert 0 < u["clip_fraction"].median() < 0.3', "ppo_cartpole", "clip_fraction_median", 0, 0.3),
     Check("05", 'assert u["explained_variance"].max() > 0.9', "ppo_cartpole", "max_explained_variance", low=0.9),
@@ -316,25 +413,35 @@ EXPERIMENTS.update(_llm_margins.EXPERIMENTS)
 CHECKS += _llm_margins.checks(Check)
 
 DETERMINISTIC = [  # (notebook, assert, why no study is needed)
-    ("01", "assert all(len(rewards) == 10 for rewards, _, truncated in short if truncated)",
-     "truncation happens exactly at the time limit"),
+    (
+        "01",
+        "assert all(len(rewards) == 10 for rewards, _, truncated in short if truncated)",
+        "truncation happens exactly at the time limit",
+    ),
     ("01", "assert torch.allclose(G, closed_form, atol=1e-5)", "an identity: holds for any rollout"),
     ("01", "assert torch.allclose(V_uniform, V_exact, atol=1e-8)", "dynamic programming on a known MDP"),
     ("01", "assert (V_star >= V_uniform - 1e-9).all()", "dynamic programming on a known MDP"),
-    ("01", "assert torch.allclose(rl.solve_policy_values(greedy, mdp, gamma), V_star, atol=1e-6)",
-     "dynamic programming on a known MDP"),
+    (
+        "01",
+        "assert torch.allclose(rl.solve_policy_values(greedy, mdp, gamma), V_star, atol=1e-6)",
+        "dynamic programming on a known MDP",
+    ),
     ("01", 'assert table["P(reach goal)"].iloc[0] < table["P(reach goal)"].iloc[-1]', "exact solves"),
     ("01", 'assert table["expected steps"].iloc[0] < table["expected steps"].iloc[-1]', "exact solves"),
     ("01", "assert torch.equal(token_returns, torch.ones(num_tokens, 1))", "a closed form"),
     ("02", "assert exact[1] > 0", "an autograd gradient of a closed form"),
-    ("04", "assert torch.equal(advantages, torch.tensor([[12.0, 2.0], [11.0, 1.0], [6.0, 6.0]]))",
-     "a hand-computed case"),
+    (
+        "04",
+        "assert torch.equal(advantages, torch.tensor([[12.0, 2.0], [11.0, 1.0], [6.0, 6.0]]))",
+        "a hand-computed case",
+    ),
     ("05", "assert len(details) >= 6", "counts comments in edurl/rl/ppo.py"),
 ]
 DETERMINISTIC += _llm_margins.DETERMINISTIC
 
 
 # ---------------------------------------------------------------- running and summarising
+
 
 def find_cell(notebook: str, source: str) -> int | None:
     """Index of the notebook cell whose source contains ``source``, or None."""
@@ -353,10 +460,19 @@ def run_variant(variant: str, experiments: list[str], seeds: list[int]) -> list[
         bar.set_postfix_str(f"{name} seed {seed}")
         t0 = time.perf_counter()
         stats = EXPERIMENTS[name][0](seed, threads)
-        rows.append({"experiment": name, "variant": variant, "seed": seed,
-                     "seconds": round(time.perf_counter() - t0, 2), **stats})
-        bar.write(f"  {variant:9s} {name:22s} seed {seed:2d} ({rows[-1]['seconds']:6.1f} s): "
-                  + ", ".join(f"{k}={v:.4g}" for k, v in stats.items()))
+        rows.append(
+            {
+                "experiment": name,
+                "variant": variant,
+                "seed": seed,
+                "seconds": round(time.perf_counter() - t0, 2),
+                **stats,
+            }
+        )
+        bar.write(
+            f"  {variant:9s} {name:22s} seed {seed:2d} ({rows[-1]['seconds']:6.1f} s): "
+            + ", ".join(f"{k}={v:.4g}" for k, v in stats.items())
+        )
     return rows
 
 
@@ -365,8 +481,23 @@ def run_in_subprocess(variant: str, experiments: list[str], seeds: int, out: str
     env = {k: v for k, v in os.environ.items() if not any(k in e for e, _ in VARIANTS.values())}
     env.update(VARIANTS[variant][0])
     path = f"{out}.{variant.replace('=', '-')}.json"
-    subprocess.run([sys.executable, __file__, "--worker", "--variants", variant, "--experiments", ",".join(experiments),
-                    "--seeds", str(seeds), "--out", path], env=env, check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--variants",
+            variant,
+            "--experiments",
+            ",".join(experiments),
+            "--seeds",
+            str(seeds),
+            "--out",
+            path,
+        ],
+        env=env,
+        check=True,
+    )
     return json.loads(Path(path).read_text())["runs"]
 
 
@@ -398,18 +529,35 @@ def summarise(runs: pd.DataFrame, notebooks: list[str]) -> pd.DataFrame:
         verdict = "FAILS" if not ok.all() else ("ok" if margin_sd >= 1 else "tight")
         cell = find_cell(check.notebook, check.source)
         sub = runs[runs["experiment"] == check.experiment]
-        rows.append({"notebook": check.notebook, "cell": "not in notebook" if cell is None else cell,
-                     "assert": check.source, "statistic": check.statistic, "threshold": check.threshold(),
-                     "variants": ",".join(sorted(sub["variant"].unique())), "runs": len(x),
-                     "min": float(np.nanmin(x)) if len(finite) else math.nan,
-                     "median": float(np.nanmedian(x)) if len(finite) else math.nan,
-                     "max": float(np.nanmax(x)) if len(finite) else math.nan,
-                     "holds": f"{ok.sum()}/{len(x)}", "margin_sd": margin_sd, "verdict": verdict,
-                     "note": check.note})
+        rows.append(
+            {
+                "notebook": check.notebook,
+                "cell": "not in notebook" if cell is None else cell,
+                "assert": check.source,
+                "statistic": check.statistic,
+                "threshold": check.threshold(),
+                "variants": ",".join(sorted(sub["variant"].unique())),
+                "runs": len(x),
+                "min": float(np.nanmin(x)) if len(finite) else math.nan,
+                "median": float(np.nanmedian(x)) if len(finite) else math.nan,
+                "max": float(np.nanmax(x)) if len(finite) else math.nan,
+                "holds": f"{ok.sum()}/{len(x)}",
+                "margin_sd": margin_sd,
+                "verdict": verdict,
+                "note": check.note,
+            }
+        )
     for notebook, source, why in DETERMINISTIC:
         if notebook in notebooks:
-            rows.append({"notebook": notebook, "cell": find_cell(notebook, source), "assert": source,
-                         "statistic": why, "verdict": "deterministic"})
+            rows.append(
+                {
+                    "notebook": notebook,
+                    "cell": find_cell(notebook, source),
+                    "assert": source,
+                    "statistic": why,
+                    "verdict": "deterministic",
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -417,17 +565,23 @@ def print_table(table: pd.DataFrame) -> None:
     def num(v):
         return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
 
-    print(f"\n{'nb':3s} {'cell':>4s} {'statistic':28s} {'threshold':24s} {'variants':19s} {'runs':>5s} "
-          f"{'min':>9s} {'median':>9s} {'max':>9s} {'holds':>8s} {'margin':>7s} verdict")
+    print(
+        f"\n{'nb':3s} {'cell':>4s} {'statistic':28s} {'threshold':24s} {'variants':19s} {'runs':>5s} "
+        f"{'min':>9s} {'median':>9s} {'max':>9s} {'holds':>8s} {'margin':>7s} verdict"
+    )
     for r in table.to_dict("records"):
         if r["verdict"] == "deterministic":
             continue
-        print(f"{r['notebook']:3s} {str(r['cell']):>4s} {r['statistic']:28s} {r['threshold']:24s} {r['variants']:19s} "
-              f"{int(r['runs']):>5d} {num(r['min']):>9s} {num(r['median']):>9s} {num(r['max']):>9s} {r['holds']:>8s} "
-              f"{num(r['margin_sd']):>7s} {r['verdict']}" + (f" ({r['note']})" if r["note"] else ""))
-    print("\nmargin: (worst run - threshold) in standard deviations of the runs (of their logs for ratios and "
-          "steps to solve);\na run that did not solve (NaN) counts as failed. median of k: over every k-subset of "
-          "a variant's runs.\n")
+        print(
+            f"{r['notebook']:3s} {str(r['cell']):>4s} {r['statistic']:28s} {r['threshold']:24s} {r['variants']:19s} "
+            f"{int(r['runs']):>5d} {num(r['min']):>9s} {num(r['median']):>9s} {num(r['max']):>9s} {r['holds']:>8s} "
+            f"{num(r['margin_sd']):>7s} {r['verdict']}" + (f" ({r['note']})" if r["note"] else "")
+        )
+    print(
+        "\nmargin: (worst run - threshold) in standard deviations of the runs (of their logs for ratios and "
+        "steps to solve);\na run that did not solve (NaN) counts as failed. median of k: over every k-subset of "
+        "a variant's runs.\n"
+    )
     print("deterministic asserts (no study needed):")
     for r in table[table["verdict"] == "deterministic"].to_dict("records"):
         print(f"  {r['notebook']} cell {r['cell']}: {r['assert']}  ({r['statistic']})")
@@ -445,12 +599,22 @@ def main():
     parser.add_argument("--notebooks", default="01,02,03,04,05", help="comma-separated, e.g. 02,05")
     parser.add_argument("--seeds", type=int, default=10, help="study seeds 0 .. N-1 per variant")
     parser.add_argument("--variants", default="default,mkl=AVX2", help=f"comma-separated, of: {', '.join(VARIANTS)}")
-    parser.add_argument("--experiments", default=None,
-                        help=f"comma-separated subset of the notebooks' experiments: {', '.join(EXPERIMENTS)}")
-    parser.add_argument("--out", default=None, help="writes OUT.csv (the table) and OUT.json (the table and every "
-                                                     "run); default runs/assert_margins, and nothing with --load")
-    parser.add_argument("--load", default=None, help="comma-separated JSONs written by --out: summarise their runs "
-                                                      "together, run nothing")
+    parser.add_argument(
+        "--experiments",
+        default=None,
+        help=f"comma-separated subset of the notebooks' experiments: {', '.join(EXPERIMENTS)}",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="writes OUT.csv (the table) and OUT.json (the table and every "
+        "run); default runs/assert_margins, and nothing with --load",
+    )
+    parser.add_argument(
+        "--load",
+        default=None,
+        help="comma-separated JSONs written by --out: summarise their runs together, run nothing",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one variant, in this process
     args = parser.parse_args()
     notebooks = [n.strip().zfill(2) for n in args.notebooks.split(",")]
@@ -477,10 +641,18 @@ def main():
     table = summarise(runs, notebooks)
     if args.out:
         table.to_csv(f"{args.out}.csv", index=False)
-        Path(f"{args.out}.json").write_text(json.dumps({"table": table.to_dict("records"),
-                                                         "runs": runs.to_dict("records"),
-                                                         "checks": [asdict(c) for c in CHECKS]}, indent=1,
-                                                        default=str) + "\n")
+        Path(f"{args.out}.json").write_text(
+            json.dumps(
+                {
+                    "table": table.to_dict("records"),
+                    "runs": runs.to_dict("records"),
+                    "checks": [asdict(c) for c in CHECKS],
+                },
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
         print(f"\nwrote {args.out}.csv and {args.out}.json")
     print_table(table)
 

@@ -28,9 +28,20 @@ def sb3_ppo(seed):
     def linear(start):
         return lambda progress_remaining: progress_remaining * start
 
-    return PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=8, seed=seed), n_steps=32, batch_size=256,
-               n_epochs=20, gamma=0.98, gae_lambda=0.8, learning_rate=linear(1e-3), clip_range=linear(0.2),
-               ent_coef=0.0, seed=seed, device="cpu")
+    return PPO(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=8, seed=seed),
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        ent_coef=0.0,
+        seed=seed,
+        device="cpu",
+    )
 
 
 def main():
@@ -43,13 +54,21 @@ def main():
     print("running ...")
     rows = []
     for backend, name in (("gymnasium", "edurl PPO (gymnasium vector)"), ("torch", "edurl PPO (TorchCartPole)")):
-        rows += run_edurl(name, lambda s, b=backend: PPOConfig(seed=s, env_backend=b, total_steps=BUDGET,
-                                                                device="cpu", progress=False),
-                          train_ppo, seeds, greedy_episodes=100)
+        rows += run_edurl(
+            name,
+            lambda s, b=backend: PPOConfig(seed=s, env_backend=b, total_steps=BUDGET, device="cpu", progress=False),
+            train_ppo,
+            seeds,
+            greedy_episodes=100,
+        )
     if not args.no_sb3:
         rows += run_sb3("SB3 PPO (zoo)", sb3_ppo, seeds, BUDGET, greedy_episodes=100)
-    print_table(rows, "SB3 PPO (zoo)", f"PPO on CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean "
-                                        ">= 475; median (min-max) over solved seeds; 1 CPU thread")
+    print_table(
+        rows,
+        "SB3 PPO (zoo)",
+        f"PPO on CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean "
+        ">= 475; median (min-max) over solved seeds; 1 CPU thread",
+    )
 
 
 if __name__ == "__main__":

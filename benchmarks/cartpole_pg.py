@@ -29,25 +29,35 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--no-sb3", action="store_true", help="skip Stable-Baselines3")
-    parser.add_argument("--single-episode", action="store_true",
-                        help="also run classic REINFORCE with one episode per update")
+    parser.add_argument(
+        "--single-episode", action="store_true", help="also run classic REINFORCE with one episode per update"
+    )
     parser.add_argument("--sb3-max-steps", type=int, default=1_000_000)
     args = parser.parse_args()
     warm_up()
     seeds = list(range(args.seeds))
     print("running ...")
-    rows = run_edurl("edurl REINFORCE (8 ep/update)", lambda s: ReinforceConfig(seed=s, progress=False),
-                     train_reinforce, seeds)
+    rows = run_edurl(
+        "edurl REINFORCE (8 ep/update)", lambda s: ReinforceConfig(seed=s, progress=False), train_reinforce, seeds
+    )
     if args.single_episode:
-        rows += run_edurl("edurl REINFORCE (1 ep/update)",
-                          lambda s: ReinforceConfig(seed=s, episodes_per_update=1, learning_rate=0.002, progress=False),
-                          train_reinforce, seeds)
-    rows += run_edurl("edurl A2C + GAE", lambda s: A2CConfig(seed=s, progress=False, total_steps=1_000_000),
-                      train_a2c, seeds)
+        rows += run_edurl(
+            "edurl REINFORCE (1 ep/update)",
+            lambda s: ReinforceConfig(seed=s, episodes_per_update=1, learning_rate=0.002, progress=False),
+            train_reinforce,
+            seeds,
+        )
+    rows += run_edurl(
+        "edurl A2C + GAE", lambda s: A2CConfig(seed=s, progress=False, total_steps=1_000_000), train_a2c, seeds
+    )
     if not args.no_sb3:
         rows += run_sb3("SB3 A2C (zoo)", sb3_a2c, seeds, args.sb3_max_steps)
-    print_table(rows, "SB3 A2C (zoo)", f"CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean >= 475; "
-                                        "median (min-max) over solved seeds; 1 CPU thread")
+    print_table(
+        rows,
+        "SB3 A2C (zoo)",
+        f"CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean >= 475; "
+        "median (min-max) over solved seeds; 1 CPU thread",
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,17 @@ REPO = Path(__file__).resolve().parent.parent
 CHECKS = ("cuda-tests", "notebooks", "ppo", "llm")
 
 #: Qwen2.5-0.5B's shapes (its config.json), for a randomly initialised stand-in: there is no hub here
-QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768,
-                  rope_theta=1e6)
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    tie_word_embeddings=True,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+)
 
 
 def missing_gpu() -> str | None:
@@ -64,6 +72,7 @@ def _sync(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- pytest checks
+
 
 def junit_counts(path: Path) -> dict:
     """Outcome counts of a pytest ``--junitxml`` report, and the outcome of each test file (or notebook)."""
@@ -88,8 +97,9 @@ def run_pytest(args: list[str], timeout: float, env: dict | None = None) -> dict
         xml = Path(tmp) / "report.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
         try:
-            proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = subprocess.run(
+                cmd, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+            )
             rc, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as err:
             rc, output = None, f"timed out after {timeout:.0f} s\n{err.stdout or ''}"
@@ -105,8 +115,11 @@ def check_cuda_tests(timeout: float) -> tuple[bool, str, dict]:
 
 def check_notebooks(timeout: float, workers: int) -> tuple[bool, str, dict]:
     # loadscope keeps each notebook's cells on one worker, as `make notebooks` does
-    r = run_pytest(["--nbval-lax", "--nbval-current-env", "notebooks/", "-n", str(workers), "--dist", "loadscope"],
-                   timeout, env={"EDURL_DEVICE": "cuda"})
+    r = run_pytest(
+        ["--nbval-lax", "--nbval-current-env", "notebooks/", "-n", str(workers), "--dist", "loadscope"],
+        timeout,
+        env={"EDURL_DEVICE": "cuda"},
+    )
     notebooks = r.pop("files")
     # junit names a notebook's cells by its path with dots: notebooks.01_rl_fundamentals.ipynb
     failed = sorted(name.removeprefix("notebooks.") for name, outcome in notebooks.items() if outcome == "failed")
@@ -122,8 +135,10 @@ def check_notebooks(timeout: float, workers: int) -> tuple[bool, str, dict]:
 
 # ---------------------------------------------------------------------------------------------- throughput
 
-def ppo_throughput(device: str = "cuda", num_envs: int = 4096, num_steps: int = 32, updates: int = 10,
-                   rollouts: int = 10) -> dict:
+
+def ppo_throughput(
+    device: str = "cuda", num_envs: int = 4096, num_steps: int = 32, updates: int = 10, rollouts: int = 10
+) -> dict:
     """PPO env steps per second with ``TorchCartPole`` on ``device``, and the rollout's alone.
 
     PPO: ``train_ppo`` runs 1 + ``updates`` updates of ``num_envs * num_steps`` env steps (the course's
@@ -138,9 +153,17 @@ def ppo_throughput(device: str = "cuda", num_envs: int = 4096, num_steps: int = 
     dev = torch.device(device)
     batch = num_envs * num_steps
     with tempfile.TemporaryDirectory() as log_dir:
-        config = PPOConfig(env_backend="torch", num_envs=num_envs, num_steps=num_steps,
-                           total_steps=batch * (updates + 1), stop_when_solved=False, device=device,
-                           progress=False, log_dir=log_dir, seed=0)
+        config = PPOConfig(
+            env_backend="torch",
+            num_envs=num_envs,
+            num_steps=num_steps,
+            total_steps=batch * (updates + 1),
+            stop_when_solved=False,
+            device=device,
+            progress=False,
+            log_dir=log_dir,
+            seed=0,
+        )
         train_ppo(config)
         m = load_metrics(log_dir)
     steps, seconds = m["step"].to_numpy(), m["time/total"].to_numpy()
@@ -156,19 +179,39 @@ def ppo_throughput(device: str = "cuda", num_envs: int = 4096, num_steps: int = 
         ro, obs, counter = collect_rollout(env, policy, obs, num_steps, dev, counter)
     _sync(dev)
     rollout_rate = rollouts * batch / (time.perf_counter() - t0)
-    return {"device": str(dev), "num_envs": num_envs, "num_steps": num_steps, "timed_updates": updates,
-            "ppo_env_steps_per_s": float(ppo_rate), "rollout_env_steps_per_s": float(rollout_rate)}
+    return {
+        "device": str(dev),
+        "num_envs": num_envs,
+        "num_steps": num_steps,
+        "timed_updates": updates,
+        "ppo_env_steps_per_s": float(ppo_rate),
+        "rollout_env_steps_per_s": float(rollout_rate),
+    }
 
 
 def check_ppo(num_envs: int) -> tuple[bool, str, dict]:
     r = ppo_throughput("cuda", num_envs=num_envs)
     r["aim_env_steps_per_s"], r["meets_aim"] = 1e6, r["ppo_env_steps_per_s"] >= 1e6
-    return True, (f"{r['ppo_env_steps_per_s'] / 1e6:.2f}M env steps/s (rollout alone "
-                  f"{r['rollout_env_steps_per_s'] / 1e6:.2f}M/s), {num_envs} envs; aim >= 1M"), r
+    return (
+        True,
+        (
+            f"{r['ppo_env_steps_per_s'] / 1e6:.2f}M env steps/s (rollout alone "
+            f"{r['rollout_env_steps_per_s'] / 1e6:.2f}M/s), {num_envs} envs; aim >= 1M"
+        ),
+        r,
+    )
 
 
-def llm_throughput(device: str = "cuda", model_shapes: dict | None = None, num_prompts: int = 8, num_samples: int = 8,
-                   prompt_len: int = 64, max_tokens: int = 128, lora_rank: int = 16, seed: int = 0) -> dict:
+def llm_throughput(
+    device: str = "cuda",
+    model_shapes: dict | None = None,
+    num_prompts: int = 8,
+    num_samples: int = 8,
+    prompt_len: int = 64,
+    max_tokens: int = 128,
+    lora_rank: int = 16,
+    seed: int = 0,
+) -> dict:
     """Sampler tokens/s and one LoRA GRPO step's seconds on a random model with ``model_shapes`` (Qwen2 config).
 
     The model is saved to a temp folder and loaded back with ``load_policy(path, lora=lora_rank)``, the path
@@ -216,8 +259,10 @@ def llm_throughput(device: str = "cuda", model_shapes: dict | None = None, num_p
 
     rewards = torch.rand(num_prompts, num_samples, generator=gen, device="cpu")  # (P, G)
     advantages = rewards - rewards.mean(1, keepdim=True)  # group-centred, as GRPO's
-    datums = [build_datum(prompts[c.prompt_index], c.tokens, c.logprobs, float(advantages.flatten()[i]))
-              for i, c in enumerate(completions)]
+    datums = [
+        build_datum(prompts[c.prompt_index], c.tokens, c.logprobs, float(advantages.flatten()[i]))
+        for i, c in enumerate(completions)
+    ]
     trainer = TrainingClient(model, tokenizer)
     step_seconds = []
     for _ in range(2):
@@ -227,23 +272,39 @@ def llm_throughput(device: str = "cuda", model_shapes: dict | None = None, num_p
         trainer.optim_step(AdamParams(learning_rate=1e-5)).result()
         _sync(dev)
         step_seconds.append(time.perf_counter() - t0)
-    return {"device": str(dev), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "lora_rank": lora_rank, "prompts": num_prompts, "samples_per_prompt": num_samples,
-            "prompt_tokens": prompt_len, "max_tokens": max_tokens, "sampled_tokens": num_tokens,
-            "sample_seconds": sample_seconds,
-            "sampler_tokens_per_s": num_tokens / sample_seconds, "grpo_step_seconds": step_seconds[-1],
-            "first_grpo_step_seconds": step_seconds[0], "setup_seconds": setup_seconds}
+    return {
+        "device": str(dev),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "lora_rank": lora_rank,
+        "prompts": num_prompts,
+        "samples_per_prompt": num_samples,
+        "prompt_tokens": prompt_len,
+        "max_tokens": max_tokens,
+        "sampled_tokens": num_tokens,
+        "sample_seconds": sample_seconds,
+        "sampler_tokens_per_s": num_tokens / sample_seconds,
+        "grpo_step_seconds": step_seconds[-1],
+        "first_grpo_step_seconds": step_seconds[0],
+        "setup_seconds": setup_seconds,
+    }
 
 
 def check_llm() -> tuple[bool, str, dict]:
     r = llm_throughput("cuda")
-    return True, (f"sampler {r['sampler_tokens_per_s']:,.0f} tok/s; LoRA-{r['lora_rank']} {r['dtype']} GRPO step "
-                  f"{r['grpo_step_seconds']:.2f} s ({r['prompts']}x{r['samples_per_prompt']} seqs)"), r
+    return (
+        True,
+        (
+            f"sampler {r['sampler_tokens_per_s']:,.0f} tok/s; LoRA-{r['lora_rank']} {r['dtype']} GRPO step "
+            f"{r['grpo_step_seconds']:.2f} s ({r['prompts']}x{r['samples_per_prompt']} seqs)"
+        ),
+        r,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the table
+
 
 def run_check(name: str, fn) -> dict:
     """Run one check; an exception makes it a failed row, never the end of the run."""
@@ -252,8 +313,13 @@ def run_check(name: str, fn) -> dict:
         ok, result, details = fn()
     except Exception as err:  # noqa: BLE001 -- isolation is the point
         ok, result, details = False, f"error: {type(err).__name__}: {err}", {"traceback": traceback.format_exc()}
-    row = {"check": name, "ok": bool(ok), "result": result, "seconds": round(time.perf_counter() - t0, 1),
-           "details": details}
+    row = {
+        "check": name,
+        "ok": bool(ok),
+        "result": result,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "details": details,
+    }
     print(f"  {name}: {'ok' if ok else 'FAILED'} -- {result} ({row['seconds']} s)", flush=True)
     return row
 
@@ -280,16 +346,23 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"gpu-check: no NVIDIA GPU found ({why}); nothing run.")
         return 0
-    checks = {"cuda-tests": lambda: check_cuda_tests(args.tests_timeout),
-              "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers),
-              "ppo": lambda: check_ppo(args.num_envs),
-              "llm": check_llm}
+    checks = {
+        "cuda-tests": lambda: check_cuda_tests(args.tests_timeout),
+        "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers),
+        "ppo": lambda: check_ppo(args.num_envs),
+        "llm": check_llm,
+    }
     gpu = torch.cuda.get_device_name(0)
     print(f"gpu-check on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda})", flush=True)
     rows = [run_check(name, checks[name]) for name in CHECKS if name in args.only]
     print("\n" + format_table(rows))
-    report = {"gpu": gpu, "torch": torch.__version__, "cuda": torch.version.cuda, "checks": rows,
-              "ok": all(r["ok"] for r in rows)}
+    report = {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "checks": rows,
+        "ok": all(r["ok"] for r in rows),
+    }
     Path(args.out).write_text(json.dumps(report, indent=1, default=str))
     print(f"\nwrote {args.out}")
     return 0 if report["ok"] else 1

@@ -45,11 +45,20 @@ def run(arm: str, config: GRPOConfig) -> tuple[dict, pd.DataFrame]:
     seconds = time.perf_counter() - t0
     m = result.metrics
     train_s = float(m[["time/sample", "time/train"]].sum().sum()) if arm == "GRPO" else float(m["time/train"].sum())
-    row = {"seed": config.seed, "arm": arm, "start": result.start.pass_at_1, "after": result.final.pass_at_1,
-           "gain": result.final.pass_at_1 - result.start.pass_at_1, "format": result.final.format,
-           "train s": train_s, "total s": seconds}
+    row = {
+        "seed": config.seed,
+        "arm": arm,
+        "start": result.start.pass_at_1,
+        "after": result.final.pass_at_1,
+        "gain": result.final.pass_at_1 - result.start.pass_at_1,
+        "format": result.final.format,
+        "train s": train_s,
+        "total s": seconds,
+    }
     curve = m.dropna(subset=["test/pass_at_1"])[["step", "test/pass_at_1"]].assign(seed=config.seed, arm=arm)
-    start = pd.DataFrame({"step": [-1], "test/pass_at_1": [result.start.pass_at_1], "seed": [config.seed], "arm": [arm]})
+    start = pd.DataFrame(
+        {"step": [-1], "test/pass_at_1": [result.start.pass_at_1], "seed": [config.seed], "arm": [arm]}
+    )
     return row, pd.concat([start, curve])
 
 
@@ -86,16 +95,27 @@ def main() -> None:
             row, curve = run(arm, replace(base, log_dir=str(out / f"seed{seed}" / name)))
             rows.append(row)
             curves.append(curve)
-            print(f"seed {seed} {arm:>13}: held-out pass@1 {row['start']:.1%} -> {row['after']:.1%} "
-                  f"({row['gain']:+.1%}) in {row['train s']:.0f} s of training", flush=True)
+            print(
+                f"seed {seed} {arm:>13}: held-out pass@1 {row['start']:.1%} -> {row['after']:.1%} "
+                f"({row['gain']:+.1%}) in {row['train s']:.0f} s of training",
+                flush=True,
+            )
 
     df = pd.DataFrame(rows).set_index(["seed", "arm"])
-    print(f"\n2-digit addition from each seed's SFT checkpoint; {steps} optimizer steps of 256 sequences per arm, "
-          f"lr {GRPOConfig.learning_rate:g}, greedy pass@1 on {GRPOConfig.num_eval} held-out problems")
+    print(
+        f"\n2-digit addition from each seed's SFT checkpoint; {steps} optimizer steps of 256 sequences per arm, "
+        f"lr {GRPOConfig.learning_rate:g}, greedy pass@1 on {GRPOConfig.num_eval} held-out problems"
+    )
     print(df.to_string(float_format=lambda x: f"{x:,.3f}"))
     grpo, sft = df.xs("GRPO", level="arm"), df.xs("continued SFT", level="arm")
-    side = pd.DataFrame({"GRPO gain": grpo["gain"], "SFT gain": sft["gain"], "GRPO - SFT": grpo["gain"] - sft["gain"],
-                         "train s (GRPO / SFT)": grpo["train s"] / sft["train s"]})
+    side = pd.DataFrame(
+        {
+            "GRPO gain": grpo["gain"],
+            "SFT gain": sft["gain"],
+            "GRPO - SFT": grpo["gain"] - sft["gain"],
+            "train s (GRPO / SFT)": grpo["train s"] / sft["train s"],
+        }
+    )
     if len(seeds) > 1:
         side.loc["median"] = side.median()
     print("\n" + side.to_string(float_format=lambda x: f"{x:,.3f}"))

@@ -88,25 +88,51 @@ NUM_TEST = 200
 
 def edurl_config(seed: int, steps: int, lr: float, threads: int, log_dir: str) -> GRPOConfig:
     """edurl's side of the table in the module docstring."""
-    return GRPOConfig(seed=seed, group_size=GROUP_SIZE, batch_size=BATCH_SIZE, max_steps=steps, learning_rate=lr,
-                      loss_fn="ppo", clip_low_threshold=1 - CLIP_EPS, clip_high_threshold=1 + CLIP_EPS, aggregation="token_mean",
-                      advantage_scale="none", num_substeps=1, kl_coef=0.0, temperature=1.0, max_tokens=MAX_TOKENS,
-                      num_eval=NUM_TEST, num_threads=threads, progress=False, log_dir=log_dir)
+    return GRPOConfig(
+        seed=seed,
+        group_size=GROUP_SIZE,
+        batch_size=BATCH_SIZE,
+        max_steps=steps,
+        learning_rate=lr,
+        loss_fn="ppo",
+        clip_low_threshold=1 - CLIP_EPS,
+        clip_high_threshold=1 + CLIP_EPS,
+        aggregation="token_mean",
+        advantage_scale="none",
+        num_substeps=1,
+        kl_coef=0.0,
+        temperature=1.0,
+        max_tokens=MAX_TOKENS,
+        num_eval=NUM_TEST,
+        num_threads=threads,
+        progress=False,
+        log_dir=log_dir,
+    )
 
 
 def train_problems(config: GRPOConfig) -> list[list[llm.Problem]]:
     """The problems ``grpo_step`` draws at each step, so TRL can be fed the same ones in the same order."""
     task = config.sft.task()
-    return [task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
-            for step in range(config.max_steps)]
+    return [
+        task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
+        for step in range(config.max_steps)
+    ]
 
 
 def summarize(name, seed, step_times, total, before, after, rewards) -> dict:
     timed = step_times[1:] or step_times  # the first step pays one-time costs (lazy imports, allocator)
-    return {"library": name, "seed": seed, "steps": len(step_times), "s/step": statistics.median(timed),
-            "total s": total, "pass@1 before": before.pass_at_1, "pass@1 after": after.pass_at_1,
-            "gain": after.pass_at_1 - before.pass_at_1, "train reward (first)": rewards[0],
-            "train reward (last)": rewards[-1]}
+    return {
+        "library": name,
+        "seed": seed,
+        "steps": len(step_times),
+        "s/step": statistics.median(timed),
+        "total s": total,
+        "pass@1 before": before.pass_at_1,
+        "pass@1 after": after.pass_at_1,
+        "gain": after.pass_at_1 - before.pass_at_1,
+        "train reward (first)": rewards[0],
+        "train reward (last)": rewards[-1],
+    }
 
 
 def print_row(row: dict) -> None:
@@ -142,30 +168,61 @@ def trl_args(config: GRPOConfig, output_dir: str):
 
     adam = AdamParams(learning_rate=config.learning_rate)  # the optimizer settings grpo_step uses
     return trl.GRPOConfig(
-        output_dir=output_dir, seed=config.seed, max_steps=config.max_steps, num_train_epochs=1,
+        output_dir=output_dir,
+        seed=config.seed,
+        max_steps=config.max_steps,
+        num_train_epochs=1,
         # 32 prompts x 8 completions per optimizer step: the batch size counts completions, not prompts
-        per_device_train_batch_size=config.batch_size * config.group_size, num_generations=config.group_size,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1, shuffle_dataset=False,
-        loss_type="dapo", epsilon=CLIP_EPS, scale_rewards="none", beta=0.0, mask_truncated_completions=False,
-        temperature=config.temperature, top_p=1.0, top_k=0, max_completion_length=config.max_tokens,
-        learning_rate=config.learning_rate, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-        adam_beta1=adam.beta1, adam_beta2=adam.beta2, adam_epsilon=adam.eps, weight_decay=adam.weight_decay,
+        per_device_train_batch_size=config.batch_size * config.group_size,
+        num_generations=config.group_size,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        shuffle_dataset=False,
+        loss_type="dapo",
+        epsilon=CLIP_EPS,
+        scale_rewards="none",
+        beta=0.0,
+        mask_truncated_completions=False,
+        temperature=config.temperature,
+        top_p=1.0,
+        top_k=0,
+        max_completion_length=config.max_tokens,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        adam_beta1=adam.beta1,
+        adam_beta2=adam.beta2,
+        adam_epsilon=adam.eps,
+        weight_decay=adam.weight_decay,
         max_grad_norm=adam.grad_clip_norm,
         # CPU, float32, nothing GPU-only: TRL's defaults are bf16=True and gradient (activation) checkpointing on
-        use_cpu=True, bf16=False, fp16=False, use_vllm=False, activation_checkpointing=False,
-        dataloader_pin_memory=False, save_strategy="no", report_to="none", logging_steps=1, disable_tqdm=True,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        use_vllm=False,
+        activation_checkpointing=False,
+        dataloader_pin_memory=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
     )
 
 
 def check_chat_template(tokenizer, renderer: llm.ChatMLRenderer, problems: list[llm.Problem]) -> None:
     """TRL renders prompts with the tokenizer's chat template; it must give our renderer's tokens."""
     for p in problems:
-        theirs = tokenizer.apply_chat_template([p.messages()], add_generation_prompt=True, tokenize=True,
-                                               return_dict=True)["input_ids"][0]
+        theirs = tokenizer.apply_chat_template(
+            [p.messages()], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"][0]
         ours = renderer.build_generation_prompt(p.messages())
         if list(theirs) != ours:
-            raise RuntimeError(f"the tokenizer's chat template gives {list(theirs)} for {p.question!r}, the renderer "
-                               f"{ours}: the two libraries would train on different prompts. Fix the template.")
+            raise RuntimeError(
+                f"the tokenizer's chat template gives {list(theirs)} for {p.question!r}, the renderer "
+                f"{ours}: the two libraries would train on different prompts. Fix the template."
+            )
 
 
 def run_trl(config: GRPOConfig, sft_path: Path, test: list[llm.Problem], threads: int) -> dict:
@@ -210,15 +267,23 @@ def run_trl(config: GRPOConfig, sft_path: Path, test: list[llm.Problem], threads
     clock = StepClock()
     with tempfile.TemporaryDirectory(prefix="trl-grpo-") as output_dir:
         t0 = time.perf_counter()
-        trainer = trl.GRPOTrainer(model=str(sft_path), reward_funcs=edurl_reward, args=trl_args(config, output_dir),
-                                  train_dataset=dataset, processing_class=tokenizer, callbacks=[clock])
+        trainer = trl.GRPOTrainer(
+            model=str(sft_path),
+            reward_funcs=edurl_reward,
+            args=trl_args(config, output_dir),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[clock],
+        )
         trainer.remove_callback(PrinterCallback)  # it prints every step's logs; the clock keeps what we need
         setup = time.perf_counter() - t0
         if trainer.eos_token_ids != [im_end]:
             raise RuntimeError(f"TRL stops generation at {trainer.eos_token_ids}, expected [{im_end}] (<|im_end|>)")
         if trainer.accelerator.device.type != "cpu" or trainer.model.dtype != torch.float32:
-            raise RuntimeError(f"TRL trains on {trainer.accelerator.device} in {trainer.model.dtype}; "
-                               "this benchmark compares float32 on the CPU")
+            raise RuntimeError(
+                f"TRL trains on {trainer.accelerator.device} in {trainer.model.dtype}; "
+                "this benchmark compares float32 on the CPU"
+            )
         before = llm.evaluate(trainer.model, renderer, test)
         t1 = time.perf_counter()
         trainer.train()
@@ -241,7 +306,6 @@ def warm_up(config: GRPOConfig, sft_path: Path, test: list[llm.Problem], threads
     short = replace(config, max_steps=2)
     run_edurl(short, test[:8])
     run_trl(short, sft_path, test[:8], threads)
-
 
 
 def main() -> None:
@@ -273,17 +337,21 @@ def main() -> None:
             print_row(rows[-1])
 
     df = pd.DataFrame(rows).set_index(["seed", "library"])
-    print(f"\nGRPO on 2-digit addition: {BATCH_SIZE} problems x {GROUP_SIZE} completions per step, {steps} steps, "
-          f"lr={args.lr:g}, max_tokens={MAX_TOKENS}, threads={args.threads}, CPU; s/step: median after step 1; "
-          f"pass@1: greedy on {NUM_TEST} test problems")
+    print(
+        f"\nGRPO on 2-digit addition: {BATCH_SIZE} problems x {GROUP_SIZE} completions per step, {steps} steps, "
+        f"lr={args.lr:g}, max_tokens={MAX_TOKENS}, threads={args.threads}, CPU; s/step: median after step 1; "
+        f"pass@1: greedy on {NUM_TEST} test problems"
+    )
     print(df.to_string(float_format=lambda x: f"{x:,.3f}"))
     edurl, trl_ = df.xs("edurl", level="library"), df.xs("TRL", level="library")
-    ratios = pd.DataFrame({
-        "edurl speed-up (steps/s over TRL)": trl_["s/step"] / edurl["s/step"],
-        "total s (TRL over edurl)": trl_["total s"] / edurl["total s"],
-        "gain edurl": edurl["gain"],
-        "gain TRL": trl_["gain"],
-    })
+    ratios = pd.DataFrame(
+        {
+            "edurl speed-up (steps/s over TRL)": trl_["s/step"] / edurl["s/step"],
+            "total s (TRL over edurl)": trl_["total s"] / edurl["total s"],
+            "gain edurl": edurl["gain"],
+            "gain TRL": trl_["gain"],
+        }
+    )
     if len(seeds) > 1:
         ratios.loc["median"] = ratios.median()
     print("\n" + ratios.to_string(float_format=lambda x: f"{x:,.3f}"))

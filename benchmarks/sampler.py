@@ -35,11 +35,21 @@ def hf_generate(model, prompts, G, max_tokens, stop, pad_id, seed, with_logprobs
     device = next(model.parameters()).device
     L = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in prompts], device=device).repeat_interleave(G, 0)
-    mask = (torch.arange(L, device=device) >= torch.tensor([L - len(p) for p in prompts], device=device)[:, None])
+    mask = torch.arange(L, device=device) >= torch.tensor([L - len(p) for p in prompts], device=device)[:, None]
     mask = mask.long().repeat_interleave(G, 0)
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                         max_new_tokens=max_tokens, eos_token_id=stop, pad_token_id=pad_id,
-                         return_dict_in_generate=True, output_scores=with_logprobs)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_tokens,
+        eos_token_id=stop,
+        pad_token_id=pad_id,
+        return_dict_in_generate=True,
+        output_scores=with_logprobs,
+    )
     new = out.sequences[:, L:]  # (P*G, <= max_tokens)
     if with_logprobs:
         model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
@@ -91,13 +101,21 @@ def main() -> None:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         sec = statistics.median(times)
-        rows.append({"sampler": name, "seconds": sec, "tokens": statistics.median(tokens),
-                     "tokens/s": statistics.median(t / s for t, s in zip(tokens, times))})
+        rows.append(
+            {
+                "sampler": name,
+                "seconds": sec,
+                "tokens": statistics.median(tokens),
+                "tokens/s": statistics.median(t / s for t, s in zip(tokens, times)),
+            }
+        )
     df = pd.DataFrame(rows).set_index("sampler")
     df["edurl speed-up"] = df.loc["edurl.llm.sample (with log-probs)", "tokens/s"] / df["tokens/s"]
-    print(f"\n{args.prompts} prompts x {args.samples} samples, max_tokens={args.max_tokens}, device={args.device}, "
-          f"threads={args.threads}, {'random init' if args.random_init else 'SFT checkpoint'}, "
-          f"median of {args.repeats}")
+    print(
+        f"\n{args.prompts} prompts x {args.samples} samples, max_tokens={args.max_tokens}, device={args.device}, "
+        f"threads={args.threads}, {'random init' if args.random_init else 'SFT checkpoint'}, "
+        f"median of {args.repeats}"
+    )
     print(df.to_string(float_format=lambda x: f"{x:,.2f}"))
 
 

@@ -24,8 +24,9 @@ def check_gamma(gamma: float, name: str = "gamma") -> float:
     return gamma
 
 
-def check_tensor(x, name: str, *, ndim: tuple[int, ...] | None = None, floating: bool = False,
-                 boolean: bool = False) -> torch.Tensor:
+def check_tensor(
+    x, name: str, *, ndim: tuple[int, ...] | None = None, floating: bool = False, boolean: bool = False
+) -> torch.Tensor:
     """Check that ``x`` is a torch tensor with an allowed number of dimensions and dtype kind."""
     if not isinstance(x, torch.Tensor):
         hint = " Wrap it with torch.as_tensor(...)." if hasattr(x, "__array__") or isinstance(x, (list, tuple)) else ""
@@ -56,8 +57,14 @@ _RULES = {
     "positive": ("a finite number > 0", lambda v: _real(v) and math.isfinite(v) and v > 0),
     "nonneg": ("a finite number >= 0", lambda v: _real(v) and math.isfinite(v) and v >= 0),
     "unit": ("a number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
-    "sizes": ("a non-empty tuple of positive ints", lambda v: isinstance(v, (tuple, list)) and len(v) > 0
-              and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)),
+    "sizes": (
+        "a non-empty tuple of positive ints",
+        lambda v: (
+            isinstance(v, (tuple, list))
+            and len(v) > 0
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)
+        ),
+    ),
 }
 
 
@@ -65,8 +72,9 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def check_fields(config, *, optional: tuple[str, ...] = (), choices: dict[str, tuple] | None = None,
-                 **rules: tuple[str, ...]) -> None:
+def check_fields(
+    config, *, optional: tuple[str, ...] = (), choices: dict[str, tuple] | None = None, **rules: tuple[str, ...]
+) -> None:
     """Validate a config's fields at construction (call it from ``__post_init__``).
 
     Each keyword of ``rules`` names a rule of ``_RULES`` (``positive_int``, ``nonneg_int``, ``positive``,

@@ -25,7 +25,9 @@ def _to_json_value(key: str, value):
     """Turn a scalar metric into something ``json`` writes; reject what a table cannot hold."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log a scalar, e.g. x.mean().item().")
+            raise ValueError(
+                f"metric {key!r} is a tensor of shape {tuple(value.shape)}; log a scalar, e.g. x.mean().item()."
+            )
         value = value.item()
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars and 0-d arrays
         try:
@@ -87,7 +89,9 @@ class MetricsLogger:
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
             raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}.")
         if self._file.closed:
-            raise ValueError(f"this logger is closed; make a new MetricsLogger({str(self.log_dir)!r}, if_exists='append').")
+            raise ValueError(
+                f"this logger is closed; make a new MetricsLogger({str(self.log_dir)!r}, if_exists='append')."
+            )
         record = {"step": int(step)}
         for key, value in metrics.items():
             record[key] = _to_json_value(key, value)

@@ -30,13 +30,20 @@ __all__ = ["clip_fraction", "clipped_surrogate", "entropy"]
 def check_clip_range(clip_low_threshold: float, clip_high_threshold: float) -> None:
     """Raise a ValueError unless ``clip_low_threshold <= clip_high_threshold``."""
     if not clip_low_threshold <= clip_high_threshold:
-        raise ValueError(f"the clip range needs clip_low_threshold <= clip_high_threshold, got "
-                         f"[{clip_low_threshold}, {clip_high_threshold}]. Both bound the ratio r = pi / pi_sampler "
-                         "itself, e.g. [0.8, 1.2] for PPO's eps = 0.2.")
+        raise ValueError(
+            f"the clip range needs clip_low_threshold <= clip_high_threshold, got "
+            f"[{clip_low_threshold}, {clip_high_threshold}]. Both bound the ratio r = pi / pi_sampler "
+            "itself, e.g. [0.8, 1.2] for PPO's eps = 0.2."
+        )
 
 
-def clipped_surrogate(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      clip_low_threshold: float, clip_high_threshold: float) -> torch.Tensor:
+def clipped_surrogate(
+    train_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low_threshold: float,
+    clip_high_threshold: float,
+) -> torch.Tensor:
     """PPO's per-sample (or per-token) loss: -min(r * A, clamp(r, lo, hi) * A), r = exp(lp - q).
 
     Gradient w.r.t. ``train_logprobs``: 0 where the clip binds (A > 0 and r > hi, or A < 0 and r < lo), else
@@ -51,8 +58,13 @@ def clipped_surrogate(train_logprobs: torch.Tensor, sampling_logprobs: torch.Ten
 
 
 @torch.no_grad()
-def clip_fraction(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor | None = None,
-                  clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2) -> torch.Tensor:
+def clip_fraction(
+    train_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    clip_low_threshold: float = 0.8,
+    clip_high_threshold: float = 1.2,
+) -> torch.Tensor:
     """Share of entries (where ``mask`` is nonzero; all, if None) whose ratio r lies strictly outside
     ``[clip_low_threshold, clip_high_threshold]``: a 0-d float tensor, 0 if no entry counts.
 

@@ -13,7 +13,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-__all__ = ["GRPO_PANELS", "align_curves", "plot_grpo_metrics", "plot_learning_curves", "plot_value_grid", "rolling_mean"]
+__all__ = [
+    "GRPO_PANELS",
+    "align_curves",
+    "plot_grpo_metrics",
+    "plot_learning_curves",
+    "plot_value_grid",
+    "rolling_mean",
+]
 
 
 def rolling_mean(values, window: int) -> np.ndarray:
@@ -33,8 +40,9 @@ def rolling_mean(values, window: int) -> np.ndarray:
     return (csum[idx] - csum[start]) / (idx - start)
 
 
-def align_curves(curves: Sequence[pd.DataFrame], x: str, y: str, *, window: int = 1,
-                 num_points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+def align_curves(
+    curves: Sequence[pd.DataFrame], x: str, y: str, *, window: int = 1, num_points: int = 200
+) -> tuple[np.ndarray, np.ndarray]:
     """Smooth each seed's curve with ``rolling_mean`` and interpolate all of them onto one x grid.
 
     Seeds log at different x (episodes end at different steps; wall times differ), so their curves
@@ -63,10 +71,18 @@ def align_curves(curves: Sequence[pd.DataFrame], x: str, y: str, *, window: int 
     return grid, Y
 
 
-def plot_learning_curves(runs: Mapping[str, Sequence[pd.DataFrame]] | Sequence[pd.DataFrame], *,
-                         x: str = "step", y: str = "episode_return", window: int = 100, band: str = "minmax",
-                         ax: plt.Axes | None = None, xlabel: str | None = None, ylabel: str | None = None,
-                         title: str | None = None) -> plt.Axes:
+def plot_learning_curves(
+    runs: Mapping[str, Sequence[pd.DataFrame]] | Sequence[pd.DataFrame],
+    *,
+    x: str = "step",
+    y: str = "episode_return",
+    window: int = 100,
+    band: str = "minmax",
+    ax: plt.Axes | None = None,
+    xlabel: str | None = None,
+    ylabel: str | None = None,
+    title: str | None = None,
+) -> plt.Axes:
     """Draw the seed-mean of each run's smoothed curve, with a band across seeds.
 
     ``runs`` maps a label to one DataFrame per seed (a plain list is one unlabelled run). ``x`` is a
@@ -82,7 +98,7 @@ def plot_learning_curves(runs: Mapping[str, Sequence[pd.DataFrame]] | Sequence[p
         grid, Y = align_curves(curves, x, y, window=window)
         mean = Y.mean(0)
         n = Y.shape[0]
-        line, = ax.plot(grid, mean, label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label else None)
+        (line,) = ax.plot(grid, mean, label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label else None)
         if band != "none" and n > 1:
             lo, hi = (Y.min(0), Y.max(0)) if band == "minmax" else (mean - Y.std(0), mean + Y.std(0))
             ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -100,8 +116,9 @@ def plot_learning_curves(runs: Mapping[str, Sequence[pd.DataFrame]] | Sequence[p
 _ARROWS = {"left": (-1, 0), "down": (0, 1), "right": (1, 0), "up": (0, -1)}
 
 
-def plot_value_grid(V: torch.Tensor, mdp, *, policy: torch.Tensor | None = None, ax: plt.Axes | None = None,
-                    title: str | None = None) -> plt.Axes:
+def plot_value_grid(
+    V: torch.Tensor, mdp, *, policy: torch.Tensor | None = None, ax: plt.Axes | None = None, title: str | None = None
+) -> plt.Axes:
     """Heatmap of V over a grid world's map, with its letters and, optionally, greedy-policy arrows.
 
     ``mdp`` is a :class:`edurl.rl.TabularMDP` built from a grid env (it carries ``grid`` and
@@ -134,10 +151,14 @@ def plot_value_grid(V: torch.Tensor, mdp, *, policy: torch.Tensor | None = None,
 
 
 #: the panels of :func:`plot_grpo_metrics`: (metric, title)
-GRPO_PANELS = (("env/all/correct", "train correct (sampled, T=1)"), ("test/pass_at_1", "held-out pass@1 (greedy)"),
-               ("env/all/format", "format"), ("optim/entropy", "entropy (nats / token)"),
-               ("env/all/by_group/frac_mixed", "frac_mixed (groups with signal)"),
-               ("optim/kl_sample_train_v2", "kl_sample_train_v2"))
+GRPO_PANELS = (
+    ("env/all/correct", "train correct (sampled, T=1)"),
+    ("test/pass_at_1", "held-out pass@1 (greedy)"),
+    ("env/all/format", "format"),
+    ("optim/entropy", "entropy (nats / token)"),
+    ("env/all/by_group/frac_mixed", "frac_mixed (groups with signal)"),
+    ("optim/kl_sample_train_v2", "kl_sample_train_v2"),
+)
 
 
 def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
@@ -161,7 +182,7 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
                 ax.plot(data["step"], data[key].rolling(smooth, min_periods=1).mean(), label=label or None)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("GRPO step")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     if len(runs) > 1:
         axes.flat[0].legend(fontsize=8)

@@ -84,7 +84,6 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
     return seed
 
 
-
 _pick_device = device  # torch_threads' own argument is called device
 
 
@@ -111,8 +110,15 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
         torch.set_num_threads(previous)
 
 
-def progress(iterable=None, *, total: int | None = None, desc: str | None = None, disable: bool = False,
-             max_redraws: int = 100, **kwargs):
+def progress(
+    iterable=None,
+    *,
+    total: int | None = None,
+    desc: str | None = None,
+    disable: bool = False,
+    max_redraws: int = 100,
+    **kwargs,
+):
     """A tqdm progress bar (a widget in Jupyter) that redraws at most about ``max_redraws`` times, and
     at most once a second.
 
@@ -130,5 +136,13 @@ def progress(iterable=None, *, total: int | None = None, desc: str | None = None
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)
     steps = max(1, (total or 0) - kwargs.get("initial", 0))
-    return tqdm(iterable, total=total, desc=desc, disable=disable, mininterval=1.0, maxinterval=float("inf"),
-                miniters=max(1, steps // max_redraws), **kwargs)
+    return tqdm(
+        iterable,
+        total=total,
+        desc=desc,
+        disable=disable,
+        mininterval=1.0,
+        maxinterval=float("inf"),
+        miniters=max(1, steps // max_redraws),
+        **kwargs,
+    )

@@ -43,17 +43,28 @@ def test_check_fields_names_the_config_the_field_and_the_rule():
         kl: float | None = None
         mode: str = "a"
 
-    check_fields(Cfg(), positive_int=("n",), nonneg=("lr",), positive=("kl",), optional=("kl",),
-                 choices={"mode": ("a", "b")})
-    cases = [({"n": 0}, r"Cfg.n must be a positive int, got 0"), ({"n": True}, r"Cfg.n must be a positive int"),
-             ({"n": 2.0}, r"Cfg.n must be a positive int, got 2.0"), ({"lr": -1e-3}, r"Cfg.lr must be a finite"),
-             ({"lr": float("nan")}, r"Cfg.lr must be a finite number >= 0, got nan"),
-             ({"kl": 0.0}, r"Cfg.kl must be a finite number > 0 or None, got 0.0"),
-             ({"mode": "c"}, r"Cfg.mode must be one of 'a', 'b'; got 'c'")]
+    check_fields(
+        Cfg(), positive_int=("n",), nonneg=("lr",), positive=("kl",), optional=("kl",), choices={"mode": ("a", "b")}
+    )
+    cases = [
+        ({"n": 0}, r"Cfg.n must be a positive int, got 0"),
+        ({"n": True}, r"Cfg.n must be a positive int"),
+        ({"n": 2.0}, r"Cfg.n must be a positive int, got 2.0"),
+        ({"lr": -1e-3}, r"Cfg.lr must be a finite"),
+        ({"lr": float("nan")}, r"Cfg.lr must be a finite number >= 0, got nan"),
+        ({"kl": 0.0}, r"Cfg.kl must be a finite number > 0 or None, got 0.0"),
+        ({"mode": "c"}, r"Cfg.mode must be one of 'a', 'b'; got 'c'"),
+    ]
     for fields, message in cases:
         with pytest.raises(ValueError, match=message):
-            check_fields(Cfg(**fields), positive_int=("n",), nonneg=("lr",), positive=("kl",), optional=("kl",),
-                         choices={"mode": ("a", "b")})
+            check_fields(
+                Cfg(**fields),
+                positive_int=("n",),
+                nonneg=("lr",),
+                positive=("kl",),
+                optional=("kl",),
+                choices={"mode": ("a", "b")},
+            )
 
 
 def _configs():

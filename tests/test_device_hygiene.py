@@ -49,9 +49,30 @@ EDURL_DIR = Path(edurl.__file__).resolve().parent
 REPO_DIR = EDURL_DIR.parent
 
 # torch functions that make a new tensor from sizes or data, with the device a keyword (default: CPU)
-FACTORIES = frozenset(getattr(torch, name) for name in (
-    "zeros", "ones", "full", "empty", "empty_strided", "arange", "linspace", "logspace", "eye", "tensor",
-    "as_tensor", "asarray", "scalar_tensor", "rand", "randn", "randint", "randperm", "tril_indices", "triu_indices"))
+FACTORIES = frozenset(
+    getattr(torch, name)
+    for name in (
+        "zeros",
+        "ones",
+        "full",
+        "empty",
+        "empty_strided",
+        "arange",
+        "linspace",
+        "logspace",
+        "eye",
+        "tensor",
+        "as_tensor",
+        "asarray",
+        "scalar_tensor",
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "tril_indices",
+        "triu_indices",
+    )
+)
 FROM_DATA = frozenset((torch.tensor, torch.as_tensor, torch.asarray))  # a tensor argument carries its own device
 
 
@@ -72,8 +93,11 @@ class FactoryDeviceCheck(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in FACTORIES and kwargs.get("device") is None and not (
-                func in FROM_DATA and args and isinstance(args[0], torch.Tensor)):
+        if (
+            func in FACTORIES
+            and kwargs.get("device") is None
+            and not (func in FROM_DATA and args and isinstance(args[0], torch.Tensor))
+        ):
             # factories are C functions, so the frame below this one is the line that called torch
             caller = sys._getframe(1)
             filename = caller.f_code.co_filename
@@ -87,23 +111,38 @@ def assert_device_hygiene(run) -> None:
     """Run ``run()`` under the check; fail with the file:line of each factory call that names no device."""
     with FactoryDeviceCheck() as check:
         run()
-    assert not check.offenders, ("edurl created tensors without an explicit device (pass device=...; "
-                                 "device='cpu' for host-side data):\n  " + "\n  ".join(check.offenders))
+    assert not check.offenders, (
+        "edurl created tensors without an explicit device (pass device=...; "
+        "device='cpu' for host-side data):\n  " + "\n  ".join(check.offenders)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the check itself
 
-PLANTED = '''
+PLANTED = """
 def planted_gae(rewards, *args):
     baseline = torch.zeros(rewards.shape[1])  # the planted bug: no device
     fine = torch.zeros(rewards.shape[1], device=rewards.device), torch.as_tensor(rewards), torch.zeros_like(rewards)
     return gae(rewards, *args)
-'''
+"""
 
 
 def _tiny_ppo(**kw) -> PPOConfig:
-    return PPOConfig(**{**dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=2, total_steps=64,
-                               hidden_sizes=(8,), device="cpu", progress=False), **kw})
+    return PPOConfig(
+        **{
+            **dict(
+                num_envs=4,
+                num_steps=8,
+                num_minibatches=2,
+                update_epochs=2,
+                total_steps=64,
+                hidden_sizes=(8,),
+                device="cpu",
+                progress=False,
+            ),
+            **kw,
+        }
+    )
 
 
 def test_the_check_catches_a_planted_factory_call_in_a_trainer(monkeypatch):
@@ -127,6 +166,7 @@ def test_the_check_ignores_code_outside_edurl():
 
 # ---------------------------------------------------------------------------------------------- classic RL
 
+
 def _tiny(**kw):
     return dict(hidden_sizes=(8,), seed=0, device="cpu", progress=True, stop_when_solved=False, **kw)
 
@@ -135,8 +175,9 @@ def _tiny(**kw):
 # with them both branches of collect_rollout.
 RL_RUNS = {
     "reinforce": lambda: train_reinforce(ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=6))),
-    "reinforce-value-baseline": lambda: train_reinforce(ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=6,
-                                                                                baseline="value"))),
+    "reinforce-value-baseline": lambda: train_reinforce(
+        ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=6, baseline="value"))
+    ),
     "a2c": lambda: train_a2c(A2CConfig(**_tiny(num_envs=2, num_steps=8, total_steps=48))),
     "ppo-gymnasium": lambda: train_ppo(_tiny_ppo(env_backend="gymnasium", progress=True)),
     "ppo-torch": lambda: train_ppo(_tiny_ppo(env_backend="torch", progress=True, target_kl=0.0, clip_value=True)),
@@ -152,11 +193,17 @@ def _studies():
     torch.manual_seed(0)
     policy, value = CategoricalPolicy(4, 2, (8,)), ValueNet(4, (8,))
     traj = sample_trajectory(policy, value, seed=0, max_steps=20)
-    gae_bias_variance(policy, value, traj["states"][:2], traj["actions"][:2], lams=[0.0, 1.0], num_truth=4,
-                      num_samples=4, horizon=5)
+    gae_bias_variance(
+        policy, value, traj["states"][:2], traj["actions"][:2], lams=[0.0, 1.0], num_truth=4, num_samples=4, horizon=5
+    )
     fit_value_baseline(policy, "CartPole-v1", 2, 0.99, steps=2)
-    gradient_variance(policy, "CartPole-v1", {"none": lambda obs, G: 0.0, "value": lambda obs, G: value(obs)},
-                      num_batches=2, episodes_per_batch=2)
+    gradient_variance(
+        policy,
+        "CartPole-v1",
+        {"none": lambda obs, G: 0.0, "value": lambda obs, G: value(obs)},
+        num_batches=2,
+        episodes_per_batch=2,
+    )
     bandit_gradient_samples(torch.zeros(3), torch.arange(3.0), torch.ones(3), 8)
     mdp = TabularMDP.from_gymnasium(gym.make("FrozenLake-v1"))
     pi = uniform_policy(mdp)
@@ -172,6 +219,7 @@ def test_chapter_studies_name_their_devices():
 
 # ---------------------------------------------------------------------------------------------- LLM side
 
+
 @pytest.fixture
 def tiny_llm(tmp_path, monkeypatch):
     from edurl.llm.model import TinyLMConfig
@@ -179,8 +227,16 @@ def tiny_llm(tmp_path, monkeypatch):
 
     monkeypatch.setenv("EDURL_CACHE", str(tmp_path / "cache"))  # GRPO's warm start trains here, under the check
     model = TinyLMConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    return SFTConfig(model=model, max_steps=2, batch_size=4, warmup_steps=1, num_threads=1, target_pass_at_1=0.99,
-                     check_every=1, num_valid=2)
+    return SFTConfig(
+        model=model,
+        max_steps=2,
+        batch_size=4,
+        warmup_steps=1,
+        num_threads=1,
+        target_pass_at_1=0.99,
+        check_every=1,
+        num_valid=2,
+    )
 
 
 def test_sft_names_its_devices(tiny_llm):
@@ -193,13 +249,27 @@ def test_grpo_and_its_baseline_name_their_devices(tiny_llm, tmp_path):
     from edurl.llm.grpo import GRPOConfig, train_grpo
     from edurl.llm.sft import continued_sft
 
-    config = GRPOConfig(sft=tiny_llm, max_steps=2, batch_size=2, group_size=2, num_eval=2, max_tokens=6, eval_every=1,
-                        num_threads=1, log_kl_ref=True, log_dir=str(tmp_path / "grpo"), device="cpu")
+    config = GRPOConfig(
+        sft=tiny_llm,
+        max_steps=2,
+        batch_size=2,
+        group_size=2,
+        num_eval=2,
+        max_tokens=6,
+        eval_every=1,
+        num_threads=1,
+        log_kl_ref=True,
+        log_dir=str(tmp_path / "grpo"),
+        device="cpu",
+    )
     assert_device_hygiene(lambda: train_grpo(config))  # trains the SFT warm start first, into EDURL_CACHE
     # the KL penalty in the reward (an extra reference pass) and in the loss, at a sampling temperature != 1
     for mode in ("reward", "loss"):
-        assert_device_hygiene(lambda mode=mode: train_grpo(replace(config, kl_coef=0.5, kl_penalty=mode, temperature=0.7,
-                                                         log_dir=str(tmp_path / f"kl_{mode}"))))
+        assert_device_hygiene(
+            lambda mode=mode: train_grpo(
+                replace(config, kl_coef=0.5, kl_penalty=mode, temperature=0.7, log_dir=str(tmp_path / f"kl_{mode}"))
+            )
+        )
     assert_device_hygiene(lambda: continued_sft(replace(config, log_dir=str(tmp_path / "continued_sft"))))
 
 
@@ -215,9 +285,11 @@ def _sampler_runs(device: str):
     stop = [tokenizer.eos_token_id, tokenizer.encode("\n")]
 
     def run():
-        for params in (sampling.SamplingParams(max_tokens=6, stop=stop, seed=0),
-                       sampling.SamplingParams(max_tokens=6, temperature=0.0, stop=stop),
-                       sampling.SamplingParams(max_tokens=6, top_p=0.9, seed=1)):
+        for params in (
+            sampling.SamplingParams(max_tokens=6, stop=stop, seed=0),
+            sampling.SamplingParams(max_tokens=6, temperature=0.0, stop=stop),
+            sampling.SamplingParams(max_tokens=6, top_p=0.9, seed=1),
+        ):
             sampling.sample(model, prompts, 3, params, pad_token_id=tokenizer.pad_token_id)
 
     return run
@@ -231,8 +303,11 @@ def test_sampler_names_its_devices():
 def test_gpu_runs_name_their_devices():
     # on a GPU a missing device= is a crash or a host copy per step, not just untidy
     assert_device_hygiene(lambda: train_ppo(_tiny_ppo(env_backend="torch", device="cuda")))
-    assert_device_hygiene(lambda: train_reinforce(ReinforceConfig(**{**_tiny(episodes_per_update=2, max_episodes=4,
-                                                                              baseline="value"), "device": "cuda"})))
+    assert_device_hygiene(
+        lambda: train_reinforce(
+            ReinforceConfig(**{**_tiny(episodes_per_update=2, max_episodes=4, baseline="value"), "device": "cuda"})
+        )
+    )
     assert_device_hygiene(_sampler_runs("cuda"))
 
 
@@ -240,7 +315,17 @@ def test_gpu_runs_name_their_devices():
 def test_sft_and_grpo_on_a_gpu_name_their_devices(tiny_llm, tmp_path):
     from edurl.llm.grpo import GRPOConfig, train_grpo
 
-    config = GRPOConfig(sft=replace(tiny_llm, device="cuda"), max_steps=2, batch_size=2, group_size=2, num_eval=2,
-                        max_tokens=6, eval_every=1, kl_coef=0.5, log_dir=str(tmp_path / "grpo"), device="cuda")
+    config = GRPOConfig(
+        sft=replace(tiny_llm, device="cuda"),
+        max_steps=2,
+        batch_size=2,
+        group_size=2,
+        num_eval=2,
+        max_tokens=6,
+        eval_every=1,
+        kl_coef=0.5,
+        log_dir=str(tmp_path / "grpo"),
+        device="cuda",
+    )
     assert_device_hygiene(lambda: train_grpo(config))
     assert next(train_grpo(replace(config, log_dir=str(tmp_path / "again"))).trainer.model.parameters()).is_cuda

@@ -41,7 +41,11 @@ def resolve(path: str):
         except ModuleNotFoundError:
             continue
     for attr in parts[i:]:
-        if dataclasses.is_dataclass(obj) and isinstance(obj, type) and attr in {f.name for f in dataclasses.fields(obj)}:
+        if (
+            dataclasses.is_dataclass(obj)
+            and isinstance(obj, type)
+            and attr in {f.name for f in dataclasses.fields(obj)}
+        ):
             obj = dataclasses.fields(obj)  # a field: nothing below it to resolve
             continue
         obj = getattr(obj, attr)
@@ -59,8 +63,12 @@ def test_every_code_name_exists(name):
 
 
 def test_resolve_rejects_names_that_do_not_exist():
-    for bad in ("edurl.llm.grpo.GRPOConfig.lr", "edurl.llm.losses.rl_objective(logprobs)", "edurl.rl.ppo.norm_adv",
-                "edurl.llm.losses.clip_range"):
+    for bad in (
+        "edurl.llm.grpo.GRPOConfig.lr",
+        "edurl.llm.losses.rl_objective(logprobs)",
+        "edurl.rl.ppo.norm_adv",
+        "edurl.llm.losses.clip_range",
+    ):
         with pytest.raises((AttributeError, AssertionError)):
             resolve(bad)
 
@@ -75,5 +83,13 @@ def test_every_metric_is_logged_by_the_library(metric):
 
 def test_old_names_are_gone_from_the_code():
     source = "\n".join(p.read_text() for p in (ROOT / "edurl").rglob("*.py"))
-    for old in ("old_logprobs", "norm_adv", "def clip_range(", "clip_range=", "value_lr", "config.threads()", "def _run("):
+    for old in (
+        "old_logprobs",
+        "norm_adv",
+        "def clip_range(",
+        "clip_range=",
+        "value_lr",
+        "config.threads()",
+        "def _run(",
+    ):
         assert old not in source, old

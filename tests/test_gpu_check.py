@@ -30,8 +30,14 @@ def gpu_check():
 def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # hides any GPU from torch
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "gpu-check: no NVIDIA GPU found (torch.cuda.is_available() is False" in proc.stdout
     assert "nothing run" in proc.stdout
@@ -42,8 +48,14 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
 def test_make_target_runs_the_script():
     # run as CI does, from inside `make test`: drop the outer make's settings, which add "Entering directory" lines
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    proc = subprocess.run(["make", "--no-print-directory", "-n", "gpu-check"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "-n", "gpu-check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert any(line.endswith("benchmarks/gpu_check.py") for line in proc.stdout.splitlines()), proc.stdout
 
@@ -55,8 +67,15 @@ def test_ppo_throughput_runs_on_the_cpu(gpu_check):
 
 
 def test_llm_throughput_runs_on_the_cpu(gpu_check):
-    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, vocab_size=256, max_position_embeddings=64)
+    tiny = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        max_position_embeddings=64,
+    )
     r = gpu_check.llm_throughput("cpu", tiny, num_prompts=2, num_samples=2, prompt_len=8, max_tokens=4, lora_rank=2)
     assert r["sampled_tokens"] == 2 * 2 * 4  # no stop sequence: every completion runs to max_tokens
     assert r["sampler_tokens_per_s"] > 0 and r["grpo_step_seconds"] > 0
@@ -78,12 +97,14 @@ def test_a_failing_check_is_reported_and_the_others_still_run(gpu_check, capsys)
 
 def test_junit_counts_per_file(gpu_check, tmp_path):
     xml = tmp_path / "r.xml"
-    xml.write_text('<testsuites><testsuite>'
-                   '<testcase classname="a" file="notebooks/01.ipynb" name="Cell 0"/>'
-                   '<testcase classname="a" file="notebooks/01.ipynb" name="Cell 1"><failure message="x"/></testcase>'
-                   '<testcase classname="b" file="notebooks/02.ipynb" name="Cell 0"/>'
-                   '<testcase classname="c" file="tests/t.py" name="t"><skipped/></testcase>'
-                   '</testsuite></testsuites>')
+    xml.write_text(
+        "<testsuites><testsuite>"
+        '<testcase classname="a" file="notebooks/01.ipynb" name="Cell 0"/>'
+        '<testcase classname="a" file="notebooks/01.ipynb" name="Cell 1"><failure message="x"/></testcase>'
+        '<testcase classname="b" file="notebooks/02.ipynb" name="Cell 0"/>'
+        '<testcase classname="c" file="tests/t.py" name="t"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
     c = gpu_check.junit_counts(xml)
     assert (c["passed"], c["failed"], c["skipped"]) == (2, 1, 1)
     assert c["files"] == {"notebooks/01.ipynb": "failed", "notebooks/02.ipynb": "passed", "tests/t.py": "skipped"}

@@ -102,7 +102,14 @@ def test_each_line_is_one_write(tmp_path, monkeypatch):
     with MetricsLogger(tmp_path) as logger:
         writes = []
         real = logger._file.write
-        monkeypatch.setattr(logger, "_file", type("F", (), {"write": lambda self, b: writes.append(b) or real(b),
-                                                            "closed": False, "close": lambda self: None})())
+        monkeypatch.setattr(
+            logger,
+            "_file",
+            type(
+                "F",
+                (),
+                {"write": lambda self, b: writes.append(b) or real(b), "closed": False, "close": lambda self: None},
+            )(),
+        )
         logger.log(0, **{f"m{i}": float(i) for i in range(200)})
     assert len(writes) == 1 and writes[0].endswith(b"\n")

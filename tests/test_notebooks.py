@@ -12,8 +12,16 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 CHAPTERS = sorted((ROOT / "chapters").glob("*.md"))
 NAME = re.compile(r"^\d\d_[a-z0-9_]+$")
-SECTIONS = ["Learning objectives", "Prerequisites", "Concepts", "Code walkthrough", "Try it yourself",
-            "Key takeaways", "What's next", "Further reading"]
+SECTIONS = [
+    "Learning objectives",
+    "Prerequisites",
+    "Concepts",
+    "Code walkthrough",
+    "Try it yourself",
+    "Key takeaways",
+    "What's next",
+    "Further reading",
+]
 
 
 def _code_cells(path):
@@ -39,7 +47,8 @@ def test_every_notebook_has_its_chapter_and_every_chapter_its_notebook():
 def test_no_committed_outputs(path):
     for cell in _code_cells(path):
         assert cell.get("outputs") == [] and cell.get("execution_count") is None, (
-            f"{path.name} has outputs: clear them (Kernel > Restart and Clear Outputs) before committing")
+            f"{path.name} has outputs: clear them (Kernel > Restart and Clear Outputs) before committing"
+        )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -10,20 +10,24 @@ from edurl.objectives import clip_fraction, clipped_surrogate, entropy
 
 def _loss_and_grad(ratio, adv, low=0.8, high=1.2):
     logp = torch.tensor([math.log(ratio)], dtype=torch.float64, requires_grad=True)
-    loss = clipped_surrogate(logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64),
-                             low, high)
+    loss = clipped_surrogate(
+        logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), low, high
+    )
     loss.sum().backward()
     return loss.item(), logp.grad.item()
 
 
-@pytest.mark.parametrize("ratio, adv, loss, grad", [
-    (1.0, 2.0, -2.0, -2.0),  # inside [0.8, 1.2]: loss = -r*A, d loss / d logp = -r*A
-    (1.5, 2.0, -2.4, 0.0),  # A > 0 above the range: the clipped term binds, no gradient
-    (0.5, 2.0, -1.0, -1.0),  # A > 0 below the range: the unclipped term is the min, gradient flows
-    (0.5, -1.0, 0.8, 0.0),  # A < 0 below the range: clipped, no gradient
-    (1.5, -1.0, 1.5, 1.5),  # A < 0 above the range: "undo" moves keep their gradient
-    (1.2, 2.0, -2.4, -2.4),  # on the boundary the gradient still flows
-])
+@pytest.mark.parametrize(
+    "ratio, adv, loss, grad",
+    [
+        (1.0, 2.0, -2.0, -2.0),  # inside [0.8, 1.2]: loss = -r*A, d loss / d logp = -r*A
+        (1.5, 2.0, -2.4, 0.0),  # A > 0 above the range: the clipped term binds, no gradient
+        (0.5, 2.0, -1.0, -1.0),  # A > 0 below the range: the unclipped term is the min, gradient flows
+        (0.5, -1.0, 0.8, 0.0),  # A < 0 below the range: clipped, no gradient
+        (1.5, -1.0, 1.5, 1.5),  # A < 0 above the range: "undo" moves keep their gradient
+        (1.2, 2.0, -2.4, -2.4),  # on the boundary the gradient still flows
+    ],
+)
 def test_clipped_surrogate_hand_values_and_gradients(ratio, adv, loss, grad):
     got_loss, got_grad = _loss_and_grad(ratio, adv)
     assert got_loss == pytest.approx(loss) and got_grad == pytest.approx(grad)

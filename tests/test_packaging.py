@@ -23,8 +23,9 @@ def _split(requirement: str) -> tuple[str, str]:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = [r for r in project["dependencies"] + project["optional-dependencies"]["dev"]
-              if "python_version" not in r]  # backports for old Pythons; conda ships a new enough Python
+    wanted = [
+        r for r in project["dependencies"] + project["optional-dependencies"]["dev"] if "python_version" not in r
+    ]  # backports for old Pythons; conda ships a new enough Python
     pip_side = dict(_split(r) for r in wanted)
 
     env = yaml.safe_load((ROOT / "environment.yml").read_text())

@@ -67,8 +67,9 @@ def test_seed_everything_repeats_python_numpy_and_torch():
     assert draw() != first
 
 
-@pytest.mark.parametrize("bad, err", [(-1, ValueError), (2**32, ValueError), (1.5, TypeError), ("7", TypeError),
-                                      (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, err", [(-1, ValueError), (2**32, ValueError), (1.5, TypeError), ("7", TypeError), (True, TypeError)]
+)
 def test_seed_everything_rejects_bad_seeds(bad, err):
     with pytest.raises(err, match="seed"):
         edurl.seed_everything(bad)

@@ -32,8 +32,13 @@ class TorchCartPole:
     x_threshold = 2.4
     obs_dim, num_actions = 4, 2
 
-    def __init__(self, num_envs: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 max_episode_steps: int = 500):
+    def __init__(
+        self,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_episode_steps: int = 500,
+    ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
         if dtype not in (torch.float32, torch.float64):
@@ -68,11 +73,19 @@ class TorchCartPole:
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
         temp = (force + self.polemass_length * theta_dot**2 * sintheta) / self.total_mass
         thetaacc = (self.gravity * sintheta - costheta * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * costheta**2 / self.total_mass))
+            self.length * (4.0 / 3.0 - self.masspole * costheta**2 / self.total_mass)
+        )
         xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
         # Euler: positions move with the *old* velocities
-        new_state = torch.stack([x + self.tau * x_dot, x_dot + self.tau * xacc,
-                                 theta + self.tau * theta_dot, theta_dot + self.tau * thetaacc], dim=-1)
+        new_state = torch.stack(
+            [
+                x + self.tau * x_dot,
+                x_dot + self.tau * xacc,
+                theta + self.tau * theta_dot,
+                theta_dot + self.tau * thetaacc,
+            ],
+            dim=-1,
+        )
         self.elapsed = self.elapsed + 1
         terminated = (new_state[:, 0].abs() > self.x_threshold) | (new_state[:, 2].abs() > self.theta_threshold_radians)
         truncated = self.elapsed >= self.max_episode_steps

@@ -59,7 +59,21 @@ def show_solution(name: str) -> str:
     return source
 
 
-__all__ = ["Verdict", "PASSED", "FAILED", "NOT_ATTEMPTED", "EXERCISES", "show_solution",
-           "check_discounted_returns", "check_bellman_backup", "check_reinforce_loss", "check_baseline_losses",
-           "check_gae", "check_clip_table", "check_build_datum", "check_group_advantages", "check_ppo_loss",
-           "check_masked_datums"]
+__all__ = [
+    "Verdict",
+    "PASSED",
+    "FAILED",
+    "NOT_ATTEMPTED",
+    "EXERCISES",
+    "show_solution",
+    "check_discounted_returns",
+    "check_bellman_backup",
+    "check_reinforce_loss",
+    "check_baseline_losses",
+    "check_gae",
+    "check_clip_table",
+    "check_build_datum",
+    "check_group_advantages",
+    "check_ppo_loss",
+    "check_masked_datums",
+]

@@ -76,8 +76,9 @@ class Verdict:
 def format_value(x: Any) -> str:
     """Short, readable text for a tensor, array or scalar."""
     if isinstance(x, torch.Tensor):
-        body = np.array2string(x.detach().cpu().numpy(), precision=4, suppress_small=True, threshold=60,
-                               max_line_width=100)
+        body = np.array2string(
+            x.detach().cpu().numpy(), precision=4, suppress_small=True, threshold=60, max_line_width=100
+        )
         return f"tensor(shape={tuple(x.shape)}, dtype={str(x.dtype).replace('torch.', '')})\n{body}"
     if isinstance(x, float):
         return f"{x:.6g}"
@@ -92,7 +93,9 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 def _where_it_raised(err: BaseException) -> str:
     """The last frame of the traceback outside edurl, i.e. the learner's own line."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if "edurl/exercises" not in f.filename.replace("\\", "/")]
+    frames = [
+        f for f in traceback.extract_tb(err.__traceback__) if "edurl/exercises" not in f.filename.replace("\\", "/")
+    ]
     if not frames:
         return ""
     f = frames[-1]
@@ -107,8 +110,13 @@ def _clone(kwargs: dict[str, Any]) -> dict[str, Any]:
 def _same(a: Any, b: Any) -> bool:
     """Exact equality that also looks inside tensors, arrays and dataclasses (such as a TabularMDP)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.array_equal(a, b)
     if dataclasses.is_dataclass(a) and type(a) is type(b):
@@ -138,8 +146,10 @@ def compare_tensors(got: Any, expected: torch.Tensor, *, rtol: float = 1e-5, ato
     if not torch.allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True):
         diff = (got - expected).abs()
         idx = tuple(int(i) for i in np.unravel_index(int(diff.argmax()), tuple(diff.shape))) if diff.dim() else ()
-        return (f"values differ: largest error {diff.max().item():.4g} at index {idx} "
-                f"(expected {expected[idx].item():.6g}, got {got[idx].item():.6g}).")
+        return (
+            f"values differ: largest error {diff.max().item():.4g} at index {idx} "
+            f"(expected {expected[idx].item():.6g}, got {got[idx].item():.6g})."
+        )
     return None
 
 
@@ -149,7 +159,8 @@ def compare_outputs(names: Sequence[str], **tolerances) -> Callable[[Any, Any], 
     def compare(got: Any, expected: tuple) -> str | None:
         if not isinstance(got, tuple) or len(got) != len(expected):
             return f"expected a tuple of {len(expected)} tensors ({', '.join(names)}), got {type(got).__name__}" + (
-                f" of length {len(got)}." if isinstance(got, tuple) else ".")
+                f" of length {len(got)}." if isinstance(got, tuple) else "."
+            )
         for name, g, e in zip(names, got, expected):
             problem = compare_tensors(g, e, **tolerances)
             if problem:
@@ -199,9 +210,13 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wra
         return Verdict(exercise, FAILED, "\n".join(parts), reference, case.name, details)
 
     if not callable(fn):
-        return Verdict(exercise, FAILED,
-                       f"expected a function, got {type(fn).__name__}. Pass the function itself "
-                       f"(check(my_fn)), not the result of calling it (check(my_fn(...))).", reference)
+        return Verdict(
+            exercise,
+            FAILED,
+            f"expected a function, got {type(fn).__name__}. Pass the function itself "
+            f"(check(my_fn)), not the result of calling it (check(my_fn(...))).",
+            reference,
+        )
 
     for i, case in enumerate(cases):
         kwargs = _clone(case.kwargs)
@@ -210,9 +225,13 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wra
             got = wrap(fn)(*kwargs.values())  # positional, so a learner may rename the parameters
         except NotImplementedError as err:
             if i == 0:
-                return Verdict(exercise, NOT_ATTEMPTED,
-                               "Your function still raises NotImplementedError. Fill in the body and run this cell "
-                               "again; until then the notebook uses the reference implementation.", reference)
+                return Verdict(
+                    exercise,
+                    NOT_ATTEMPTED,
+                    "Your function still raises NotImplementedError. Fill in the body and run this cell "
+                    "again; until then the notebook uses the reference implementation.",
+                    reference,
+                )
             return fail(case, f"raised NotImplementedError{_where_it_raised(err)}: {err}")
         except CheckFailure as err:
             return fail(case, str(err))
@@ -220,8 +239,11 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wra
             return fail(case, f"your function raised {type(err).__name__}{_where_it_raised(err)}: {err}")
         for name, value in kwargs.items():
             if not _same(value, case.kwargs[name]):
-                return fail(case, f"your function changed its input `{name}` in place. Work on a copy "
-                                  "(or build a new tensor) so the caller's data stays intact.")
+                return fail(
+                    case,
+                    f"your function changed its input `{name}` in place. Work on a copy "
+                    "(or build a new tensor) so the caller's data stays intact.",
+                )
         problem = compare(got, expected)
         if problem is None:
             continue
@@ -235,5 +257,6 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wra
                 continue
         return fail(case, problem, got, expected, hint)
 
-    return Verdict(exercise, PASSED, f"All {len(cases)} cases match the reference. "
-                                     "The notebook now uses your implementation.", fn)
+    return Verdict(
+        exercise, PASSED, f"All {len(cases)} cases match the reference. The notebook now uses your implementation.", fn
+    )

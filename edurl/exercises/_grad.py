@@ -11,15 +11,23 @@ from edurl.exercises._core import CheckFailure
 
 def _as_loss(x, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise CheckFailure(f"{name} should be a scalar torch.Tensor, got {type(x).__name__}"
-                           + (" (did you call .item()? keep it a tensor so it can be backpropagated)."
-                              if isinstance(x, float) else "."))
+        raise CheckFailure(
+            f"{name} should be a scalar torch.Tensor, got {type(x).__name__}"
+            + (
+                " (did you call .item()? keep it a tensor so it can be backpropagated)."
+                if isinstance(x, float)
+                else "."
+            )
+        )
     if x.numel() != 1:
-        raise CheckFailure(f"{name} should be a scalar (one number), got shape {tuple(x.shape)}: "
-                           "reduce it with .mean().")
+        raise CheckFailure(
+            f"{name} should be a scalar (one number), got shape {tuple(x.shape)}: reduce it with .mean()."
+        )
     if not x.requires_grad:
-        raise CheckFailure(f"{name} has no gradient: something detached it from the inputs "
-                           "(.detach(), .item(), torch.no_grad() or a NumPy round trip).")
+        raise CheckFailure(
+            f"{name} has no gradient: something detached it from the inputs "
+            "(.detach(), .item(), torch.no_grad() or a NumPy round trip)."
+        )
     return x.reshape(())
 
 

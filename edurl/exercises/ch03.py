@@ -30,33 +30,65 @@ def _no_baseline(logprobs, returns, values):
 
 
 _DIAGNOSES = [
-    Diagnosis(_critic_not_detached, "the policy loss sends gradients into the critic. Use (returns - values).detach() "
-                                    "as the advantage: the baseline must stay a constant for the policy gradient."),
-    Diagnosis(_flipped_advantage, "the advantage is upside down: it is G_t - V(s_t), better than expected is positive."),
+    Diagnosis(
+        _critic_not_detached,
+        "the policy loss sends gradients into the critic. Use (returns - values).detach() "
+        "as the advantage: the baseline must stay a constant for the policy gradient.",
+    ),
+    Diagnosis(
+        _flipped_advantage, "the advantage is upside down: it is G_t - V(s_t), better than expected is positive."
+    ),
     Diagnosis(_no_baseline, "the policy loss ignores the baseline: weight log pi by G_t - V(s_t), not G_t."),
 ]
 
 
 def _cases() -> list[Case]:
     g = torch.Generator().manual_seed(3)
-    cases = [Case("three steps", dict(logprobs=torch.tensor([-0.5, -1.0, -2.0]), returns=torch.tensor([1.0, 2.0, 3.0]),
-                                      values=torch.tensor([1.5, 1.5, 1.5])))]
+    cases = [
+        Case(
+            "three steps",
+            dict(
+                logprobs=torch.tensor([-0.5, -1.0, -2.0]),
+                returns=torch.tensor([1.0, 2.0, 3.0]),
+                values=torch.tensor([1.5, 1.5, 1.5]),
+            ),
+        )
+    ]
     for n in (8, 100):
-        cases.append(Case(f"random batch of {n}", dict(logprobs=-torch.rand(n, generator=g) * 3,
-                                                       returns=torch.randn(n, generator=g) * 10 + 30,
-                                                       values=torch.randn(n, generator=g) * 10 + 25)))
+        cases.append(
+            Case(
+                f"random batch of {n}",
+                dict(
+                    logprobs=-torch.rand(n, generator=g) * 3,
+                    returns=torch.randn(n, generator=g) * 10 + 30,
+                    values=torch.randn(n, generator=g) * 10 + 25,
+                ),
+            )
+        )
     return cases
 
 
 def check_baseline_losses(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``baseline_losses(logprobs, returns, values) -> (policy_loss, value_loss)``, with gradients."""
     return run_checker(
-        "Exercise 3.1 baseline_losses", fn, baseline_losses, _cases(), diagnoses=_DIAGNOSES,
-        wrap=with_gradients(["policy_loss", "value_loss"],
-                            [("policy_loss", 0), ("policy_loss", 2), ("value_loss", 2)]),
-        compare=compare_outputs(["policy_loss", "value_loss", "d policy_loss / d logprobs",
-                                 "d policy_loss / d values (should be 0)", "d value_loss / d values"],
-                                rtol=1e-4, atol=1e-6),
+        "Exercise 3.1 baseline_losses",
+        fn,
+        baseline_losses,
+        _cases(),
+        diagnoses=_DIAGNOSES,
+        wrap=with_gradients(["policy_loss", "value_loss"], [("policy_loss", 0), ("policy_loss", 2), ("value_loss", 2)]),
+        compare=compare_outputs(
+            [
+                "policy_loss",
+                "value_loss",
+                "d policy_loss / d logprobs",
+                "d policy_loss / d values (should be 0)",
+                "d value_loss / d values",
+            ],
+            rtol=1e-4,
+            atol=1e-6,
+        ),
         verbose=verbose,
         default_hint="policy_loss = -mean(logprobs * (returns - values).detach()); "
-                     "value_loss = 0.5 * mean((values - returns)**2).")
+        "value_loss = 0.5 * mean((values - returns)**2).",
+    )

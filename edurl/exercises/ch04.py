@@ -9,8 +9,10 @@ from edurl.rl.advantages import gae as _reference
 
 __all__ = ["check_gae"]
 
-_NO_TRUNC_BOOTSTRAP = ("at a truncation you did not bootstrap. The episode was cut off by a time limit, not ended: "
-                       "delta_t must include gamma * next_values[t] there. Only `terminated` zeroes it.")
+_NO_TRUNC_BOOTSTRAP = (
+    "at a truncation you did not bootstrap. The episode was cut off by a time limit, not ended: "
+    "delta_t must include gamma * next_values[t] there. Only `terminated` zeroes it."
+)
 
 
 def _through_terminal(rewards, values, next_values, terminated, truncated, gamma, lam):
@@ -54,14 +56,23 @@ def _stop_only_at_termination(rewards, values, next_values, terminated, truncate
 
 
 _DIAGNOSES = [
-    Diagnosis(_through_terminal, "you bootstrap through a terminal state. When terminated[t] is True, s_{t+1} "
-                                 "is an end state worth 0: delta_t = r_t - V(s_t)."),
+    Diagnosis(
+        _through_terminal,
+        "you bootstrap through a terminal state. When terminated[t] is True, s_{t+1} "
+        "is an end state worth 0: delta_t = r_t - V(s_t).",
+    ),
     Diagnosis(_truncation_as_termination, _NO_TRUNC_BOOTSTRAP),
-    Diagnosis(_stop_only_at_termination, "the sum runs across a truncation into the next episode. Truncation "
-                                         "bootstraps in delta_t, but it still ends the episode: reset the running "
-                                         "advantage at terminated OR truncated."),
-    Diagnosis(_across_boundaries, "the advantage accumulates across episode boundaries. Multiply the carried "
-                                  "A_{t+1} by 0 when step t ended an episode (terminated or truncated)."),
+    Diagnosis(
+        _stop_only_at_termination,
+        "the sum runs across a truncation into the next episode. Truncation "
+        "bootstraps in delta_t, but it still ends the episode: reset the running "
+        "advantage at terminated OR truncated.",
+    ),
+    Diagnosis(
+        _across_boundaries,
+        "the advantage accumulates across episode boundaries. Multiply the carried "
+        "A_{t+1} by 0 when step t ended an episode (terminated or truncated).",
+    ),
     Diagnosis(_forward, "the recursion runs forwards. A_t depends on the *future*: loop t = T-1, ..., 0."),
     Diagnosis(_returns_without_values, "returns should be advantages + values (the value targets)."),
 ]
@@ -75,38 +86,85 @@ def _cases() -> list[Case]:
         return torch.tensor([[x] for x in xs], dtype=dtype)
 
     cases = [
-        Case("one episode, no ends", dict(rewards=col(1.0, 1.0, 1.0), values=col(0.5, 0.4, 0.3),
-                                          next_values=col(0.4, 0.3, 0.2), terminated=col(F, F, F, dtype=torch.bool),
-                                          truncated=col(F, F, F, dtype=torch.bool), gamma=0.9, lam=0.8)),
-        Case("termination in the middle", dict(rewards=col(1.0, 1.0, 1.0), values=col(0.5, 0.4, 0.3),
-                                               next_values=col(0.4, 9.0, 0.2),
-                                               terminated=col(F, T, F, dtype=torch.bool),
-                                               truncated=col(F, F, F, dtype=torch.bool), gamma=0.9, lam=0.8)),
-        Case("truncation in the middle", dict(rewards=col(1.0, 1.0, 1.0), values=col(0.5, 0.4, 0.3),
-                                              next_values=col(0.4, 9.0, 0.2),
-                                              terminated=col(F, F, F, dtype=torch.bool),
-                                              truncated=col(F, T, F, dtype=torch.bool), gamma=0.9, lam=0.8)),
-        Case("lam = 0 and lam = 1 columns", dict(
-            rewards=torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 0.5]]),
-            values=torch.tensor([[0.2, 0.1], [0.3, 0.2], [0.1, 0.4], [0.6, 0.3]]),
-            next_values=torch.tensor([[0.3, 0.2], [0.1, 5.0], [0.6, 0.3], [0.9, 0.8]]),
-            terminated=torch.tensor([[F, F], [F, F], [T, F], [F, F]]),
-            truncated=torch.tensor([[F, F], [F, T], [F, F], [F, F]]), gamma=0.99, lam=1.0)),
+        Case(
+            "one episode, no ends",
+            dict(
+                rewards=col(1.0, 1.0, 1.0),
+                values=col(0.5, 0.4, 0.3),
+                next_values=col(0.4, 0.3, 0.2),
+                terminated=col(F, F, F, dtype=torch.bool),
+                truncated=col(F, F, F, dtype=torch.bool),
+                gamma=0.9,
+                lam=0.8,
+            ),
+        ),
+        Case(
+            "termination in the middle",
+            dict(
+                rewards=col(1.0, 1.0, 1.0),
+                values=col(0.5, 0.4, 0.3),
+                next_values=col(0.4, 9.0, 0.2),
+                terminated=col(F, T, F, dtype=torch.bool),
+                truncated=col(F, F, F, dtype=torch.bool),
+                gamma=0.9,
+                lam=0.8,
+            ),
+        ),
+        Case(
+            "truncation in the middle",
+            dict(
+                rewards=col(1.0, 1.0, 1.0),
+                values=col(0.5, 0.4, 0.3),
+                next_values=col(0.4, 9.0, 0.2),
+                terminated=col(F, F, F, dtype=torch.bool),
+                truncated=col(F, T, F, dtype=torch.bool),
+                gamma=0.9,
+                lam=0.8,
+            ),
+        ),
+        Case(
+            "lam = 0 and lam = 1 columns",
+            dict(
+                rewards=torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 0.5]]),
+                values=torch.tensor([[0.2, 0.1], [0.3, 0.2], [0.1, 0.4], [0.6, 0.3]]),
+                next_values=torch.tensor([[0.3, 0.2], [0.1, 5.0], [0.6, 0.3], [0.9, 0.8]]),
+                terminated=torch.tensor([[F, F], [F, F], [T, F], [F, F]]),
+                truncated=torch.tensor([[F, F], [F, T], [F, F], [F, F]]),
+                gamma=0.99,
+                lam=1.0,
+            ),
+        ),
     ]
     for i, (steps, envs) in enumerate([(12, 3), (64, 8)]):
         terminated = torch.rand(steps, envs, generator=g) < 0.1
-        cases.append(Case(f"random rollout {steps}x{envs}", dict(
-            rewards=torch.randn(steps, envs, generator=g), values=torch.randn(steps, envs, generator=g),
-            next_values=torch.randn(steps, envs, generator=g), terminated=terminated,
-            truncated=(torch.rand(steps, envs, generator=g) < 0.1) & ~terminated,
-            gamma=[0.99, 0.95][i], lam=[0.95, 0.5][i])))
+        cases.append(
+            Case(
+                f"random rollout {steps}x{envs}",
+                dict(
+                    rewards=torch.randn(steps, envs, generator=g),
+                    values=torch.randn(steps, envs, generator=g),
+                    next_values=torch.randn(steps, envs, generator=g),
+                    terminated=terminated,
+                    truncated=(torch.rand(steps, envs, generator=g) < 0.1) & ~terminated,
+                    gamma=[0.99, 0.95][i],
+                    lam=[0.95, 0.5][i],
+                ),
+            )
+        )
     return cases
 
 
 def check_gae(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``gae(rewards, values, next_values, terminated, truncated, gamma, lam)``."""
-    return run_checker("Exercise 4.1 gae", fn, _reference, _cases(), diagnoses=_DIAGNOSES,
-                       compare=compare_outputs(["advantages", "returns"], rtol=1e-5, atol=1e-5), verbose=verbose,
-                       default_hint="delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t); "
-                                    "A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}, backwards; "
-                                    "returns = A + values.")
+    return run_checker(
+        "Exercise 4.1 gae",
+        fn,
+        _reference,
+        _cases(),
+        diagnoses=_DIAGNOSES,
+        compare=compare_outputs(["advantages", "returns"], rtol=1e-5, atol=1e-5),
+        verbose=verbose,
+        default_hint="delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t); "
+        "A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}, backwards; "
+        "returns = A + values.",
+    )

@@ -10,8 +10,12 @@ __all__ = ["check_clip_table", "CLIP_TABLE_CASES", "reference_clip_table"]
 CLIP_EPS = 0.2
 #: (advantage sign, ratio region) -> a ratio inside that region, used to ask autograd
 CLIP_TABLE_CASES = {
-    ("A > 0", "r < 1 - eps"): (1.0, 0.5), ("A > 0", "inside"): (1.0, 1.05), ("A > 0", "r > 1 + eps"): (1.0, 1.5),
-    ("A < 0", "r < 1 - eps"): (-1.0, 0.5), ("A < 0", "inside"): (-1.0, 1.05), ("A < 0", "r > 1 + eps"): (-1.0, 1.5),
+    ("A > 0", "r < 1 - eps"): (1.0, 0.5),
+    ("A > 0", "inside"): (1.0, 1.05),
+    ("A > 0", "r > 1 + eps"): (1.0, 1.5),
+    ("A < 0", "r < 1 - eps"): (-1.0, 0.5),
+    ("A < 0", "inside"): (-1.0, 1.05),
+    ("A < 0", "r > 1 + eps"): (-1.0, 1.5),
 }
 
 
@@ -44,19 +48,33 @@ def _check(table, reference) -> Verdict:
     for key, expected in reference.items():
         got = table.get(key)
         if not isinstance(got, dict) or set(got) != set(expected):
-            return Verdict(name, FAILED, f"row {key}: expected a dict with keys {sorted(expected)}, got {got!r}.",
-                           reference, case=str(key))
+            return Verdict(
+                name,
+                FAILED,
+                f"row {key}: expected a dict with keys {sorted(expected)}, got {got!r}.",
+                reference,
+                case=str(key),
+            )
         adv, ratio = CLIP_TABLE_CASES[key]
         if got["min picks"] != expected["min picks"]:
-            return Verdict(name, FAILED,
-                           f"row {key}: min picks {got['min picks']!r}, but at A = {adv:+.0f}, r = {ratio}, eps = "
-                           f"{CLIP_EPS}: r*A = {ratio * adv:.2f} and clip(r)*A = "
-                           f"{min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv:.2f}, so min() takes the other one. "
-                           "Hint: min() takes the *smaller* (more pessimistic) value, also when both are negative.",
-                           reference, case=str(key))
+            return Verdict(
+                name,
+                FAILED,
+                f"row {key}: min picks {got['min picks']!r}, but at A = {adv:+.0f}, r = {ratio}, eps = "
+                f"{CLIP_EPS}: r*A = {ratio * adv:.2f} and clip(r)*A = "
+                f"{min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv:.2f}, so min() takes the other one. "
+                "Hint: min() takes the *smaller* (more pessimistic) value, also when both are negative.",
+                reference,
+                case=str(key),
+            )
         if got["gradient is zero"] != expected["gradient is zero"]:
-            return Verdict(name, FAILED,
-                           f"row {key}: autograd says the gradient is {'zero' if expected['gradient is zero'] else 'not zero'}"
-                           f" there. Hint: the gradient is zero exactly when min() picks the clipped term, "
-                           "because clip(r) is constant outside [1 - eps, 1 + eps].", reference, case=str(key))
+            return Verdict(
+                name,
+                FAILED,
+                f"row {key}: autograd says the gradient is {'zero' if expected['gradient is zero'] else 'not zero'}"
+                f" there. Hint: the gradient is zero exactly when min() picks the clipped term, "
+                "because clip(r) is constant outside [1 - eps, 1 + eps].",
+                reference,
+                case=str(key),
+            )
     return Verdict(name, PASSED, "All six cells agree with autograd.", table)

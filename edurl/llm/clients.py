@@ -143,18 +143,30 @@ class SamplingClient:
         self.tokenizer = tokenizer
         self.name = name
 
-    def sample(self, prompt: ModelInput | Sequence[int], num_samples: int = 1,
-               sampling_params: SamplingParams | None = None) -> Future[SampleResponse]:
+    def sample(
+        self, prompt: ModelInput | Sequence[int], num_samples: int = 1, sampling_params: SamplingParams | None = None
+    ) -> Future[SampleResponse]:
         """``num_samples`` completions of one prompt (the prompt is encoded once)."""
         return Future(self.sample_batch([prompt], num_samples, sampling_params)[0])
 
-    def sample_batch(self, prompts: Sequence[ModelInput | Sequence[int]], num_samples: int = 1,
-                     sampling_params: SamplingParams | None = None) -> list[SampleResponse]:
+    def sample_batch(
+        self,
+        prompts: Sequence[ModelInput | Sequence[int]],
+        num_samples: int = 1,
+        sampling_params: SamplingParams | None = None,
+    ) -> list[SampleResponse]:
         """Many prompts in one batched call: what a GRPO step does with its P problems. Not in Tinker's API."""
         ids = [_as_model_input(p) for p in prompts]
         out = sample(self.model, ids, num_samples, sampling_params, pad_token_id=self.tokenizer.pad_token_id)
-        return [SampleResponse([SampledSequence(c.tokens, c.logprobs, c.stop_reason)
-                                for c in out[i * num_samples:(i + 1) * num_samples]]) for i in range(len(ids))]
+        return [
+            SampleResponse(
+                [
+                    SampledSequence(c.tokens, c.logprobs, c.stop_reason)
+                    for c in out[i * num_samples : (i + 1) * num_samples]
+                ]
+            )
+            for i in range(len(ids))
+        ]
 
     async def sample_async(self, prompt, num_samples: int = 1, sampling_params: SamplingParams | None = None):
         return self.sample(prompt, num_samples, sampling_params)
@@ -165,15 +177,19 @@ def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
         raise ValueError("forward_backward needs at least one Datum")
     for i, d in enumerate(datums):
         if not isinstance(d, Datum):
-            raise TypeError(f"datums[{i}] is a {type(d).__name__}; build it with Datum(model_input=..., loss_fn_inputs=...)")
+            raise TypeError(
+                f"datums[{i}] is a {type(d).__name__}; build it with Datum(model_input=..., loss_fn_inputs=...)"
+            )
         missing = [k for k in required if k not in d.loss_fn_inputs]
         if missing:
             raise ValueError(f"datums[{i}].loss_fn_inputs lacks {missing}; this loss needs {list(required)}")
         n = d.model_input.length
         for key, value in d.loss_fn_inputs.items():
             if value.shape != (n,):
-                raise ValueError(f"datums[{i}].loss_fn_inputs[{key!r}] has shape {tuple(value.shape)} but model_input "
-                                 f"has {n} tokens; every field needs shape ({n},)")
+                raise ValueError(
+                    f"datums[{i}].loss_fn_inputs[{key!r}] has shape {tuple(value.shape)} but model_input "
+                    f"has {n} tokens; every field needs shape ({n},)"
+                )
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
@@ -193,11 +209,18 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
 class TrainingClient:
     """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, reference: PreTrainedModel | None = None,
-                 log_dir: str | Path | None = None):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        reference: PreTrainedModel | None = None,
+        log_dir: str | Path | None = None,
+    ):
         self.model = disable_dropout(model)
         self.tokenizer = tokenizer
-        self._reference = disable_dropout(reference) if reference is not None else None  # None: LoRA's is the adapter off
+        self._reference = (
+            disable_dropout(reference) if reference is not None else None
+        )  # None: LoRA's is the adapter off
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.optimizer: torch.optim.Optimizer | None = None
         self._master: list[torch.nn.Parameter] | None = None  # fp32 copies of bf16/fp16 weights (optim_step)
@@ -220,12 +243,20 @@ class TrainingClient:
         for i, d in enumerate(datums):
             extra = [k for k in d.loss_fn_inputs if k not in keys]
             if extra:
-                raise ValueError(f"datums[{i}] has loss_fn_inputs key {extra[0]!r} that datums[0] lacks; "
-                                 "give every datum in a batch the same fields")
+                raise ValueError(
+                    f"datums[{i}] has loss_fn_inputs key {extra[0]!r} that datums[0] lacks; "
+                    "give every datum in a batch the same fields"
+                )
         ids, attn = pad([d.model_input.tokens for d in datums], self.tokenizer.pad_token_id or 0, device=self.device)
-        fields = {key: pad([d.loss_fn_inputs[key] for d in datums], 0,
-                           dtype=torch.long if key == "target_tokens" else torch.float32, device=self.device)[0]
-                  for key in keys}
+        fields = {
+            key: pad(
+                [d.loss_fn_inputs[key] for d in datums],
+                0,
+                dtype=torch.long if key == "target_tokens" else torch.float32,
+                device=self.device,
+            )[0]
+            for key in keys
+        }
         return ids, attn, fields
 
     def _forward(self, reference: bool, **inputs):
@@ -239,44 +270,67 @@ class TrainingClient:
                 return self.model(**inputs)
         raise ValueError("this training client has no reference model; create it with keep_reference=True")
 
-    def _train_logprobs(self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False,
-                        temperature: float = 1.0):
+    def _train_logprobs(
+        self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False, temperature: float = 1.0
+    ):
         """:func:`edurl.llm.shared_prefix.token_logprobs` with this client's model: (B, T) log-probs and entropy
         (or None). Gradient checkpointing (which drops the KV cache while training) scores every row whole."""
-        checkpointing = self.model.training and any(getattr(m, "gradient_checkpointing", False)
-                                                    for m in self.model.modules())
-        return token_logprobs(lambda **inputs: self._forward(reference, **inputs), ids, attn, targets, mask,
-                              temperature=temperature, with_entropy=with_entropy,
-                              share_prompts=self.share_prompts and not checkpointing,
-                              pad_token_id=self.tokenizer.pad_token_id or 0, model_config=self.model.config)
+        checkpointing = self.model.training and any(
+            getattr(m, "gradient_checkpointing", False) for m in self.model.modules()
+        )
+        return token_logprobs(
+            lambda **inputs: self._forward(reference, **inputs),
+            ids,
+            attn,
+            targets,
+            mask,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            share_prompts=self.share_prompts and not checkpointing,
+            pad_token_id=self.tokenizer.pad_token_id or 0,
+            model_config=self.model.config,
+        )
 
     def _mask(self, datums: Sequence[Datum], fields: dict[str, torch.Tensor], rl: bool) -> torch.Tensor:
         """The (B, T) positions the loss covers: RL datums say so in ``mask``; SFT datums by ``weights != 0``."""
         if not rl:
             return fields["mask"] if "mask" in fields else (fields["weights"] != 0).float()
         if "mask" not in fields:
-            raise ValueError("RL datums need a 'mask' field (1 where the target token is a sampled action, 0 on "
-                             "prompt and environment tokens); no mask is guessed from logprobs != 0, which would drop "
-                             "every token sampled with probability 1. Build datums with edurl.llm.build_datum, or add "
-                             "loss_fn_inputs['mask'].")
+            raise ValueError(
+                "RL datums need a 'mask' field (1 where the target token is a sampled action, 0 on "
+                "prompt and environment tokens); no mask is guessed from logprobs != 0, which would drop "
+                "every token sampled with probability 1. Build datums with edurl.llm.build_datum, or add "
+                "loss_fn_inputs['mask']."
+            )
         return fields["mask"]
 
-    def compute_logprobs(self, datums: Sequence[Datum], *, reference: bool = False,
-                         temperature: float = 1.0) -> list[torch.Tensor]:
+    def compute_logprobs(
+        self, datums: Sequence[Datum], *, reference: bool = False, temperature: float = 1.0
+    ) -> list[torch.Tensor]:
         """``log pi(target_tokens)`` of each datum, shape (n,), without gradients: the policy's, or the reference
         policy's with ``reference=True`` (a frozen copy, or the LoRA adapter switched off), at ``temperature``."""
         _check_datums(datums, ("target_tokens",))
         ids, attn, f = self._batch(datums)
         mask = f["mask"] if "mask" in f else attn.float()
         with torch.no_grad():
-            lp, _ = self._train_logprobs(ids, attn, f["target_tokens"], mask, reference=reference,
-                                         temperature=temperature)
-        return [lp[i, :d.model_input.length].cpu() for i, d in enumerate(datums)]
+            lp, _ = self._train_logprobs(
+                ids, attn, f["target_tokens"], mask, reference=reference, temperature=temperature
+            )
+        return [lp[i, : d.model_input.length].cpu() for i, d in enumerate(datums)]
 
-    def forward_backward(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, *,
-                         aggregation: str = "sum", max_tokens: int | None = None, temperature: float = 1.0,
-                         kl_coef: float = 0.0, kl_estimator: str = "k3",
-                         log_kl_ref: bool = False) -> Future[ForwardBackwardOutput]:
+    def forward_backward(
+        self,
+        datums: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, Any] | None = None,
+        *,
+        aggregation: str = "sum",
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        log_kl_ref: bool = False,
+    ) -> Future[ForwardBackwardOutput]:
         """Accumulate the gradient of :func:`edurl.llm.losses.rl_objective` over ``datums``: batch them, compute
         the training log-probs, call the objective, ``backward``.
 
@@ -302,29 +356,44 @@ class TrainingClient:
             raise ValueError(f"temperature must be >= 0 (the sampler's; 0 = greedy scores at 1), got {temperature!r}")
         rl = loss_fn != "cross_entropy"
         if not rl and (kl_coef > 0 or log_kl_ref):
-            raise ValueError("kl_coef and log_kl_ref apply to the RL losses; cross_entropy (SFT) has no KL term. "
-                             "Pass kl_coef=0 and log_kl_ref=False.")
+            raise ValueError(
+                "kl_coef and log_kl_ref apply to the RL losses; cross_entropy (SFT) has no KL term. "
+                "Pass kl_coef=0 and log_kl_ref=False."
+            )
         _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
         self.model.train()  # dropout was switched off when the client was made; train() only matters for e.g. checkpointing
         ids, attn, f = self._batch(datums)
         mask = self._mask(datums, f, rl)
-        train_logprobs, entropy = self._train_logprobs(ids, attn, f["target_tokens"], mask, with_entropy=True,
-                                                       temperature=temperature)
+        train_logprobs, entropy = self._train_logprobs(
+            ids, attn, f["target_tokens"], mask, with_entropy=True, temperature=temperature
+        )
         if rl:
             ref_logprobs = None
             if kl_coef > 0 or log_kl_ref:
                 with torch.no_grad():
-                    ref_logprobs, _ = self._train_logprobs(ids, attn, f["target_tokens"], mask, reference=True,
-                                                           temperature=temperature)
-            loss, metrics = L.rl_objective(train_logprobs, f["logprobs"], f["advantages"], mask, loss_fn=loss_fn,
-                                           loss_fn_config=loss_fn_config, aggregation=aggregation,
-                                           max_tokens=max_tokens, ref_logprobs=ref_logprobs, kl_coef=kl_coef,
-                                           kl_estimator=kl_estimator, entropy=entropy)
+                    ref_logprobs, _ = self._train_logprobs(
+                        ids, attn, f["target_tokens"], mask, reference=True, temperature=temperature
+                    )
+            loss, metrics = L.rl_objective(
+                train_logprobs,
+                f["logprobs"],
+                f["advantages"],
+                mask,
+                loss_fn=loss_fn,
+                loss_fn_config=loss_fn_config,
+                aggregation=aggregation,
+                max_tokens=max_tokens,
+                ref_logprobs=ref_logprobs,
+                kl_coef=kl_coef,
+                kl_estimator=kl_estimator,
+                entropy=entropy,
+            )
         else:
-            loss, metrics = L.supervised_objective(train_logprobs, f["weights"], mask, aggregation=aggregation,
-                                                   max_tokens=max_tokens, entropy=entropy)
+            loss, metrics = L.supervised_objective(
+                train_logprobs, f["weights"], mask, aggregation=aggregation, max_tokens=max_tokens, entropy=entropy
+            )
         loss.backward()
-        outputs = [{"logprobs": train_logprobs[i, :d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
+        outputs = [{"logprobs": train_logprobs[i, : d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
         return Future(ForwardBackwardOutput(loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics))
 
     async def forward_backward_async(self, datums, loss_fn, loss_fn_config=None, **kwargs):
@@ -355,8 +424,9 @@ class TrainingClient:
             for m, q in zip(targets, params):
                 m.grad = None if q.grad is None else q.grad.to(torch.float32)
         if self.optimizer is None:
-            self.optimizer = torch.optim.AdamW(targets, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps,
-                                               weight_decay=p.weight_decay)
+            self.optimizer = torch.optim.AdamW(
+                targets, lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay
+            )
         for group in self.optimizer.param_groups:
             group.update(lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
         grads = [q for q in targets if q.grad is not None]
@@ -424,15 +494,19 @@ class TrainingClient:
         named = dict(self.model.named_parameters())
         unknown = [k for k in state["weights"] if k not in named]
         if unknown:
-            raise ValueError(f"{file} holds weights this model lacks (e.g. {unknown[:3]}); was it saved from another model?")
+            raise ValueError(
+                f"{file} holds weights this model lacks (e.g. {unknown[:3]}); was it saved from another model?"
+            )
         with torch.no_grad():
             for k, v in state["weights"].items():
                 named[k].copy_(v)
         self._master = None
         if self._stores_16_bit():
             # the saved fp32 master weights, not their rounded copies, carry on
-            self._master = [torch.nn.Parameter(state["weights"][k].to(self.device, torch.float32).clone())
-                            for k in self._trainable_names()]
+            self._master = [
+                torch.nn.Parameter(state["weights"][k].to(self.device, torch.float32).clone())
+                for k in self._trainable_names()
+            ]
         if state["optimizer"] is not None:
             self.optimizer = torch.optim.AdamW(self._optimized_parameters())
             self.optimizer.load_state_dict(state["optimizer"])
@@ -487,5 +561,15 @@ class ServiceClient:
         return TrainingClient(model, tokenizer, reference=reference, log_dir=self.log_dir)
 
 
-__all__ = ["AdamParams", "disable_dropout", "ForwardBackwardOutput", "Future", "LOSS_FN_NAMES", "SampleResponse", "SampledSequence",
-           "SamplingClient", "ServiceClient", "TrainingClient"]
+__all__ = [
+    "AdamParams",
+    "disable_dropout",
+    "ForwardBackwardOutput",
+    "Future",
+    "LOSS_FN_NAMES",
+    "SampleResponse",
+    "SampledSequence",
+    "SamplingClient",
+    "ServiceClient",
+    "TrainingClient",
+]

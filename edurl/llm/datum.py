@@ -71,15 +71,18 @@ class Datum:
         self.loss_fn_inputs = fixed
 
 
-def build_datum(prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float],
-                advantage: float) -> Datum:
+def build_datum(
+    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float], advantage: float
+) -> Datum:
     """Reference implementation of the datum layout in the module docstring."""
     prompt, completion = list(prompt_tokens), list(completion_tokens)
     if not prompt:
         raise ValueError("prompt_tokens is empty; the first action must be predicted from at least one token")
     if len(sampling_logprobs) != len(completion):
-        raise ValueError(f"{len(sampling_logprobs)} sampling log-probs for {len(completion)} completion tokens; "
-                         "pass one log-prob per sampled token")
+        raise ValueError(
+            f"{len(sampling_logprobs)} sampling log-probs for {len(completion)} completion tokens; "
+            "pass one log-prob per sampled token"
+        )
     tokens = prompt + completion
     n_prompt = len(prompt) - 1  # targets that are prompt tokens
     return Datum(
@@ -104,6 +107,8 @@ def build_supervised_datum(tokens: Sequence[int], weights: Sequence[float]) -> D
         raise ValueError("a supervised datum needs at least two tokens: one to read and one to predict")
     return Datum(
         model_input=ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": torch.tensor(tokens[1:], dtype=torch.long, device="cpu"),
-                        "weights": torch.tensor(weights[1:], device="cpu")},
+        loss_fn_inputs={
+            "target_tokens": torch.tensor(tokens[1:], dtype=torch.long, device="cpu"),
+            "weights": torch.tensor(weights[1:], device="cpu"),
+        },
     )

@@ -25,16 +25,25 @@ class EvalResult:
     """(question, reply, reference answer) for the first few problems."""
 
 
-def evaluate(model, renderer: ChatMLRenderer, problems: Sequence[Problem], temperature: float = 0.0,
-             max_tokens: int = 16, batch_size: int = 256, seed: int = 0, keep_samples: int = 8) -> EvalResult:
+def evaluate(
+    model,
+    renderer: ChatMLRenderer,
+    problems: Sequence[Problem],
+    temperature: float = 0.0,
+    max_tokens: int = 16,
+    batch_size: int = 256,
+    seed: int = 0,
+    keep_samples: int = 8,
+) -> EvalResult:
     """Answer every problem once and grade it. ``temperature=0`` (greedy) is the default."""
     if not problems:
         raise ValueError("problems is empty; pass e.g. task.sample(200, split='test')")
     correct, fmt, samples = 0.0, 0.0, []
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(),
-                            seed=seed)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(), seed=seed
+    )
     for start in range(0, len(problems), batch_size):
-        chunk = problems[start:start + batch_size]
+        chunk = problems[start : start + batch_size]
         prompts = [renderer.build_generation_prompt(p.messages()) for p in chunk]
         for p, c in zip(chunk, sample(model, prompts, 1, params, pad_token_id=renderer.tokenizer.pad_token_id)):
             message, ok = renderer.parse_response(c.tokens)
@@ -46,8 +55,9 @@ def evaluate(model, renderer: ChatMLRenderer, problems: Sequence[Problem], tempe
     return EvalResult(pass_at_1=correct / len(problems), format=fmt / len(problems), samples=samples)
 
 
-def sequence_logprobs(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0
+) -> torch.Tensor:
     """Per-token log-probs of ``tokens[:, 1:]`` given their prefixes: shape ``(B, T-1)``.
 
     ``out[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1])`` at ``temperature``.

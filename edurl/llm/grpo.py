@@ -121,8 +121,10 @@ class GRPOConfig:
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
         if self.batch_size * self.group_size % self.num_substeps:
-            raise ValueError(f"num_substeps ({self.num_substeps}) must divide batch_size * group_size "
-                             f"({self.batch_size * self.group_size})")
+            raise ValueError(
+                f"num_substeps ({self.num_substeps}) must divide batch_size * group_size "
+                f"({self.batch_size * self.group_size})"
+            )
         L.get_loss_fn(self.loss_fn)
         if self.aggregation not in L.AGGREGATION_MODES:
             raise ValueError(f"aggregation must be one of {L.AGGREGATION_MODES}, got {self.aggregation!r}")
@@ -131,8 +133,10 @@ class GRPOConfig:
         if self.kl_estimator not in L.KL_ESTIMATORS:
             raise ValueError(f"kl_estimator must be one of {L.KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if self.kl_penalty not in L.KL_PENALTIES:
-            raise ValueError(f"kl_penalty must be 'reward' (Tinker: into the advantages) or 'loss' (TRL: a loss "
-                             f"term), got {self.kl_penalty!r}")
+            raise ValueError(
+                f"kl_penalty must be 'reward' (Tinker: into the advantages) or 'loss' (TRL: a loss "
+                f"term), got {self.kl_penalty!r}"
+            )
         if not self.kl_coef >= 0:
             raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
         if not self.temperature >= 0:
@@ -147,8 +151,10 @@ class GRPOConfig:
         if self.lora_rank is not None and (not isinstance(self.lora_rank, int) or self.lora_rank < 1):
             raise ValueError(f"lora_rank must be None (train every weight) or a positive int, got {self.lora_rank!r}")
         if self.sft.seed not in (0, self.seed):
-            raise ValueError(f"sft.seed={self.sft.seed} but seed={self.seed}: GRPO's seed also seeds its SFT warm "
-                             f"start, so set only seed (here seed={self.sft.seed}), or leave sft.seed at 0.")
+            raise ValueError(
+                f"sft.seed={self.sft.seed} but seed={self.seed}: GRPO's seed also seeds its SFT warm "
+                f"start, so set only seed (here seed={self.sft.seed}), or leave sft.seed at 0."
+            )
         if self.clip_low_threshold is not None or self.clip_high_threshold is not None:
             low, high = L.clip_bounds(self.loss_fn, self.loss_fn_config())
             if not low <= high:
@@ -164,8 +170,15 @@ class GRPOConfig:
         return {}
 
 
-def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRenderer, task, step: int, stop,
-              sampler: SamplingClient | None = None) -> tuple[dict[str, float], SamplingClient]:
+def grpo_step(
+    config: GRPOConfig,
+    trainer: TrainingClient,
+    renderer: ChatMLRenderer,
+    task,
+    step: int,
+    stop,
+    sampler: SamplingClient | None = None,
+) -> tuple[dict[str, float], SamplingClient]:
     """One iteration (steps 1-6 of the module docstring). Returns the metrics row and the sampler it used
     (pass that sampler back in to keep it, the stale-sampler mistake, with ``refresh_sampler=False``)."""
     t0 = time.perf_counter()
@@ -175,8 +188,9 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     # 2. sample a group per problem
     problems = task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
     prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
-    params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop=stop,
-                            seed=problem_seed(config.seed, step))
+    params = SamplingParams(
+        max_tokens=config.max_tokens, temperature=config.temperature, stop=stop, seed=problem_seed(config.seed, step)
+    )
     responses = sampler.sample_batch(prompts, config.group_size, params)
     t1 = time.perf_counter()
     # 3. rewards
@@ -190,10 +204,18 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     correct = torch.tensor([g.correct for g in grades], device="cpu").view(P, G)
     # 4. advantages
     adv = L.group_advantages(rewards, config.advantage_scale) if config.center_advantages else rewards.clone()
-    keep = ~L.zero_variance_groups(rewards) if config.drop_uniform_groups else torch.ones(P, dtype=torch.bool, device="cpu")
+    keep = (
+        ~L.zero_variance_groups(rewards)
+        if config.drop_uniform_groups
+        else torch.ones(P, dtype=torch.bool, device="cpu")
+    )
     # 5. datums
-    datums = [build_datum(prompts[i], seq.tokens, seq.logprobs, float(adv[i, j]))
-              for i, response in enumerate(responses) if keep[i] for j, seq in enumerate(response.sequences)]
+    datums = [
+        build_datum(prompts[i], seq.tokens, seq.logprobs, float(adv[i, j]))
+        for i, response in enumerate(responses)
+        if keep[i]
+        for j, seq in enumerate(response.sequences)
+    ]
     kl_row = {}
     if datums and config.kl_coef > 0 and config.kl_penalty == "reward":
         datums, kl_row["env/all/kl_sample_ref"] = _kl_into_advantages(trainer, datums, config)
@@ -202,10 +224,17 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
     loss_kl_coef = config.kl_coef if config.kl_penalty == "loss" else 0.0
     if datums:
         for chunk in substeps(datums, config.num_substeps):
-            out = trainer.forward_backward(chunk, config.loss_fn, config.loss_fn_config(),
-                                           aggregation=config.aggregation, max_tokens=config.max_tokens,
-                                           temperature=config.temperature, kl_coef=loss_kl_coef,
-                                           kl_estimator=config.kl_estimator, log_kl_ref=config.kl_coef > 0 or config.log_kl_ref).result()
+            out = trainer.forward_backward(
+                chunk,
+                config.loss_fn,
+                config.loss_fn_config(),
+                aggregation=config.aggregation,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+                kl_coef=loss_kl_coef,
+                kl_estimator=config.kl_estimator,
+                log_kl_ref=config.kl_coef > 0 or config.log_kl_ref,
+            ).result()
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             fwd_metrics.append({**out.metrics, **opt, "optim/loss": out.loss})
     t2 = time.perf_counter()
@@ -222,7 +251,7 @@ def grpo_step(config: GRPOConfig, trainer: TrainingClient, renderer: ChatMLRende
         "time/sample": t1 - t0,
         "time/train": t2 - t1,
     }
-    for key in (fwd_metrics[0] if fwd_metrics else {}):
+    for key in fwd_metrics[0] if fwd_metrics else {}:
         row[key] = sum(m[key] for m in fwd_metrics) / len(fwd_metrics)
     if fwd_metrics:  # the last substep's ratio is the one furthest from 1
         row["optim/clip_fraction_last_substep"] = fwd_metrics[-1]["optim/clip_fraction"]
@@ -246,8 +275,9 @@ def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
     def sampler_to_save():
         return None if config.refresh_sampler else sampler
 
-    return run_training_loop(config, step_fn, "GRPO", postfix="env/all/correct", on_resume=on_resume,
-                             sampler_to_save=sampler_to_save)
+    return run_training_loop(
+        config, step_fn, "GRPO", postfix="env/all/correct", on_resume=on_resume, sampler_to_save=sampler_to_save
+    )
 
 
 # ---------------------------------------------------------------- helpers
@@ -259,8 +289,9 @@ def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfi
     ref = trainer.compute_logprobs(datums, reference=True, temperature=config.temperature)
     fields = [d.loss_fn_inputs for d in datums]
     cat = {k: torch.cat([f[k] for f in fields]) for k in ("advantages", "logprobs", "mask")}
-    advantages, mean_k = L.kl_penalty_advantages(cat["advantages"], cat["logprobs"], torch.cat(ref), cat["mask"],
-                                                 config.kl_coef)
+    advantages, mean_k = L.kl_penalty_advantages(
+        cat["advantages"], cat["logprobs"], torch.cat(ref), cat["mask"], config.kl_coef
+    )
     pieces = advantages.split([d.model_input.length for d in datums])
     return [Datum(d.model_input, {**d.loss_fn_inputs, "advantages": a}) for d, a in zip(datums, pieces)], float(mean_k)
 

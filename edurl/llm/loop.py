@@ -56,7 +56,7 @@ def substeps(datums: list, num_substeps: int) -> list[list]:
     if not isinstance(num_substeps, int) or num_substeps < 1:
         raise ValueError(f"num_substeps must be a positive int, got {num_substeps!r}")
     size = -(-len(datums) // num_substeps)
-    return [datums[k:k + size] for k in range(0, len(datums), size)]
+    return [datums[k : k + size] for k in range(0, len(datums), size)]
 
 
 def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:
@@ -79,7 +79,9 @@ def _checkpoints(log_dir: Path) -> list[Path]:
     return sorted(p for p in (log_dir / "checkpoints").glob("step_*") if (p / "state.pt").exists())
 
 
-def run_training_loop(config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None) -> GRPOResult:
+def run_training_loop(
+    config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None
+) -> GRPOResult:
     """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
     evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar.
     ``on_resume(trainer, checkpoint)`` restores what the step function carries between steps, and
@@ -101,21 +103,30 @@ def run_training_loop(config: GRPOConfig, step_fn, desc: str, postfix: str, on_r
             logger = MetricsLogger(log_dir, if_exists="overwrite")
             (log_dir / "config.json").write_text(json.dumps({"run": desc, **asdict(config)}, indent=1, default=str))
             start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-        bar = progress(range(start_step, config.max_steps), desc=desc, disable=not config.progress,
-                       initial=start_step, total=config.max_steps)
+        bar = progress(
+            range(start_step, config.max_steps),
+            desc=desc,
+            disable=not config.progress,
+            initial=start_step,
+            total=config.max_steps,
+        )
         for step in bar:
             row = step_fn(trainer, renderer, task, step)
             if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
                 ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
                 row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                bar.set_postfix({postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}", "test": f"{ev.pass_at_1:.2f}"},
-                                refresh=False)
+                bar.set_postfix(
+                    {postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}", "test": f"{ev.pass_at_1:.2f}"}, refresh=False
+                )
             if step == 0 and start_eval is not None:
                 row.update({"test/start_pass_at_1": start_eval.pass_at_1})
             logger.log(step, **row)
             if config.save_every and (step + 1) % config.save_every == 0:
-                trainer.save_state(f"step_{step + 1:06d}", extra={"step": step + 1},
-                                   sampler=sampler_to_save() if sampler_to_save is not None else None)
+                trainer.save_state(
+                    f"step_{step + 1:06d}",
+                    extra={"step": step + 1},
+                    sampler=sampler_to_save() if sampler_to_save is not None else None,
+                )
         bar.close()
         logger.close()
         final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)

@@ -60,12 +60,21 @@ __all__ = [
 # ---------------------------------------------------------------- the objective
 
 
-def rl_objective(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-                 mask: torch.Tensor, *, loss_fn: str | Callable[..., torch.Tensor],
-                 loss_fn_config: dict[str, float] | None = None, aggregation: str = "sum",
-                 max_tokens: int | None = None, ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
-                 kl_estimator: str = "k3", entropy: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, dict[str, float]]:
+def rl_objective(
+    train_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_fn: str | Callable[..., torch.Tensor],
+    loss_fn_config: dict[str, float] | None = None,
+    aggregation: str = "sum",
+    max_tokens: int | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one RL ``forward_backward`` call, and its diagnostics. Every tensor argument is (B, T).
 
     ::
@@ -95,9 +104,11 @@ def rl_objective(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
     for other, name in ((sampling_logprobs, "sampling_logprobs"), (advantages, "advantages"), (mask, "mask")):
         check_same_shape(train_logprobs, other, "train_logprobs", name)
     if kl_coef > 0 and ref_logprobs is None:
-        raise ValueError(f"kl_coef={kl_coef} adds a KL penalty to the reference policy, so it needs ref_logprobs, "
-                         "the reference's log-probs of the same tokens (TrainingClient.compute_logprobs(datums, "
-                         "reference=True)); pass them, or kl_coef=0.")
+        raise ValueError(
+            f"kl_coef={kl_coef} adds a KL penalty to the reference policy, so it needs ref_logprobs, "
+            "the reference's log-probs of the same tokens (TrainingClient.compute_logprobs(datums, "
+            "reference=True)); pass them, or kl_coef=0."
+        )
     if not kl_coef >= 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef!r}; 0 turns the penalty off.")
     config = dict(loss_fn_config or {})
@@ -107,10 +118,11 @@ def rl_objective(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
     n_tok = mask.sum().clamp(min=1)
     lp = train_logprobs.detach()
     diff = (sampling_logprobs - lp) * mask  # (B, T) sampling - training, on action tokens
-    metrics = {"optim/kl_sample_train_v1": float(diff.sum() / n_tok),
-               "optim/kl_sample_train_v2": float(0.5 * (diff**2).sum() / n_tok),
-               "optim/clip_fraction": float(clip_fraction(lp, sampling_logprobs, mask,
-                                                          *clip_bounds(loss_fn, config)))}
+    metrics = {
+        "optim/kl_sample_train_v1": float(diff.sum() / n_tok),
+        "optim/kl_sample_train_v2": float(0.5 * (diff**2).sum() / n_tok),
+        "optim/clip_fraction": float(clip_fraction(lp, sampling_logprobs, mask, *clip_bounds(loss_fn, config))),
+    }
     if ref_logprobs is not None:
         check_same_shape(train_logprobs, ref_logprobs, "train_logprobs", "ref_logprobs")
         metrics["optim/kl_ref"] = float((kl(lp, ref_logprobs, "k3") * mask).sum() / n_tok)
@@ -122,9 +134,15 @@ def rl_objective(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
     return loss, metrics
 
 
-def supervised_objective(train_logprobs: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor, *,
-                         aggregation: str = "sum", max_tokens: int | None = None,
-                         entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def supervised_objective(
+    train_logprobs: torch.Tensor,
+    weights: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    aggregation: str = "sum",
+    max_tokens: int | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The ``cross_entropy`` loss of ``forward_backward`` (SFT): ``aggregate(-train_logprobs * weights, mask,
     aggregation)``, and ``optim/entropy`` when ``entropy`` is given. Every tensor argument is (B, T)."""
     check_tensor(train_logprobs, "train_logprobs", ndim=(2,), floating=True)
@@ -145,8 +163,9 @@ def _check_inputs(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
 # ---------------------------------------------------------------- per-token losses
 
 
-def importance_sampling(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
-                        advantages: torch.Tensor) -> torch.Tensor:
+def importance_sampling(
+    train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor
+) -> torch.Tensor:
     """-r * A, r = exp(train_logprobs - sampling_logprobs). Gradient w.r.t. train_logprobs: -r * A.
 
     On-policy (r = 1) this is the REINFORCE gradient; off-policy, r reweights each sampled token so the
@@ -157,8 +176,13 @@ def importance_sampling(train_logprobs: torch.Tensor, sampling_logprobs: torch.T
     return -(ratio * advantages)
 
 
-def ppo(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-        clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2) -> torch.Tensor:
+def ppo(
+    train_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low_threshold: float = 0.8,
+    clip_high_threshold: float = 1.2,
+) -> torch.Tensor:
     """-min(r * A, clamp(r, lo, hi) * A): Chapter 5's :func:`edurl.objectives.clipped_surrogate`, per token.
 
     Gradient w.r.t. train_logprobs: 0 where the clip binds (A > 0 and r > hi, or A < 0 and r < lo), else -r * A.
@@ -169,8 +193,13 @@ def ppo(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantage
     return clipped_surrogate(train_logprobs, sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold)
 
 
-def cispo(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-          clip_low_threshold: float = 0.0, clip_high_threshold: float = 4.0) -> torch.Tensor:
+def cispo(
+    train_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low_threshold: float = 0.0,
+    clip_high_threshold: float = 4.0,
+) -> torch.Tensor:
     """-sg(clamp(r, lo, hi)) * train_logprobs * A, sg = stop-gradient (``.detach()``).
 
     Gradient w.r.t. train_logprobs: -clamp(r, lo, hi) * A. Unlike PPO, a token whose ratio left the range keeps
@@ -183,8 +212,9 @@ def cispo(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advanta
     return -(weight * train_logprobs * advantages)
 
 
-def dro(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-        beta: float) -> torch.Tensor:
+def dro(
+    train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor, beta: float
+) -> torch.Tensor:
     """-(train_logprobs * A - beta / 2 * (train_logprobs - sampling_logprobs)**2).
 
     Gradient w.r.t. train_logprobs: -A + beta * (train_logprobs - sampling_logprobs). The quadratic penalty,
@@ -193,8 +223,10 @@ def dro(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantage
     """
     _check_inputs(train_logprobs, sampling_logprobs, advantages)
     if not beta >= 0:
-        raise ValueError(f"dro needs beta >= 0, got {beta}. It weights the penalty beta / 2 * (lp - q)**2 that "
-                         "keeps the policy near the sampler; beta = 0 drops the penalty.")
+        raise ValueError(
+            f"dro needs beta >= 0, got {beta}. It weights the penalty beta / 2 * (lp - q)**2 that "
+            "keeps the policy near the sampler; beta = 0 drops the penalty."
+        )
     log_ratio = train_logprobs - sampling_logprobs
     return -(train_logprobs * advantages - 0.5 * beta * log_ratio**2)
 
@@ -210,8 +242,10 @@ LOSS_FNS: dict[str, Callable[..., torch.Tensor]] = {
 def get_loss_fn(name: str) -> Callable[..., torch.Tensor]:
     """The per-token loss called ``name`` in :data:`LOSS_FNS`."""
     if name not in LOSS_FNS:
-        raise ValueError(f"unknown loss {name!r}; known losses: {', '.join(LOSS_FNS)}. "
-                         "Pick one of those, or add yours to edurl.llm.losses.LOSS_FNS.")
+        raise ValueError(
+            f"unknown loss {name!r}; known losses: {', '.join(LOSS_FNS)}. "
+            "Pick one of those, or add yours to edurl.llm.losses.LOSS_FNS."
+        )
     return LOSS_FNS[name]
 
 
@@ -223,8 +257,9 @@ def loss_fn_defaults(name: str) -> dict[str, float]:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
-def clip_bounds(loss_fn: str | Callable[..., torch.Tensor], loss_fn_config: dict[str, float] | None = None
-                ) -> tuple[float, float]:
+def clip_bounds(
+    loss_fn: str | Callable[..., torch.Tensor], loss_fn_config: dict[str, float] | None = None
+) -> tuple[float, float]:
     """The ratio range ``(clip_low_threshold, clip_high_threshold)`` that ``optim/clip_fraction`` counts
     against: the loss's own clip for ``ppo`` and ``cispo`` (``loss_fn_config`` over its defaults), else PPO's
     [0.8, 1.2], a yardstick of how far the trainer has moved from the sampler."""
@@ -240,8 +275,9 @@ def clip_bounds(loss_fn: str | Callable[..., torch.Tensor], loss_fn_config: dict
 AGGREGATION_MODES = ("sum", "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 
 
-def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None
-              ) -> torch.Tensor:
+def aggregate(
+    per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None
+) -> torch.Tensor:
     """Reduce a (B, T) per-token loss over the tokens where ``mask`` is 1 to a scalar.
 
     =========================  =========================================================  ===========
@@ -265,11 +301,14 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_t
     check_same_shape(per_token_loss, mask, "per_token_loss", "mask")
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; known modes: {', '.join(AGGREGATION_MODES)}.")
-    if mode == "seq_mean_token_sum_norm" and (max_tokens is None or not isinstance(max_tokens, int)
-                                              or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise ValueError(f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by number of sequences x a fixed "
-                         f"generation budget, so it needs max_tokens, a positive int (got {max_tokens!r}). Pass the "
-                         "sampler's max_tokens, e.g. aggregate(loss, mask, 'seq_mean_token_sum_norm', max_tokens=16).")
+    if mode == "seq_mean_token_sum_norm" and (
+        max_tokens is None or not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise ValueError(
+            f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by number of sequences x a fixed "
+            f"generation budget, so it needs max_tokens, a positive int (got {max_tokens!r}). Pass the "
+            "sampler's max_tokens, e.g. aggregate(loss, mask, 'seq_mean_token_sum_norm', max_tokens=16)."
+        )
     keep = mask != 0  # (B, T)
     # where, not only a product, so a NaN or inf at a padding position cannot leak into the sum
     masked = torch.where(keep, per_token_loss, torch.zeros_like(per_token_loss))  # (B, T)
@@ -332,8 +371,13 @@ def kl(train_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str)
 KL_PENALTIES = ("reward", "loss")
 
 
-def kl_penalty_advantages(advantages: torch.Tensor, sampling_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                          mask: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_penalty_advantages(
+    advantages: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The KL penalty put into the reward (Tinker's way): per-token advantages and the mean k1 estimate.
 
     With k_t = sampling_logprobs - ref_logprobs = log(q / pi_ref) at every action token (mask 1) and
@@ -367,8 +411,10 @@ ADVANTAGE_SCALES = ("none", "group", "batch")
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
     check_tensor(rewards, "rewards")
     if rewards.dim() != 2:
-        raise ValueError(f"rewards must be 2-D (P, G): P prompts, G samples per prompt; got shape "
-                         f"{tuple(rewards.shape)}. For a single group use rewards.unsqueeze(0).")
+        raise ValueError(
+            f"rewards must be 2-D (P, G): P prompts, G samples per prompt; got shape "
+            f"{tuple(rewards.shape)}. For a single group use rewards.unsqueeze(0)."
+        )
     return rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
 
 
@@ -396,8 +442,10 @@ def group_advantages(rewards: torch.Tensor, scale: str = "none", eps: float = 1e
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"unknown advantage scale {scale!r}; known scales: {', '.join(map(repr, ADVANTAGE_SCALES))}.")
     if rewards.shape[1] < 2:
-        raise ValueError(f"rewards has shape {tuple(rewards.shape)}: group-relative advantages need G >= 2 samples "
-                         "per prompt (with G = 1 every advantage is 0). Sample more completions per prompt.")
+        raise ValueError(
+            f"rewards has shape {tuple(rewards.shape)}: group-relative advantages need G >= 2 samples "
+            "per prompt (with G = 1 every advantage is 0). Sample more completions per prompt."
+        )
     centered = rewards - rewards.mean(dim=1, keepdim=True)  # (P, G)
     centered = torch.where(zero_variance_groups(rewards)[:, None], torch.zeros_like(centered), centered)
     if scale == "group":
@@ -407,8 +455,9 @@ def group_advantages(rewards: torch.Tensor, scale: str = "none", eps: float = 1e
     return centered
 
 
-def drop_zero_variance_groups(rewards: torch.Tensor, *others: torch.Tensor | Sequence
-                              ) -> tuple[torch.Tensor | list, ...]:
+def drop_zero_variance_groups(
+    rewards: torch.Tensor, *others: torch.Tensor | Sequence
+) -> tuple[torch.Tensor | list, ...]:
     """DAPO's dynamic-sampling filter, without refilling: drop the groups whose rewards are all equal.
 
     Such a group has all-zero advantages, so it adds no gradient, only tokens to the denominator of a
@@ -425,8 +474,10 @@ def drop_zero_variance_groups(rewards: torch.Tensor, *others: torch.Tensor | Seq
     kept: list[torch.Tensor | list] = [rewards[keep]]
     for i, x in enumerate(others):
         if len(x) != num_groups:
-            raise ValueError(f"others[{i}] has {len(x)} entries but rewards has {num_groups} groups; pass one "
-                             "entry per group (first dimension P).")
+            raise ValueError(
+                f"others[{i}] has {len(x)} entries but rewards has {num_groups} groups; pass one "
+                "entry per group (first dimension P)."
+            )
         if isinstance(x, torch.Tensor):
             kept.append(x[keep.to(x.device)])
         else:

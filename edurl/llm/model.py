@@ -50,14 +50,20 @@ class TinyLMConfig:
     """Longest sequence (prompt + completion) in tokens."""
 
     def __post_init__(self) -> None:
-        check_fields(self, positive_int=("hidden_size", "num_layers", "num_heads", "intermediate_size",
-                                         "max_position_embeddings"), choices={"arch": tuple(ARCHITECTURES)})
+        check_fields(
+            self,
+            positive_int=("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings"),
+            choices={"arch": tuple(ARCHITECTURES)},
+        )
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"TinyLMConfig.hidden_size ({self.hidden_size}) must be divisible by num_heads "
-                             f"({self.num_heads})")
+            raise ValueError(
+                f"TinyLMConfig.hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
 
 
-def build_tiny_lm(tokenizer: PreTrainedTokenizerBase, config: TinyLMConfig | None = None, seed: int = 0) -> PreTrainedModel:
+def build_tiny_lm(
+    tokenizer: PreTrainedTokenizerBase, config: TinyLMConfig | None = None, seed: int = 0
+) -> PreTrainedModel:
     """A randomly initialised causal LM whose vocabulary matches ``tokenizer``."""
     config = config or TinyLMConfig()
     if config.arch not in ARCHITECTURES:

@@ -40,8 +40,14 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or Path(name).suffix != ""
 
 
-def load_policy(name_or_path: str | Path, lora: LoraSettings | int | None = None, device: str | torch.device | None = None,
-                dtype: torch.dtype | None = None, require_chat: bool = True, local_files_only: bool = False):
+def load_policy(
+    name_or_path: str | Path,
+    lora: LoraSettings | int | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    require_chat: bool = True,
+    local_files_only: bool = False,
+):
     """Load a causal LM and its tokenizer. Returns ``(model, tokenizer)``.
 
     Parameters
@@ -58,8 +64,10 @@ def load_policy(name_or_path: str | Path, lora: LoraSettings | int | None = None
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name!r} is a file; pass the folder that holds config.json and the weights")
     if not path.exists() and _looks_like_path(name):
-        raise FileNotFoundError(f"model path {name!r} does not exist. Pass a folder written by save_pretrained "
-                                "(e.g. the path returned by load_or_train_sft) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'.")
+        raise FileNotFoundError(
+            f"model path {name!r} does not exist. Pass a folder written by save_pretrained "
+            "(e.g. the path returned by load_or_train_sft) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -91,7 +99,11 @@ def wrap_lora(model, lora: LoraSettings | int):
     present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     targets = [m for m in settings.target_modules if m in present]
     if not targets:
-        raise ValueError(f"none of the LoRA target modules {settings.target_modules} exist in this model; "
-                         f"pass LoraSettings(target_modules=...) from its layer names")
-    return get_peft_model(model, LoraConfig(r=settings.rank, lora_alpha=settings.alpha,
-                                            lora_dropout=settings.dropout, target_modules=targets))
+        raise ValueError(
+            f"none of the LoRA target modules {settings.target_modules} exist in this model; "
+            f"pass LoraSettings(target_modules=...) from its layer names"
+        )
+    return get_peft_model(
+        model,
+        LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=targets),
+    )

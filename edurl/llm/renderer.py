@@ -60,8 +60,12 @@ class ChatMLRenderer:
 
     def _turn(self, message: Message) -> list[int]:
         """``<|im_start|>role\\ncontent<|im_end|>\\n`` as ids."""
-        return [self.im_start, *self._encode(message["role"] + "\n" + message["content"]), self.im_end,
-                *self._encode("\n")]
+        return [
+            self.im_start,
+            *self._encode(message["role"] + "\n" + message["content"]),
+            self.im_end,
+            *self._encode("\n"),
+        ]
 
     def _check(self, messages: Sequence[Message]) -> list[Message]:
         if not messages:

@@ -80,7 +80,9 @@ class Completion:
 def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     """Validate a batch of token-id prompts and return them as lists."""
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [renderer.build_generation_prompt(msgs)]")
+        raise ValueError(
+            "prompts must be a non-empty list of token-id lists, e.g. [renderer.build_generation_prompt(msgs)]"
+        )
     out = []
     for i, p in enumerate(prompts):
         p = p.tolist() if isinstance(p, torch.Tensor) else list(p)
@@ -121,9 +123,14 @@ def model_eos_ids(model: PreTrainedModel) -> list[int]:
 
 
 @torch.no_grad()
-def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples: int = 1,
-           params: SamplingParams | None = None, pad_token_id: int | None = None,
-           eos_token_id: int | Sequence[int] | None = None) -> list[Completion]:
+def sample(
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    num_samples: int = 1,
+    params: SamplingParams | None = None,
+    pad_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> list[Completion]:
     """Sample ``num_samples`` completions for each prompt.
 
     A completion ends at the first of ``params.stop`` or an end-of-sequence token: ``eos_token_id``, or when
@@ -143,8 +150,11 @@ def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     stops = params.stop_sequences()
-    eos = model_eos_ids(model) if eos_token_id is None else (
-        [eos_token_id] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id])
+    eos = (
+        model_eos_ids(model)
+        if eos_token_id is None
+        else ([eos_token_id] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id])
+    )
     stops += [[e] for e in eos if [e] not in stops]
     device = next(model.parameters()).device
     if pad_token_id is None:
@@ -182,7 +192,7 @@ def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples
         for seq in stops:
             k = len(seq)
             if t + 1 >= k:
-                tail = out_tokens[active, t + 1 - k:t + 1]  # (A, k)
+                tail = out_tokens[active, t + 1 - k : t + 1]  # (A, k)
                 done |= (tail == torch.tensor(seq, device=device)).all(-1)
         if done.any():
             lengths[active[done]] = t + 1
@@ -196,8 +206,13 @@ def sample(model: PreTrainedModel, prompts: Sequence[Sequence[int]], num_samples
         if t == T - 1:
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (A, L + t + 1)
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                    past_key_values=cache, use_cache=True)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=next_pos[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
         logits = out.logits[:, -1]
         next_pos = next_pos + 1
     model.train(was_training)

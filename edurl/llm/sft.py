@@ -92,9 +92,14 @@ class SFTConfig(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_fields(self, positive_int=("max_steps", "check_every", "num_valid", "batch_size", "num_threads"),
-                     nonneg_int=("warmup_steps", "seed"), nonneg=("learning_rate", "weight_decay"),
-                     unit=("target_pass_at_1",), optional=("target_pass_at_1",))
+        check_fields(
+            self,
+            positive_int=("max_steps", "check_every", "num_valid", "batch_size", "num_threads"),
+            nonneg_int=("warmup_steps", "seed"),
+            nonneg=("learning_rate", "weight_decay"),
+            unit=("target_pass_at_1",),
+            optional=("target_pass_at_1",),
+        )
 
 
 def cache_dir() -> Path:
@@ -104,8 +109,9 @@ def cache_dir() -> Path:
 
 def demonstration_example(renderer: ChatMLRenderer, problem) -> tuple[list[int], list[float]]:
     """Tokens and per-token weights of ``problem``'s question followed by its worked answer (weight 1 on the reply)."""
-    return renderer.build_supervised_example([*problem.messages(), {"role": "assistant",
-                                                                    "content": problem.demonstration()}])
+    return renderer.build_supervised_example(
+        [*problem.messages(), {"role": "assistant", "content": problem.demonstration()}]
+    )
 
 
 def _batch(renderer: ChatMLRenderer, problems, pad_id: int):
@@ -139,7 +145,9 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     model = build_tiny_lm(tokenizer, config.model, seed=config.seed).to(dev)
     valid = task.sample(config.num_valid, split="valid", seed=config.seed)
     test = task.sample(num_eval, split="test", seed=config.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.98)
+    )
 
     def lr_at(step: int) -> float:  # linear warm-up, then cosine decay to 10%
         if step < config.warmup_steps:
@@ -154,8 +162,9 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
         bar = progress_bar(range(config.max_steps), desc="SFT", disable=not progress)
         for step in bar:
             model.train()
-            batch = _batch(renderer, problems[step * config.batch_size:(step + 1) * config.batch_size],
-                           tokenizer.pad_token_id)
+            batch = _batch(
+                renderer, problems[step * config.batch_size : (step + 1) * config.batch_size], tokenizer.pad_token_id
+            )
             tokens, mask, weights = (x.to(dev) for x in batch)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
@@ -192,8 +201,10 @@ def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, re
         tokenizer = AutoTokenizer.from_pretrained(path)
         probe = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
         if tokenizer.encode(probe) != build_char_tokenizer().encode(probe):
-            raise RuntimeError(f"AutoTokenizer loaded {path} as {type(tokenizer).__name__}, which tokenizes differently "
-                               "from the course tokenizer (see edurl/llm/model.py on arch='qwen2'). Use arch='llama'.")
+            raise RuntimeError(
+                f"AutoTokenizer loaded {path} as {type(tokenizer).__name__}, which tokenizes differently "
+                "from the course tokenizer (see edurl/llm/model.py on arch='qwen2'). Use arch='llama'."
+            )
         history = json.loads((path / "history.json").read_text())
         return model, tokenizer, history, path
     model, tokenizer, history = train_sft(config, progress=progress)
@@ -237,11 +248,14 @@ def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
         datums = [build_supervised_datum(*demonstration_example(renderer, p)) for p in problems]
         rows = []
         for chunk in substeps(datums, config.num_substeps):
-            out = trainer.forward_backward(chunk, "cross_entropy", aggregation=config.aggregation,
-                                           max_tokens=config.max_tokens).result()
+            out = trainer.forward_backward(
+                chunk, "cross_entropy", aggregation=config.aggregation, max_tokens=config.max_tokens
+            ).result()
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             rows.append({"optim/loss": out.loss, "optim/entropy": out.metrics["optim/entropy"], **opt})
         row = {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
         return {**row, "time/train": time.perf_counter() - t0}
 
-    return run_training_loop(replace(config, kl_coef=0.0, log_kl_ref=False), step_fn, "continued SFT", postfix="optim/loss")
+    return run_training_loop(
+        replace(config, kl_coef=0.0, log_kl_ref=False), step_fn, "continued SFT", postfix="optim/loss"
+    )

@@ -38,10 +38,19 @@ def _entropy(logp: torch.Tensor) -> torch.Tensor:
         return entropy(logp)
 
 
-def token_logprobs(forward: Callable[..., object], ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor,
-                   mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
-                   share_prompts: bool = True, pad_token_id: int = 0, model_config=None
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    forward: Callable[..., object],
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prompts: bool = True,
+    pad_token_id: int = 0,
+    model_config=None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log pi(targets)`` at every position, (B, T), and the entropy of pi there (or None), both of the
     distribution at ``temperature`` (the one the sampler drew from).
 
@@ -57,7 +66,7 @@ def token_logprobs(forward: Callable[..., object], ids: torch.Tensor, attn: torc
     has_loss = mask.bool().any(1)
     first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
     prompts: dict[tuple[int, ...], int] = {}
-    rows = [prompts.setdefault(tuple(ids[i, :int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
+    rows = [prompts.setdefault(tuple(ids[i, : int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
     if 2 * len(prompts) > B:  # too few repeats to pay for two passes
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
     dev = ids.device
@@ -67,8 +76,10 @@ def token_logprobs(forward: Callable[..., object], ids: torch.Tensor, attn: torc
     U, Lp = pids.shape
     ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model_config)
-    logp_p = scaled_log_softmax(forward(input_ids=pids, attention_mask=pmask, position_ids=ppos,
-                                        past_key_values=cache, use_cache=True).logits, temperature)
+    logp_p = scaled_log_softmax(
+        forward(input_ids=pids, attention_mask=pmask, position_ids=ppos, past_key_values=cache, use_cache=True).logits,
+        temperature,
+    )
     if cache.get_seq_length() != Lp:  # a model that ignored the cache: fall back rather than drop the prompt
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
     V = logp_p.shape[-1]
@@ -89,8 +100,13 @@ def token_logprobs(forward: Callable[..., object], ids: torch.Tensor, attn: torc
         rmask = (j < rest[:, None]).long()
         rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
         cache.reorder_cache(u)  # copies rows: a differentiable index_select
-        out = forward(input_ids=rids, attention_mask=torch.cat([pmask[u], rmask], 1),
-                      position_ids=ppos[u, -1:] + 1 + j, past_key_values=cache, use_cache=True)
+        out = forward(
+            input_ids=rids,
+            attention_mask=torch.cat([pmask[u], rmask], 1),
+            position_ids=ppos[u, -1:] + 1 + j,
+            past_key_values=cache,
+            use_cache=True,
+        )
         logp_r = scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
         in_rest = (col > f) & (col < lengths[:, None])
         rcol = (col - f - 1).clamp(0, Lr - 1)

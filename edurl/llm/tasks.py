@@ -33,8 +33,10 @@ def split_by_hash(text: str, test_fraction: float, valid_fraction: float) -> str
 
 def check_fractions(test_fraction: float, valid_fraction: float) -> None:
     if not (0.0 < test_fraction < 1.0 and 0.0 <= valid_fraction < 1.0 and test_fraction + valid_fraction < 1.0):
-        raise ValueError(f"test_fraction ({test_fraction}) must be in (0, 1) and valid_fraction ({valid_fraction}) "
-                         "in [0, 1), leaving some problems for train")
+        raise ValueError(
+            f"test_fraction ({test_fraction}) must be in (0, 1) and valid_fraction ({valid_fraction}) "
+            "in [0, 1), leaving some problems for train"
+        )
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,14 @@ class ArithmeticTask:
         validation splits; the rest is train.
     """
 
-    def __init__(self, num_digits: int = 2, ops: tuple[str, ...] = ("+", "-"), allow_negative: bool = False,
-                 test_fraction: float = 0.1, valid_fraction: float = 0.05):
+    def __init__(
+        self,
+        num_digits: int = 2,
+        ops: tuple[str, ...] = ("+", "-"),
+        allow_negative: bool = False,
+        test_fraction: float = 0.1,
+        valid_fraction: float = 0.05,
+    ):
         if not isinstance(num_digits, int) or not 1 <= num_digits <= 9:
             raise ValueError(f"num_digits must be an int in [1, 9], got {num_digits!r}")
         ops = tuple(ops)
@@ -175,9 +183,11 @@ class JsonlTask:
                     f"{path}:{lineno}: expected a JSON object with 'question' and 'answer', got {line[:80]!r} ({err})"
                 ) from None
             if not is_integer_answer(problem.answer):
-                raise ValueError(f"{path}:{lineno}: answer {problem.answer!r} is not an integer; edurl.llm.grade marks "
-                                 "a reply correct only for an optional sign followed by ASCII digits, so write "
-                                 "integer answers (e.g. \"answer\": 46), or grade this task with your own reward.")
+                raise ValueError(
+                    f"{path}:{lineno}: answer {problem.answer!r} is not an integer; edurl.llm.grade marks "
+                    "a reply correct only for an optional sign followed by ASCII digits, so write "
+                    'integer answers (e.g. "answer": 46), or grade this task with your own reward.'
+                )
             self.problems[split_by_hash(problem.question, test_fraction, valid_fraction)].append(problem)
         if not any(self.problems.values()):
             raise ValueError(f"{path} holds no problems")

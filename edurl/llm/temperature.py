@@ -45,8 +45,16 @@ def plot_next_token_distribution(probs: torch.Tensor, tokenizer, top_k: int = 12
     return ax
 
 
-def group_diversity(model, renderer: ChatMLRenderer, problems: Sequence[Problem], temperatures: Sequence[float],
-                    group_size: int = 8, max_tokens: int = 16, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+def group_diversity(
+    model,
+    renderer: ChatMLRenderer,
+    problems: Sequence[Problem],
+    temperatures: Sequence[float],
+    group_size: int = 8,
+    max_tokens: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Sample a group of ``group_size`` replies per problem at each temperature and measure the group.
 
     One row per temperature with the means over problems of:
@@ -57,18 +65,25 @@ def group_diversity(model, renderer: ChatMLRenderer, problems: Sequence[Problem]
     prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
     rows = []
     for temperature in tqdm(temperatures, desc="temperatures", disable=not progress):
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                stop=renderer.get_stop_sequences())
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, seed=seed, stop=renderer.get_stop_sequences()
+        )
         out = sample(model, prompts, group_size, params, pad_token_id=renderer.tokenizer.pad_token_id)
         distinct, mixed, correct = [], [], []
         for i, problem in enumerate(problems):
-            replies = [renderer.parse_response(c.tokens) for c in out[i * group_size:(i + 1) * group_size]]
+            replies = [renderer.parse_response(c.tokens) for c in out[i * group_size : (i + 1) * group_size]]
             grades = [grade(m["content"], problem.answer, complete=ok).correct for m, ok in replies]
             distinct.append(len({extract_boxed(m["content"]) for m, _ in replies}))
             mixed.append(0.0 < sum(grades) < group_size)
             correct.append(sum(grades) / group_size)
-        rows.append({"temperature": temperature, "distinct_answers": sum(distinct) / len(problems),
-                     "correct": sum(correct) / len(problems), "frac_mixed": sum(mixed) / len(problems)})
+        rows.append(
+            {
+                "temperature": temperature,
+                "distinct_answers": sum(distinct) / len(problems),
+                "correct": sum(correct) / len(problems),
+                "frac_mixed": sum(mixed) / len(problems),
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -29,8 +29,13 @@ def field_docs(cls) -> dict[str, str]:
             continue
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
         for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) \
-                    and isinstance(getattr(nxt, "value", None), ast.Constant) and isinstance(nxt.value.value, str):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(getattr(nxt, "value", None), ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[node.target.id] = nxt.value.value.strip()
     return docs
 
@@ -65,8 +70,10 @@ def run_trainer_recipe(config_cls, train, name: str, argv=None):
 
 def report(result, png: Path) -> None:
     if result.solved:
-        print(f"solved after {result.solved_episode} episodes, {result.solved_step:,} env steps, "
-              f"{result.solved_time:.1f} s")
+        print(
+            f"solved after {result.solved_episode} episodes, {result.solved_step:,} env steps, "
+            f"{result.solved_time:.1f} s"
+        )
     else:
         tail = result.episodes["episode_return"].tail(result.config.solve_window).mean()
         print(f"not solved: last {result.config.solve_window}-episode mean return {tail:.1f}")

@@ -44,8 +44,11 @@ def main(argv=None):
     from edurl.rl.reinforce import ReinforceConfig, train_reinforce
 
     config = parse_config(GAEVisualizerConfig, argv)
-    trained = train_reinforce(ReinforceConfig(seed=config.seed, max_episodes=config.train_episodes, baseline="value",
-                                              stop_when_solved=False, device="cpu"))
+    trained = train_reinforce(
+        ReinforceConfig(
+            seed=config.seed, max_episodes=config.train_episodes, baseline="value", stop_when_solved=False, device="cpu"
+        )
+    )
     traj = sample_trajectory(trained.policy, trained.value, seed=config.seed)
     ax = plot_gae(traj, config.gamma, config.lams)
     ax.figure.savefig(config.out, dpi=120, bbox_inches="tight")

@@ -27,8 +27,10 @@ def main(argv=None):
     png = Path(config.log_dir) / "learning_curves.png"
     fig.savefig(png, dpi=110)
     if result.start is not None:
-        print(f"held-out pass@1: {result.start.pass_at_1:.1%} -> {result.final.pass_at_1:.1%} "
-              f"({config.num_eval} test problems, greedy)")
+        print(
+            f"held-out pass@1: {result.start.pass_at_1:.1%} -> {result.final.pass_at_1:.1%} "
+            f"({config.num_eval} test problems, greedy)"
+        )
     else:
         print(f"held-out pass@1 after resuming: {result.final.pass_at_1:.1%}")
     print(f"metrics: {Path(config.log_dir) / 'metrics.jsonl'}\nlearning curves: {png}")

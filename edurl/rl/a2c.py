@@ -54,9 +54,14 @@ class A2CConfig(TrainerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_fields(self, positive_int=("num_envs", "num_steps", "total_steps"), unit=("gamma", "lam"),
-                     nonneg=("learning_rate", "vf_coef", "ent_coef"), positive=("max_grad_norm",),
-                     sizes=("hidden_sizes",))
+        check_fields(
+            self,
+            positive_int=("num_envs", "num_steps", "total_steps"),
+            unit=("gamma", "lam"),
+            nonneg=("learning_rate", "vf_coef", "ent_coef"),
+            positive=("max_grad_norm",),
+            sizes=("hidden_sizes",),
+        )
 
 
 def train_a2c(config: A2CConfig) -> TrainResult:
@@ -85,8 +90,9 @@ def _train(config: A2CConfig) -> TrainResult:
         values = value(ro.obs)  # (T, N), with grad for the value loss
         with torch.no_grad():
             next_values = value(ro.next_obs)  # V(true s_{t+1}); zeroed by gae() where terminated
-        advantages, returns = gae(ro.rewards, values.detach(), next_values, ro.terminated, ro.truncated,
-                                  config.gamma, config.lam)
+        advantages, returns = gae(
+            ro.rewards, values.detach(), next_values, ro.terminated, ro.truncated, config.gamma, config.lam
+        )
         dist = policy(ro.obs)
         adv = advantages.flatten()
         if config.normalize_advantages:
@@ -103,9 +109,16 @@ def _train(config: A2CConfig) -> TrainResult:
         env_steps += config.num_steps * config.num_envs
         log.add(ro.episode_returns, ro.episode_lengths, env_steps)
         if logger:
-            logger.log(env_steps, **{"episodes": len(log), "optim/policy_loss": policy_loss.item(),
-                                     "optim/value_loss": value_loss.item(), "optim/entropy": entropy.item(),
-                                     "time/total": log.elapsed()})
+            logger.log(
+                env_steps,
+                **{
+                    "episodes": len(log),
+                    "optim/policy_loss": policy_loss.item(),
+                    "optim/value_loss": value_loss.item(),
+                    "optim/entropy": entropy.item(),
+                    "time/total": log.elapsed(),
+                },
+            )
         bar.update(config.num_steps * config.num_envs)
         bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
         if ro.episode_returns and log.should_stop():

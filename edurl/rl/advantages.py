@@ -31,8 +31,9 @@ def _check_rollout(rewards, values, next_values, terminated, truncated=None):
             check_same_shape(rewards, x, "rewards", name)
 
 
-def td_errors(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
-              gamma: float) -> torch.Tensor:
+def td_errors(
+    rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """One-step TD errors: delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t).
 
     ===========  ======  ====================================================================
@@ -52,8 +53,15 @@ def td_errors(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Te
     return rewards + gamma * next_values * (~terminated).to(rewards.dtype) - values
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
-        truncated: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE(lambda) advantages and the matching value targets.
 
     A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1},  done_t = terminated_t or truncated_t,  A_T = 0,

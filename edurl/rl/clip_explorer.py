@@ -15,7 +15,9 @@ from edurl.objectives import clipped_surrogate
 __all__ = ["clip_objective_and_grad", "clip_case", "plot_clip_explorer"]
 
 
-def clip_objective_and_grad(ratios: torch.Tensor, advantage: float, clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_objective_and_grad(
+    ratios: torch.Tensor, advantage: float, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Objective min(r*A, clip(r)*A) (the negated loss) and its derivative with respect to r, at each ratio."""
     r = ratios.detach().clone().to(torch.float64).requires_grad_(True)
     adv = torch.full_like(r, advantage)
@@ -30,8 +32,11 @@ def clip_case(ratio: float, advantage: float, clip_eps: float) -> tuple[str, boo
     objective, grad = clip_objective_and_grad(r, advantage, clip_eps)
     unclipped = ratio * advantage
     clipped = float(np.clip(ratio, 1 - clip_eps, 1 + clip_eps)) * advantage
-    picks = "both" if np.isclose(unclipped, clipped) else ("unclipped" if np.isclose(objective.item(), unclipped)
-                                                            else "clipped")
+    picks = (
+        "both"
+        if np.isclose(unclipped, clipped)
+        else ("unclipped" if np.isclose(objective.item(), unclipped) else "clipped")
+    )
     return picks, bool(grad.item() == 0.0)
 
 
@@ -47,8 +52,10 @@ def plot_clip_explorer(clip_eps: float = 0.2, *, axes=None):
         ax.plot(r, grad, color="tab:red", lw=1.5, label="its gradient $d/dr$")
         ax.axvspan(1 - clip_eps, 1 + clip_eps, color="tab:green", alpha=0.12, label="$[1-\\epsilon, 1+\\epsilon]$")
         ax.axhline(0, color="black", lw=0.5)
-        ax.set(xlabel="ratio $r = \\pi_\\theta / \\pi_{old}$", title=f"A {'> 0' if adv > 0 else '< 0'}, "
-                                                                     f"$\\epsilon$ = {clip_eps:.2f}",
-               ylim=(-2.2, 2.2))
+        ax.set(
+            xlabel="ratio $r = \\pi_\\theta / \\pi_{old}$",
+            title=f"A {'> 0' if adv > 0 else '< 0'}, $\\epsilon$ = {clip_eps:.2f}",
+            ylim=(-2.2, 2.2),
+        )
         ax.legend(fontsize=8, loc="upper left" if adv > 0 else "lower left")
     return axes

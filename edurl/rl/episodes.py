@@ -39,8 +39,9 @@ class TrainerConfig:
     """Show a progress bar (``edurl.utils.progress``: about 100 redraws at most, so notebooks stay responsive)."""
 
     def __post_init__(self) -> None:
-        check_fields(self, positive_int=("solve_window", "num_threads"), nonneg_int=("seed",),
-                     optional=("num_threads",))
+        check_fields(
+            self, positive_int=("solve_window", "num_threads"), nonneg_int=("seed",), optional=("num_threads",)
+        )
 
 
 def solved_at(episode_returns, threshold: float = 475.0, window: int = 100) -> int | None:
@@ -105,19 +106,31 @@ class EpisodeLog:
         """Record episodes that finished by env step ``step``."""
         now = self.elapsed()
         for ret, length in zip(returns, lengths):
-            self.rows.append({"episode": len(self.rows), "step": step, "episode_return": float(ret),
-                              "episode_length": int(length), "time/total": now})
+            self.rows.append(
+                {
+                    "episode": len(self.rows),
+                    "step": step,
+                    "episode_return": float(ret),
+                    "episode_length": int(length),
+                    "time/total": now,
+                }
+            )
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def recent_mean(self) -> float:
-        recent = [r["episode_return"] for r in self.rows[-self.config.solve_window:]]
+        recent = [r["episode_return"] for r in self.rows[-self.config.solve_window :]]
         return float(np.mean(recent)) if recent else float("nan")
 
     def should_stop(self) -> bool:
-        return self.config.stop_when_solved and solved_at(
-            [r["episode_return"] for r in self.rows], self.config.solve_threshold, self.config.solve_window) is not None
+        return (
+            self.config.stop_when_solved
+            and solved_at(
+                [r["episode_return"] for r in self.rows], self.config.solve_threshold, self.config.solve_window
+            )
+            is not None
+        )
 
     def result(self, policy, value) -> TrainResult:
         return TrainResult.from_episodes(self.rows, self.config, policy, value)

@@ -46,10 +46,15 @@ def sample_trajectory(policy, value, *, seed: int = 0, max_steps: int = 500) -> 
         if terminated[0] or truncated[0]:
             break
     states, next_obs = torch.stack(rows["states"]), torch.stack(rows["next_obs"])
-    return Trajectory(states=states, actions=torch.stack(rows["actions"]),
-                      rewards=torch.stack(rows["rewards"])[:, None], values=value(states)[:, None],
-                      next_values=value(next_obs)[:, None], terminated=torch.stack(rows["terminated"])[:, None],
-                      truncated=torch.stack(rows["truncated"])[:, None])
+    return Trajectory(
+        states=states,
+        actions=torch.stack(rows["actions"]),
+        rewards=torch.stack(rows["rewards"])[:, None],
+        values=value(states)[:, None],
+        next_values=value(next_obs)[:, None],
+        terminated=torch.stack(rows["terminated"])[:, None],
+        truncated=torch.stack(rows["truncated"])[:, None],
+    )
 
 
 def plot_gae(traj: Trajectory, gamma: float = 0.99, lams=DEFAULT_LAMS, *, ax=None, gae_fn=gae):
@@ -69,8 +74,9 @@ def plot_gae(traj: Trajectory, gamma: float = 0.99, lams=DEFAULT_LAMS, *, ax=Non
 
 
 @torch.no_grad()
-def rollouts_from(policy, states: torch.Tensor, first_actions: torch.Tensor, horizon: int,
-                  generator: torch.Generator) -> dict[str, torch.Tensor]:
+def rollouts_from(
+    policy, states: torch.Tensor, first_actions: torch.Tensor, horizon: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Continue CartPole from each row of ``states`` (B, 4): take ``first_actions`` (B,), then follow the policy.
 
     Returns time-major (H, B) rewards / terminated / truncated and (H, B, 4) ``obs`` (s_t) and ``next_obs``
@@ -109,9 +115,20 @@ def _first_episode_returns(ro: dict, gamma: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor, *, gamma: float = 0.99,
-                      lams=None, num_truth: int = 2048, num_samples: int = 256,
-                      horizon: int = 300, seed: int = 0, progress: bool = True) -> pd.DataFrame:
+def gae_bias_variance(
+    policy,
+    value,
+    states: torch.Tensor,
+    actions: torch.Tensor,
+    *,
+    gamma: float = 0.99,
+    lams=None,
+    num_truth: int = 2048,
+    num_samples: int = 256,
+    horizon: int = 300,
+    seed: int = 0,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Bias and variance of GAE(lambda) at t = 0 from each saved (state, action), against Monte Carlo truth.
 
     Target: Q^pi(s, a) - V(s), with Q^pi the mean discounted return of ``num_truth`` rollouts that start
@@ -131,20 +148,29 @@ def gae_bias_variance(policy, value, states: torch.Tensor, actions: torch.Tensor
         per_state = []
         for s, a in progress_bar(list(zip(states, actions)), desc="states", disable=not progress):
             s64 = s.to(torch.float64)
-            q = _first_episode_returns(rollouts_from(policy, s64.expand(num_truth, 4), a.expand(num_truth), horizon, gen),
-                                       gamma)
+            q = _first_episode_returns(
+                rollouts_from(policy, s64.expand(num_truth, 4), a.expand(num_truth), horizon, gen), gamma
+            )
             truth = q.mean() - value(s[None].float()).double()[0]
             truth_se2 = q.var() / num_truth
             est = rollouts_from(policy, s64.expand(num_samples, 4), a.expand(num_samples), horizon, gen)
             values = value(est["obs"].float()).double()
             next_values = value(est["next_obs"].float()).double()
             for lam in lams:
-                adv, _ = gae(est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam))
+                adv, _ = gae(
+                    est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam)
+                )
                 a0 = adv[0]
                 # E[(mean - truth)^2] = bias^2 + var/num_samples + truth_se2: remove the two noise terms
                 bias2 = (a0.mean() - truth) ** 2 - a0.var() / num_samples - truth_se2
-                per_state.append({"lam": float(lam), "bias2": bias2.item(), "variance": a0.var().item(),
-                                  "truth_se2": truth_se2.item()})
+                per_state.append(
+                    {
+                        "lam": float(lam),
+                        "bias2": bias2.item(),
+                        "variance": a0.var().item(),
+                        "truth_se2": truth_se2.item(),
+                    }
+                )
         df = pd.DataFrame(per_state).groupby("lam", as_index=False).mean()
         df["mse"] = df["bias2"] + df["variance"]
         return df

@@ -16,8 +16,13 @@ from edurl.rl.rollout import EpisodeBatch, collect_episodes
 from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
 
-__all__ = ["bandit_exact_gradient", "bandit_gradient_samples", "flat_policy_gradient", "fit_value_baseline",
-           "gradient_variance"]
+__all__ = [
+    "bandit_exact_gradient",
+    "bandit_gradient_samples",
+    "flat_policy_gradient",
+    "fit_value_baseline",
+    "gradient_variance",
+]
 
 
 def bandit_exact_gradient(logits: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
@@ -27,8 +32,14 @@ def bandit_exact_gradient(logits: torch.Tensor, means: torch.Tensor) -> torch.Te
     return theta.grad
 
 
-def bandit_gradient_samples(logits: torch.Tensor, means: torch.Tensor, stds: torch.Tensor, num_samples: int,
-                            baseline: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+def bandit_gradient_samples(
+    logits: torch.Tensor,
+    means: torch.Tensor,
+    stds: torch.Tensor,
+    num_samples: int,
+    baseline: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """One score-function estimate per sample: grad log pi(a) * (r - baseline), shape (num_samples, K).
 
     a ~ softmax(logits), r ~ Normal(means[a], stds[a]). For a softmax, grad_theta log pi(a) = onehot(a) - pi
@@ -50,8 +61,17 @@ def flat_policy_gradient(policy: torch.nn.Module, batch: EpisodeBatch, weights: 
     return torch.cat([g.flatten() for g in grads])
 
 
-def fit_value_baseline(policy: torch.nn.Module, env_id: str, num_episodes: int, gamma: float, *, steps: int = 500,
-                       learning_rate: float = 3e-3, seed: int = 0, device: torch.device | str = "cpu") -> ValueNet:
+def fit_value_baseline(
+    policy: torch.nn.Module,
+    env_id: str,
+    num_episodes: int,
+    gamma: float,
+    *,
+    steps: int = 500,
+    learning_rate: float = 3e-3,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> ValueNet:
     """Regress a fresh ValueNet on the reward-to-go of ``num_episodes`` episodes of ``policy`` (kept fixed)."""
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         envs = [gym.make(env_id) for _ in range(num_episodes)]
@@ -68,9 +88,18 @@ def fit_value_baseline(policy: torch.nn.Module, env_id: str, num_episodes: int, 
         return value
 
 
-def gradient_variance(policy: torch.nn.Module, env_id: str, baselines: dict, *, num_batches: int = 100,
-                      episodes_per_batch: int = 4, gamma: float = 0.99, seed: int = 0,
-                      device: torch.device | str = "cpu", progress: bool = True) -> dict[str, torch.Tensor]:
+def gradient_variance(
+    policy: torch.nn.Module,
+    env_id: str,
+    baselines: dict,
+    *,
+    num_batches: int = 100,
+    episodes_per_batch: int = 4,
+    gamma: float = 0.99,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> dict[str, torch.Tensor]:
     """Per-batch REINFORCE gradients at a fixed policy, for each baseline, on the *same* batches.
 
     ``baselines`` maps a name to a function ``(obs (B, obs_dim), G (B,)) -> b (B,)`` of precomputed,
@@ -81,13 +110,15 @@ def gradient_variance(policy: torch.nn.Module, env_id: str, baselines: dict, *, 
         envs = [gym.make(env_id) for _ in range(episodes_per_batch)]
         out = {name: [] for name in baselines}
         for k in progress_bar(range(num_batches), desc="gradient batches", disable=not progress):
-            batch = collect_episodes(envs, policy.act, device,
-                                     seeds=[seed + k * episodes_per_batch + i for i in range(episodes_per_batch)])
+            batch = collect_episodes(
+                envs, policy.act, device, seeds=[seed + k * episodes_per_batch + i for i in range(episodes_per_batch)]
+            )
             G = discounted_returns(batch.rewards, batch.dones, gamma)
             for name, baseline in baselines.items():
                 with torch.no_grad():
                     b = torch.zeros_like(G)
-                    b[batch.mask] = torch.as_tensor(baseline(batch.obs[batch.mask], G[batch.mask]), dtype=G.dtype,
-                                                    device=G.device)
+                    b[batch.mask] = torch.as_tensor(
+                        baseline(batch.obs[batch.mask], G[batch.mask]), dtype=G.dtype, device=G.device
+                    )
                 out[name].append(flat_policy_gradient(policy, batch, G - b))
         return {name: torch.stack(grads) for name, grads in out.items()}

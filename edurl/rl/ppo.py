@@ -75,21 +75,30 @@ class PPOConfig(TrainerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_fields(self, positive_int=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_steps"),
-                     unit=("gamma", "lam"), nonneg=("learning_rate", "vf_coef", "ent_coef", "target_kl"),
-                     positive=("clip_eps", "max_grad_norm"), optional=("target_kl",),
-                     sizes=("hidden_sizes",), choices={"env_backend": ("gymnasium", "torch")})
+        check_fields(
+            self,
+            positive_int=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_steps"),
+            unit=("gamma", "lam"),
+            nonneg=("learning_rate", "vf_coef", "ent_coef", "target_kl"),
+            positive=("clip_eps", "max_grad_norm"),
+            optional=("target_kl",),
+            sizes=("hidden_sizes",),
+            choices={"env_backend": ("gymnasium", "torch")},
+        )
         if (self.num_envs * self.num_steps) % self.num_minibatches:
-            raise ValueError(f"PPOConfig.num_minibatches ({self.num_minibatches}) must divide num_envs * num_steps "
-                             f"({self.num_envs * self.num_steps}), the batch of one update.")
+            raise ValueError(
+                f"PPOConfig.num_minibatches ({self.num_minibatches}) must divide num_envs * num_steps "
+                f"({self.num_envs * self.num_steps}), the batch of one update."
+            )
 
 
 _STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl_k1", "approx_kl_k3", "clip_fraction")
 
 
 @torch.no_grad()
-def ppo_diagnostics(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, clip_eps: float
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ppo_diagnostics(
+    train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """How far the policy has moved from the one that sampled the batch.
 
     approx_kl_k1 = mean(q - lp) and approx_kl_k3 = mean((r - 1) - log r), both estimating KL(pi_old || pi)
@@ -101,8 +110,11 @@ def ppo_diagnostics(train_logprobs: torch.Tensor, sampling_logprobs: torch.Tenso
     """
     log_ratio = train_logprobs - sampling_logprobs
     ratio = log_ratio.exp()
-    return ((-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(),
-            clip_fraction(train_logprobs, sampling_logprobs, None, 1 - clip_eps, 1 + clip_eps))
+    return (
+        (-log_ratio).mean(),
+        ((ratio - 1) - log_ratio).mean(),
+        clip_fraction(train_logprobs, sampling_logprobs, None, 1 - clip_eps, 1 + clip_eps),
+    )
 
 
 def _make_env(config: PPOConfig, device: torch.device):
@@ -157,7 +169,9 @@ def _train(config: PPOConfig) -> TrainResult:
         with torch.no_grad():
             values = value(ro.obs)  # (T, N)
             next_values = value(ro.next_obs)  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
-        advantages, returns = gae(ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam)
+        advantages, returns = gae(
+            ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam
+        )
         b_obs, b_actions = ro.obs.reshape(batch_size, -1), ro.actions.reshape(-1)
         b_sampling_logprobs, b_adv = ro.logprobs.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
@@ -168,17 +182,20 @@ def _train(config: PPOConfig) -> TrainResult:
             # one minibatch = the whole batch, in any order; otherwise a fresh shuffle each epoch
             perm = torch.randperm(batch_size, device=device) if config.num_minibatches > 1 else slice(None)
             for start in range(0, batch_size, minibatch_size):
-                idx = perm[start:start + minibatch_size] if config.num_minibatches > 1 else perm
+                idx = perm[start : start + minibatch_size] if config.num_minibatches > 1 else perm
                 train_logprobs, entropy = policy.logprob_and_entropy(b_obs[idx], b_actions[idx])
                 adv = b_adv[idx]
                 if config.normalize_advantages and adv.numel() > 1:
                     adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # detail: per-minibatch normalisation
-                policy_loss = clipped_surrogate(train_logprobs, b_sampling_logprobs[idx], adv, 1 - clip_eps, 1 + clip_eps).mean()
+                policy_loss = clipped_surrogate(
+                    train_logprobs, b_sampling_logprobs[idx], adv, 1 - clip_eps, 1 + clip_eps
+                ).mean()
                 new_values = value(b_obs[idx])
                 if config.clip_value:  # detail: optional value clipping around the old predictions
                     clipped = b_values[idx] + (new_values - b_values[idx]).clamp(-clip_eps, clip_eps)
-                    value_loss = 0.5 * torch.max((new_values - b_returns[idx]) ** 2,
-                                                 (clipped - b_returns[idx]) ** 2).mean()
+                    value_loss = (
+                        0.5 * torch.max((new_values - b_returns[idx]) ** 2, (clipped - b_returns[idx]) ** 2).mean()
+                    )
                 else:
                     value_loss = 0.5 * ((new_values - b_returns[idx]) ** 2).mean()
                 entropy = entropy.mean()
@@ -189,8 +206,16 @@ def _train(config: PPOConfig) -> TrainResult:
                 optimizer.step()
                 if epoch == config.update_epochs - 1 or config.target_kl is not None:
                     # diagnostics of the last epoch: how far the policy ended up from pi_old
-                    stats.append(torch.stack([policy_loss.detach(), value_loss.detach(), entropy.detach(),
-                                              *ppo_diagnostics(train_logprobs.detach(), b_sampling_logprobs[idx], clip_eps)]))
+                    stats.append(
+                        torch.stack(
+                            [
+                                policy_loss.detach(),
+                                value_loss.detach(),
+                                entropy.detach(),
+                                *ppo_diagnostics(train_logprobs.detach(), b_sampling_logprobs[idx], clip_eps),
+                            ]
+                        )
+                    )
             if config.target_kl is not None and stats[-1][4] > config.target_kl:
                 break  # detail: early stop once the k3 approx-KL passes target_kl
 
@@ -198,14 +223,23 @@ def _train(config: PPOConfig) -> TrainResult:
         env_steps = (update + 1) * batch_size
         log.add(ro.episode_returns, ro.episode_lengths, env_steps)
         var_returns = b_returns.var()
-        row = dict(zip(_STAT_NAMES, torch.stack(stats[-config.num_minibatches:]).mean(0).tolist()))
-        row.update(step=env_steps, epochs=epoch + 1, learning_rate=learning_rate, clip_eps=clip_eps,
-                   explained_variance=float(1 - (b_returns - b_values).var() / var_returns) if var_returns > 0
-                   else float("nan"))
+        row = dict(zip(_STAT_NAMES, torch.stack(stats[-config.num_minibatches :]).mean(0).tolist()))
+        row.update(
+            step=env_steps,
+            epochs=epoch + 1,
+            learning_rate=learning_rate,
+            clip_eps=clip_eps,
+            explained_variance=float(1 - (b_returns - b_values).var() / var_returns)
+            if var_returns > 0
+            else float("nan"),
+        )
         updates.append(row)
         if logger:
-            logger.log(env_steps, **{f"optim/{k}": v for k, v in row.items() if k != "step"},
-                       **{"episodes": len(log), "time/total": log.elapsed()})
+            logger.log(
+                env_steps,
+                **{f"optim/{k}": v for k, v in row.items() if k != "step"},
+                **{"episodes": len(log), "time/total": log.elapsed()},
+            )
         bar.update(batch_size)
         bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", kl=f"{row['approx_kl_k3']:.4f}", refresh=False)
         if ro.episode_returns and log.should_stop():

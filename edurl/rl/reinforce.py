@@ -48,9 +48,14 @@ class ReinforceConfig(TrainerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_fields(self, positive_int=("episodes_per_update", "max_episodes"), unit=("gamma",),
-                     nonneg=("learning_rate", "value_learning_rate"), sizes=("hidden_sizes",),
-                     choices={"baseline": ("none", "value")})
+        check_fields(
+            self,
+            positive_int=("episodes_per_update", "max_episodes"),
+            unit=("gamma",),
+            nonneg=("learning_rate", "value_learning_rate"),
+            sizes=("hidden_sizes",),
+            choices={"baseline": ("none", "value")},
+        )
 
 
 def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize_advantages: bool = True) -> torch.Tensor:
@@ -61,8 +66,10 @@ def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize_adva
     baseline plus a fixed step scale. Returns -mean(logprobs * weights), a scalar.
     """
     if logprobs.shape != weights.shape or logprobs.dim() != 1:
-        raise ValueError(f"logprobs and weights must both be 1-D of the same length, got "
-                         f"{tuple(logprobs.shape)} and {tuple(weights.shape)}; flatten the valid steps first.")
+        raise ValueError(
+            f"logprobs and weights must both be 1-D of the same length, got "
+            f"{tuple(logprobs.shape)} and {tuple(weights.shape)}; flatten the valid steps first."
+        )
     weights = weights.detach()
     if normalize_advantages:
         weights = (weights - weights.mean()) / (weights.std() + 1e-8) if weights.numel() > 1 else weights * 0
@@ -125,9 +132,16 @@ def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
         env_steps += int(batch.mask.sum())
         log.add(batch.episode_returns.tolist(), batch.lengths.tolist(), env_steps)
         if logger:
-            logger.log(env_steps, **{"episodes": len(log), "env/episode_return_mean": float(batch.episode_returns.mean()),
-                                     "optim/policy_loss": loss.item(), "optim/entropy": dist.entropy().mean().item(),
-                                     "time/total": log.elapsed()})
+            logger.log(
+                env_steps,
+                **{
+                    "episodes": len(log),
+                    "env/episode_return_mean": float(batch.episode_returns.mean()),
+                    "optim/policy_loss": loss.item(),
+                    "optim/entropy": dist.entropy().mean().item(),
+                    "time/total": log.elapsed(),
+                },
+            )
         bar.update(len(batch.lengths))
         bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
         if log.should_stop():

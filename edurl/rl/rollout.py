@@ -28,12 +28,14 @@ __all__ = ["EpisodeBatch", "collect_episodes", "make_vector_env", "Rollout", "co
 class EpisodeBatch:
     """N complete episodes, padded to the longest (T = its length). Time-major."""
 
-    obs: torch.Tensor       # (T, N, obs_dim)
-    actions: torch.Tensor   # (T, N) int64
-    rewards: torch.Tensor   # (T, N) float32, 0 after an episode's end
-    dones: torch.Tensor     # (T, N) bool, True at each episode's last step
-    mask: torch.Tensor      # (T, N) bool, True for real steps, False for padding
+    # fmt: off
+    obs: torch.Tensor         # (T, N, obs_dim)
+    actions: torch.Tensor     # (T, N) int64
+    rewards: torch.Tensor     # (T, N) float32, 0 after an episode's end
+    dones: torch.Tensor       # (T, N) bool, True at each episode's last step
+    mask: torch.Tensor        # (T, N) bool, True for real steps, False for padding
     terminated: torch.Tensor  # (N,) bool: did the episode end by termination (else truncation)?
+    # fmt: on
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -85,23 +87,30 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs) -> gym.vector.VectorEnv:
     """A synchronous vector env with same-step autoreset (see the module docstring for why)."""
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        **kwargs,
+    )
 
 
 @dataclass
 class Rollout:
     """T steps from N envs; every row is a real transition (s_t, a_t, r_t, s_{t+1}). Time-major."""
 
-    obs: torch.Tensor         # (T, N, obs_dim) s_t
-    actions: torch.Tensor     # (T, N)
-    logprobs: torch.Tensor    # (T, N) log pi(a_t | s_t) when sampled
-    rewards: torch.Tensor     # (T, N)
-    next_obs: torch.Tensor    # (T, N, obs_dim) the true s_{t+1}: the final observation when step t ended an episode
-    terminated: torch.Tensor  # (T, N) bool
-    truncated: torch.Tensor   # (T, N) bool
+    # fmt: off
+    obs: torch.Tensor             # (T, N, obs_dim) s_t
+    actions: torch.Tensor         # (T, N)
+    logprobs: torch.Tensor        # (T, N) log pi(a_t | s_t) when sampled
+    rewards: torch.Tensor         # (T, N)
+    next_obs: torch.Tensor        # (T, N, obs_dim) the true s_{t+1}: the final observation when step t ended an episode
+    terminated: torch.Tensor      # (T, N) bool
+    truncated: torch.Tensor       # (T, N) bool
     episode_returns: list[float]  # returns of the episodes that finished during this rollout
     episode_lengths: list[int]
+    # fmt: on
 
 
 class _EpisodeCounter:
@@ -115,8 +124,10 @@ class _EpisodeCounter:
         """Add one step; return (N,) return and length of the episodes that just ended (NaN / -1 elsewhere)."""
         self.ret = self.ret + rewards
         self.len = self.len + 1
-        finished = (torch.where(done, self.ret, torch.full_like(self.ret, float("nan"))),
-                    torch.where(done, self.len, torch.full_like(self.len, -1)))
+        finished = (
+            torch.where(done, self.ret, torch.full_like(self.ret, float("nan"))),
+            torch.where(done, self.len, torch.full_like(self.len, -1)),
+        )
         self.ret = torch.where(done, torch.zeros_like(self.ret), self.ret)
         self.len = torch.where(done, torch.zeros_like(self.len), self.len)
         return finished
@@ -126,8 +137,9 @@ def _is_torch_env(envs) -> bool:
     return isinstance(getattr(envs, "state", None), torch.Tensor)
 
 
-def collect_rollout(envs, policy, obs, num_steps: int, device: torch.device,
-                    counter: _EpisodeCounter | None = None) -> tuple[Rollout, object, _EpisodeCounter]:
+def collect_rollout(
+    envs, policy, obs, num_steps: int, device: torch.device, counter: _EpisodeCounter | None = None
+) -> tuple[Rollout, object, _EpisodeCounter]:
     """Step a same-step-autoreset vector env ``num_steps`` times from ``obs``.
 
     ``envs`` is a Gymnasium vector env from :func:`make_vector_env` (NumPy in and out) or a torch env
@@ -139,8 +151,10 @@ def collect_rollout(envs, policy, obs, num_steps: int, device: torch.device,
     if not torch_env:
         autoreset = envs.metadata.get("autoreset_mode")
         if autoreset != gym.vector.AutoresetMode.SAME_STEP:
-            raise ValueError(f"collect_rollout needs a vector env with SAME_STEP autoreset, got {autoreset}; "
-                             "build it with edurl.rl.make_vector_env(...).")
+            raise ValueError(
+                f"collect_rollout needs a vector env with SAME_STEP autoreset, got {autoreset}; "
+                "build it with edurl.rl.make_vector_env(...)."
+            )
     counter = counter or _EpisodeCounter(envs.num_envs, device)
     keys = ("obs", "actions", "logprobs", "rewards", "next_obs", "terminated", "truncated", "ep_ret", "ep_len")
     buf = {k: [] for k in keys}
@@ -158,32 +172,40 @@ def collect_rollout(envs, policy, obs, num_steps: int, device: torch.device,
             true_np = np.array(next_np, dtype=np.float32, copy=True)
             for i in np.nonzero(term_np | trunc_np)[0]:
                 true_np[i] = info["final_obs"][i]
-            rewards, terminated, truncated, true_next = (torch.as_tensor(x, device=device) for x in
-                                                         (rew_np.astype(np.float32), term_np, trunc_np, true_np))
+            rewards, terminated, truncated, true_next = (
+                torch.as_tensor(x, device=device) for x in (rew_np.astype(np.float32), term_np, trunc_np, true_np)
+            )
             done = terminated | truncated
             obs = next_np
         ep_ret, ep_len = counter.step(rewards.to(counter.ret.dtype), done)
-        for key, value in zip(keys, (obs_t, actions, logprobs, rewards, true_next, terminated, truncated,
-                                     ep_ret, ep_len)):
+        for key, value in zip(
+            keys, (obs_t, actions, logprobs, rewards, true_next, terminated, truncated, ep_ret, ep_len)
+        ):
             buf[key].append(value)
     stacked = {k: torch.stack(v) for k, v in buf.items()}
     ep_ret, ep_len = stacked.pop("ep_ret"), stacked.pop("ep_len")
     ended = ~torch.isnan(ep_ret)  # (T, N); row-major order = time order, then env index
     stacked["obs"], stacked["next_obs"] = stacked["obs"].float(), stacked["next_obs"].float()
     stacked["rewards"] = stacked["rewards"].float()
-    return Rollout(**stacked, episode_returns=ep_ret[ended].tolist(), episode_lengths=ep_len[ended].tolist()), obs, counter
+    return (
+        Rollout(**stacked, episode_returns=ep_ret[ended].tolist(), episode_lengths=ep_len[ended].tolist()),
+        obs,
+        counter,
+    )
 
 
-def evaluate_policy(policy, env_id: str, num_episodes: int, device: torch.device, *, greedy: bool = True,
-                    seed: int = 10_000) -> np.ndarray:
+def evaluate_policy(
+    policy, env_id: str, num_episodes: int, device: torch.device, *, greedy: bool = True, seed: int = 10_000
+) -> np.ndarray:
     """Returns of ``num_episodes`` fresh episodes (greedy actions by default), run in batches of up to 16 envs."""
     returns = []
     remaining = num_episodes
     while remaining > 0:
         k = min(16, remaining)
         envs = [gym.make(env_id) for _ in range(k)]
-        batch = collect_episodes(envs, lambda obs: policy.act(obs, greedy=greedy), device,
-                                 seeds=[seed + len(returns) + i for i in range(k)])
+        batch = collect_episodes(
+            envs, lambda obs: policy.act(obs, greedy=greedy), device, seeds=[seed + len(returns) + i for i in range(k)]
+        )
         returns.extend(batch.episode_returns.tolist())
         remaining -= k
     return np.asarray(returns)

@@ -130,7 +130,9 @@ class TabularMDP:
         grid = None
         if hasattr(env.unwrapped, "desc"):
             grid = np.asarray(env.unwrapped.desc).astype(str)
-        names = ("left", "down", "right", "up") if env.spec is not None and env.spec.id.startswith("FrozenLake") else None
+        names = (
+            ("left", "down", "right", "up") if env.spec is not None and env.spec.id.startswith("FrozenLake") else None
+        )
         return cls(P, R, ends, grid, names)
 
 
@@ -143,7 +145,9 @@ def _check_values(V: torch.Tensor, mdp: TabularMDP) -> None:
 def _check_policy(policy: torch.Tensor, mdp: TabularMDP) -> None:
     check_tensor(policy, "policy", ndim=(2,), floating=True)
     if tuple(policy.shape) != (mdp.num_states, mdp.num_actions):
-        raise ValueError(f"policy must have shape (S, A) = {(mdp.num_states, mdp.num_actions)}, got {tuple(policy.shape)}.")
+        raise ValueError(
+            f"policy must have shape (S, A) = {(mdp.num_states, mdp.num_actions)}, got {tuple(policy.shape)}."
+        )
     sums = policy.sum(-1)
     if (policy < 0).any() or not torch.allclose(sums, torch.ones_like(sums), atol=1e-6):
         raise ValueError("policy rows must be probabilities: non-negative and summing to 1 over actions.")
@@ -167,8 +171,9 @@ def bellman_backup(V: torch.Tensor, policy: torch.Tensor, mdp: TabularMDP, gamma
     return V_new.masked_fill(mdp.terminal, 0.0)
 
 
-def policy_evaluation(policy: torch.Tensor, mdp: TabularMDP, gamma: float, *, tol: float = 1e-10,
-                      max_iters: int = 100_000) -> tuple[torch.Tensor, list[float]]:
+def policy_evaluation(
+    policy: torch.Tensor, mdp: TabularMDP, gamma: float, *, tol: float = 1e-10, max_iters: int = 100_000
+) -> tuple[torch.Tensor, list[float]]:
     """Iterate ``bellman_backup`` from V = 0 until max |V' - V| < tol.
 
     Returns V (S,) and the list of those max changes, one per sweep, to plot convergence.
@@ -219,12 +224,12 @@ def greedy_policy(Q: torch.Tensor) -> torch.Tensor:
 
 def uniform_policy(mdp: TabularMDP) -> torch.Tensor:
     """Every action equally likely in every state: (S, A) filled with 1/A."""
-    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=mdp.P.dtype,
-                      device=mdp.P.device)
+    return torch.full((mdp.num_states, mdp.num_actions), 1.0 / mdp.num_actions, dtype=mdp.P.dtype, device=mdp.P.device)
 
 
-def value_iteration(mdp: TabularMDP, gamma: float, *, tol: float = 1e-10,
-                    max_iters: int = 100_000) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+def value_iteration(
+    mdp: TabularMDP, gamma: float, *, tol: float = 1e-10, max_iters: int = 100_000
+) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
     """Iterate V(s) <- max_a Q(s, a) (Bellman optimality) from V = 0 until max |V' - V| < tol.
 
     Returns V* (S,), the greedy policy for V* as one-hot (S, A), and the max change per sweep.
@@ -237,11 +242,14 @@ def value_iteration(mdp: TabularMDP, gamma: float, *, tol: float = 1e-10,
         V = V_new
         if deltas[-1] < tol:
             return V, greedy_policy(q_values(V, mdp, gamma)), deltas
-    raise RuntimeError(f"value iteration did not converge in {max_iters} sweeps (last change {deltas[-1]:.3g}); try gamma < 1.")
+    raise RuntimeError(
+        f"value iteration did not converge in {max_iters} sweeps (last change {deltas[-1]:.3g}); try gamma < 1."
+    )
 
 
-def monte_carlo_value(env, policy: torch.Tensor, gamma: float, num_episodes: int, *, seed: int = 0,
-                      progress: bool = True) -> tuple[float, float]:
+def monte_carlo_value(
+    env, policy: torch.Tensor, gamma: float, num_episodes: int, *, seed: int = 0, progress: bool = True
+) -> tuple[float, float]:
     """Estimate V(start) by running ``policy`` in a real gymnasium env: mean discounted return and its standard error.
 
     An independent check on dynamic programming: the same number measured by playing episodes, not by

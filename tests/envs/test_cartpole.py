@@ -46,7 +46,9 @@ def test_truncation_at_500_steps_with_final_obs():
     before = env.state.clone()
     obs, reward, term, trunc, info = env.step(alternate.flip(0))
     assert trunc.tolist() == [True, False] and not term.any()
-    assert (info["final_obs"][0, [0, 2]] - before[0, [0, 2]]).abs().max() < 0.01  # one small step on from where it was cut
+    assert (
+        info["final_obs"][0, [0, 2]] - before[0, [0, 2]]
+    ).abs().max() < 0.01  # one small step on from where it was cut
     assert (obs[0].abs() <= 0.05).all() and env.elapsed.tolist() == [0, 2]  # env 0 restarted in the same step
     assert info["_final_obs"].tolist() == [True, False] and reward.tolist() == [1.0, 1.0]
 

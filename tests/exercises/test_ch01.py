@@ -61,13 +61,16 @@ def test_returns_checker_passes_correct_versions(fn):
     assert verdict.implementation is fn
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (returns_loop_no_reset, "flow across episode boundaries"),
-    (returns_reset_after_storing, "off by one"),
-    (returns_forward_cumsum, "before* each step"),
-    (returns_float32_always, "expected dtype torch.float64"),
-    (returns_in_place, "changed its input `rewards` in place"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (returns_loop_no_reset, "flow across episode boundaries"),
+        (returns_reset_after_storing, "off by one"),
+        (returns_forward_cumsum, "before* each step"),
+        (returns_float32_always, "expected dtype torch.float64"),
+        (returns_in_place, "changed its input `rewards` in place"),
+    ],
+)
 def test_returns_checker_rejects_buggy_versions(buggy, message):
     verdict = assert_rejected(exercises.check_discounted_returns, buggy, message)
     assert verdict.implementation is discounted_returns  # the notebook carries on with the reference
@@ -127,13 +130,16 @@ def test_backup_checker_passes_correct_versions(fn):
     assert verdict.status == PASSED, verdict.message
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (backup_loops_no_terminal, "bootstrap from terminal states"),
-    (backup_loops_max, "took the max over actions"),
-    (backup_ignores_policy, "averaged over actions uniformly"),
-    (backup_discounts_reward, "immediate reward is not discounted"),
-    (backup_wrong_axis, "wrong axis of P"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (backup_loops_no_terminal, "bootstrap from terminal states"),
+        (backup_loops_max, "took the max over actions"),
+        (backup_ignores_policy, "averaged over actions uniformly"),
+        (backup_discounts_reward, "immediate reward is not discounted"),
+        (backup_wrong_axis, "wrong axis of P"),
+    ],
+)
 def test_backup_checker_rejects_buggy_versions(buggy, message):
     assert_rejected(exercises.check_bellman_backup, buggy, message)
 

@@ -39,13 +39,16 @@ def test_reinforce_loss_checker_passes(fn):
     assert exercises.check_reinforce_loss(fn, verbose=False).status == PASSED
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (rl_no_minus, "sign is flipped"),
-    (rl_raw_returns, "not normalised"),
-    (rl_no_eps, "add 1e-8"),
-    (rl_sum, "mean over steps, not the sum"),
-    (rl_item, "did you call .item()"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (rl_no_minus, "sign is flipped"),
+        (rl_raw_returns, "not normalised"),
+        (rl_no_eps, "add 1e-8"),
+        (rl_sum, "mean over steps, not the sum"),
+        (rl_item, "did you call .item()"),
+    ],
+)
 def test_reinforce_loss_checker_rejects(buggy, message):
     assert_rejected(exercises.check_reinforce_loss, buggy, message)
 
@@ -78,12 +81,15 @@ def test_baseline_checker_passes(fn):
     assert exercises.check_baseline_losses(fn, verbose=False).status == PASSED
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (bl_not_detached, "sends gradients into the critic"),
-    (bl_value_detached, "value_loss has no gradient"),
-    (bl_flipped, "upside down"),
-    (bl_value_loss_no_half, "value_loss: values differ"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (bl_not_detached, "sends gradients into the critic"),
+        (bl_value_detached, "value_loss has no gradient"),
+        (bl_flipped, "upside down"),
+        (bl_value_loss_no_half, "value_loss: values differ"),
+    ],
+)
 def test_baseline_checker_rejects(buggy, message):
     assert_rejected(exercises.check_baseline_losses, buggy, message)
 
@@ -91,8 +97,7 @@ def test_baseline_checker_rejects(buggy, message):
 # ---------------------------------------------------------------- 4.1 gae
 
 
-def _gae_loop(rewards, values, next_values, terminated, truncated, gamma, lam, *, boot_mask, reset_mask,
-              forward=False):
+def _gae_loop(rewards, values, next_values, terminated, truncated, gamma, lam, *, boot_mask, reset_mask, forward=False):
     deltas = rewards + gamma * next_values * (~boot_mask).float() - values
     adv = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[0])
@@ -134,13 +139,16 @@ def test_gae_checker_passes(fn):
     assert exercises.check_gae(fn, verbose=False).status == PASSED
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (gae_through_terminal, "bootstrap through a terminal state"),
-    (gae_no_trunc_bootstrap, "did not bootstrap"),
-    (gae_across_boundaries, "accumulates across episode boundaries"),
-    (gae_forward, "runs forwards"),
-    (gae_reset_only_at_termination, "runs across a truncation"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (gae_through_terminal, "bootstrap through a terminal state"),
+        (gae_no_trunc_bootstrap, "did not bootstrap"),
+        (gae_across_boundaries, "accumulates across episode boundaries"),
+        (gae_forward, "runs forwards"),
+        (gae_reset_only_at_termination, "runs across a truncation"),
+    ],
+)
 def test_gae_checker_rejects(buggy, message):
     assert_rejected(exercises.check_gae, buggy, message)
 

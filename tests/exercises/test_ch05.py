@@ -25,15 +25,25 @@ def _with(changes):
     return table
 
 
-@pytest.mark.parametrize("table, message", [
-    # the classic confusion: for A < 0 thinking the clip binds above 1 + eps, as for A > 0
-    (_with({(("A < 0", "r < 1 - eps"), "min picks"): "unclipped",
-            (("A < 0", "r > 1 + eps"), "min picks"): "clipped"}), "row ('A < 0', 'r < 1 - eps'): min picks"),
-    # believing the gradient vanishes whenever the ratio is outside the range
-    (_with({(("A > 0", "r < 1 - eps"), "gradient is zero"): True}), "autograd says the gradient is not zero"),
-    # believing the clipped term is used inside the range, with zero gradient
-    (_with({(("A > 0", "inside"), "min picks"): "clipped"}), "min picks 'clipped'"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        # the classic confusion: for A < 0 thinking the clip binds above 1 + eps, as for A > 0
+        (
+            _with(
+                {
+                    (("A < 0", "r < 1 - eps"), "min picks"): "unclipped",
+                    (("A < 0", "r > 1 + eps"), "min picks"): "clipped",
+                }
+            ),
+            "row ('A < 0', 'r < 1 - eps'): min picks",
+        ),
+        # believing the gradient vanishes whenever the ratio is outside the range
+        (_with({(("A > 0", "r < 1 - eps"), "gradient is zero"): True}), "autograd says the gradient is not zero"),
+        # believing the clipped term is used inside the range, with zero gradient
+        (_with({(("A > 0", "inside"), "min picks"): "clipped"}), "min picks 'clipped'"),
+    ],
+)
 def test_wrong_tables_are_rejected(table, message):
     assert_rejected(exercises.check_clip_table, table, message)
 

@@ -32,14 +32,17 @@ def _mask_only_advantages(prompt_tokens, completion_tokens, sampling_logprobs, a
     return Datum(d.model_input, {**d.loss_fn_inputs, "mask": torch.ones(d.model_input.length)})
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (datum_shifted_by_prompt_length, "off by one"),
-    (datum_with_unmasked_prompt, "the prompt is not masked"),
-    (_targets_not_shifted, "target_tokens must be the input shifted left by one"),
-    (_full_sequence_input, "model_input is tokens[:-1]"),
-    (_no_mask_field, "loss_fn_inputs lacks ['mask']"),
-    (_mask_only_advantages, "mask: values differ"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (datum_shifted_by_prompt_length, "off by one"),
+        (datum_with_unmasked_prompt, "the prompt is not masked"),
+        (_targets_not_shifted, "target_tokens must be the input shifted left by one"),
+        (_full_sequence_input, "model_input is tokens[:-1]"),
+        (_no_mask_field, "loss_fn_inputs lacks ['mask']"),
+        (_mask_only_advantages, "mask: values differ"),
+    ],
+)
 def test_buggy_versions_are_rejected_with_the_right_hint(buggy, message):
     verdict = assert_rejected(exercises.check_build_datum, buggy, message)
     assert verdict.implementation is reference

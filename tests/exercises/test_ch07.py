@@ -50,22 +50,26 @@ def ga_numpy(rewards):
     return r - r.mean(axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("fn", [reference_advantages, ch07.group_advantages,
-                                lambda r: r - r.sum(dim=1, keepdim=True) / r.shape[1]])
+@pytest.mark.parametrize(
+    "fn", [reference_advantages, ch07.group_advantages, lambda r: r - r.sum(dim=1, keepdim=True) / r.shape[1]]
+)
 def test_group_advantages_checker_passes(fn):
     assert exercises.check_group_advantages(fn, verbose=False).status == PASSED
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (ga_batch_mean, "mean over the whole batch"),
-    (ga_grpo_std, "divided by the group's std"),
-    (ga_std_no_eps, "divided by the group's std"),
-    (ga_raw, "returned the rewards unchanged"),
-    (ga_dim0, "mean over dim=0"),
-    (ga_no_keepdim, "keepdim=True"),
-    (ga_in_place, "changed its input `rewards` in place"),
-    (ga_numpy, "a NumPy array"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (ga_batch_mean, "mean over the whole batch"),
+        (ga_grpo_std, "divided by the group's std"),
+        (ga_std_no_eps, "divided by the group's std"),
+        (ga_raw, "returned the rewards unchanged"),
+        (ga_dim0, "mean over dim=0"),
+        (ga_no_keepdim, "keepdim=True"),
+        (ga_in_place, "changed its input `rewards` in place"),
+        (ga_numpy, "a NumPy array"),
+    ],
+)
 def test_group_advantages_checker_rejects(buggy, message):
     verdict = assert_rejected(exercises.check_group_advantages, buggy, message)
     assert verdict.implementation is not buggy
@@ -77,8 +81,9 @@ def test_group_advantages_worked_example_and_zero_variance_group():
     expected = torch.tensor([[0.375, -0.125, -0.625, 0.375], [0.0, 0.0, 0.0, 0.0]])
     torch.testing.assert_close(ch07.group_advantages(rewards), expected)
     # the std-scaled version divides 0 by 0 on that group: the checker's NaN report names it
-    verdict = exercises.check_group_advantages(lambda r: ga_std_no_eps(r) if (r == r[:, :1]).all() else
-                                               r - r.mean(dim=1, keepdim=True), verbose=False)
+    verdict = exercises.check_group_advantages(
+        lambda r: ga_std_no_eps(r) if (r == r[:, :1]).all() else r - r.mean(dim=1, keepdim=True), verbose=False
+    )
     assert verdict.status == FAILED and "got NaN" in verdict.message and "divided by the group's std" in verdict.message
 
 
@@ -147,19 +152,22 @@ def test_ppo_loss_checker_passes(fn):
     assert exercises.check_ppo_loss(fn, verbose=False).status == PASSED
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (ppo_max, "max() instead of min()"),
-    (ppo_no_minus, "the sign is flipped"),
-    (ppo_only_clipped, "without the min()"),
-    (ppo_divided_logprobs, "not train_logprobs / sampling_logprobs"),
-    (ppo_inverted, "the ratio is upside down"),
-    (ppo_clip_advantage, "you clipped the advantage"),
-    (ppo_clip_product, "you clipped the product r*A"),
-    (ppo_detached, "the ratio was detached"),
-    (ppo_eps_bounds, "not clamp(r, 1 - clip_low_threshold, 1 + clip_high_threshold)"),
-    (ppo_unclipped, "nothing is clipped"),
-    (ppo_mean, "Do not reduce it"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (ppo_max, "max() instead of min()"),
+        (ppo_no_minus, "the sign is flipped"),
+        (ppo_only_clipped, "without the min()"),
+        (ppo_divided_logprobs, "not train_logprobs / sampling_logprobs"),
+        (ppo_inverted, "the ratio is upside down"),
+        (ppo_clip_advantage, "you clipped the advantage"),
+        (ppo_clip_product, "you clipped the product r*A"),
+        (ppo_detached, "the ratio was detached"),
+        (ppo_eps_bounds, "not clamp(r, 1 - clip_low_threshold, 1 + clip_high_threshold)"),
+        (ppo_unclipped, "nothing is clipped"),
+        (ppo_mean, "Do not reduce it"),
+    ],
+)
 def test_ppo_loss_checker_rejects(buggy, message):
     verdict = assert_rejected(exercises.check_ppo_loss, buggy, message)
     assert verdict.implementation is not buggy
@@ -182,22 +190,30 @@ def _datum(prompt, tokens, lps, adv, *, n_zeros=None, advs=None, mask=None, drop
     """A learner-style Datum with hand-written field layouts (n_zeros prompt zeros, then the completion)."""
     seq = list(prompt) + list(tokens)
     n = len(prompt) - 1 if n_zeros is None else n_zeros
-    fields = {"logprobs": [0.0] * n + list(lps),
-              "advantages": advs if advs is not None else [0.0] * n + [float(adv)] * len(tokens),
-              "mask": mask if mask is not None else [0.0] * n + [1.0] * len(tokens)}
+    fields = {
+        "logprobs": [0.0] * n + list(lps),
+        "advantages": advs if advs is not None else [0.0] * n + [float(adv)] * len(tokens),
+        "mask": mask if mask is not None else [0.0] * n + [1.0] * len(tokens),
+    }
     if drop_last:
         fields = {k: v[:-1] for k, v in fields.items()}
-    return Datum(ModelInput.from_ints(seq[:-1]), {"target_tokens": torch.tensor(seq[1:]),
-                                                  **{k: torch.tensor(v) for k, v in fields.items()}})
+    return Datum(
+        ModelInput.from_ints(seq[:-1]),
+        {"target_tokens": torch.tensor(seq[1:]), **{k: torch.tensor(v) for k, v in fields.items()}},
+    )
 
 
 def bd_unmasked(prompt, completions, advantages):
-    return [_datum(prompt, t, lp, a, advs=[float(a)] * (len(prompt) + len(t) - 1),
-                   mask=[1.0] * (len(prompt) + len(t) - 1)) for (t, lp), a in zip(completions, advantages)]
+    return [
+        _datum(prompt, t, lp, a, advs=[float(a)] * (len(prompt) + len(t) - 1), mask=[1.0] * (len(prompt) + len(t) - 1))
+        for (t, lp), a in zip(completions, advantages)
+    ]
 
 
 def bd_off_by_one(prompt, completions, advantages):
-    return [_datum(prompt, t, lp, a, n_zeros=len(prompt), drop_last=True) for (t, lp), a in zip(completions, advantages)]
+    return [
+        _datum(prompt, t, lp, a, n_zeros=len(prompt), drop_last=True) for (t, lp), a in zip(completions, advantages)
+    ]
 
 
 def bd_first_advantage(prompt, completions, advantages):
@@ -205,29 +221,36 @@ def bd_first_advantage(prompt, completions, advantages):
 
 
 def bd_last_token_only(prompt, completions, advantages):
-    return [_datum(prompt, t, lp, a, advs=[0.0] * (len(prompt) + len(t) - 2) + [float(a)])
-            for (t, lp), a in zip(completions, advantages)]
+    return [
+        _datum(prompt, t, lp, a, advs=[0.0] * (len(prompt) + len(t) - 2) + [float(a)])
+        for (t, lp), a in zip(completions, advantages)
+    ]
 
 
 def bd_reference_loop(prompt, completions, advantages):
     return [reference_datum(prompt, t, lp, a) for (t, lp), a in zip(completions, advantages)]
 
 
-@pytest.mark.parametrize("fn", [bd_reference_loop, ch07.build_datums,
-                                lambda p, c, a: tuple(reference_datum(p, *ci, ai) for ci, ai in zip(c, a))])
+@pytest.mark.parametrize(
+    "fn",
+    [bd_reference_loop, ch07.build_datums, lambda p, c, a: tuple(reference_datum(p, *ci, ai) for ci, ai in zip(c, a))],
+)
 def test_masked_datums_checker_passes(fn):
     assert exercises.check_masked_datums(fn, verbose=False).status == PASSED
 
 
-@pytest.mark.parametrize("buggy, message", [
-    (bd_unmasked, "the prompt is not masked"),
-    (bd_off_by_one, "off by one"),
-    (bd_first_advantage, "every completion got the same advantage"),
-    (bd_last_token_only, "only the last token carries the advantage"),
-    (lambda p, c, a: bd_reference_loop(p, c, a)[0], "got a single Datum"),
-    (lambda p, c, a: (reference_datum(p, *ci, ai) for ci, ai in zip(c, a)), "got generator"),
-    (lambda p, c, a: bd_reference_loop(p, c[:1], a[:1]), "one Datum per completion"),
-])
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (bd_unmasked, "the prompt is not masked"),
+        (bd_off_by_one, "off by one"),
+        (bd_first_advantage, "every completion got the same advantage"),
+        (bd_last_token_only, "only the last token carries the advantage"),
+        (lambda p, c, a: bd_reference_loop(p, c, a)[0], "got a single Datum"),
+        (lambda p, c, a: (reference_datum(p, *ci, ai) for ci, ai in zip(c, a)), "got generator"),
+        (lambda p, c, a: bd_reference_loop(p, c[:1], a[:1]), "one Datum per completion"),
+    ],
+)
 def test_masked_datums_checker_rejects(buggy, message):
     assert_rejected(exercises.check_masked_datums, buggy, message)
 
@@ -241,8 +264,9 @@ def test_masked_datums_names_the_completion_that_is_wrong():
 # ---------------------------------------------------------------- all three
 
 
-@pytest.mark.parametrize("check", [exercises.check_group_advantages, exercises.check_ppo_loss,
-                                   exercises.check_masked_datums])
+@pytest.mark.parametrize(
+    "check", [exercises.check_group_advantages, exercises.check_ppo_loss, exercises.check_masked_datums]
+)
 def test_stub_is_not_attempted(check):
     def stub(*args):
         raise NotImplementedError
@@ -253,7 +277,10 @@ def test_stub_is_not_attempted(check):
 
 def test_solutions_are_registered_under_chapter_7():
     assert {name for name, (chapter, _, _) in exercises.EXERCISES.items() if chapter == 7} == {
-        "group_advantages", "ppo_loss", "masked_datums"}
+        "group_advantages",
+        "ppo_loss",
+        "masked_datums",
+    }
     assert "keepdim=True" in exercises.show_solution("group_advantages")
     assert "torch.min" in exercises.show_solution("ppo_loss")
     assert "build_datum(prompt_tokens" in exercises.show_solution("masked_datums")

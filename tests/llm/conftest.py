@@ -34,10 +34,18 @@ def make_bpe_tokenizer() -> PreTrainedTokenizerFast:
     core.decoder = decoders.ByteLevel()
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     corpus = ["You are a helpful assistant.", "What is 12+34? The answer is \\boxed{46}.", "user assistant system"] * 50
-    core.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
-                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>"])
+    core.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     tok.chat_template = QWEN_STYLE_TEMPLATE
     return tok
 
@@ -47,9 +55,17 @@ def qwen_dir(tmp_path_factory):
     """A randomly initialised Qwen2-architecture model and its tokenizer, saved to a temp folder."""
     path = tmp_path_factory.mktemp("qwen2-random")
     tok = make_bpe_tokenizer()
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)

@@ -68,14 +68,19 @@ def group_datums(trainer, prompts, n=4):
 def test_shared_prompts_give_what_whole_rows_give(small_model, char_tokenizer, lora):
     # three groups with prompts of different lengths, shuffled: prompts run once each, completions read their cache
     service = ServiceClient(device="cpu")
-    trainers = [service.create_lora_training_client((small_model, char_tokenizer), rank=4) if lora else
-                service.create_training_client((small_model, char_tokenizer), keep_reference=True) for _ in range(2)]
+    trainers = [
+        service.create_lora_training_client((small_model, char_tokenizer), rank=4)
+        if lora
+        else service.create_training_client((small_model, char_tokenizer), keep_reference=True)
+        for _ in range(2)
+    ]
     trainers[1].model.load_state_dict(trainers[0].model.state_dict())
     trainers[1].share_prompts = False
     datums = group_datums(trainers[0], [PROMPT, PROMPT[:4], PROMPT[2:] + PROMPT[:3]])
     datums = [datums[i] for i in torch.randperm(len(datums), generator=torch.Generator().manual_seed(0))]
-    outs = [t.forward_backward(datums, "ppo", aggregation="seq_mean_token_mean", kl_coef=0.1).result()
-            for t in trainers]
+    outs = [
+        t.forward_backward(datums, "ppo", aggregation="seq_mean_token_mean", kl_coef=0.1).result() for t in trainers
+    ]
     assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5)
     for key in ("optim/entropy", "optim/kl_ref", "optim/kl_sample_train_v2"):
         assert outs[0].metrics[key] == pytest.approx(outs[1].metrics[key], rel=1e-4, abs=1e-7), key
@@ -99,8 +104,10 @@ def test_gradient_checkpointing_turns_prompt_sharing_off(trainer):
 
 def test_shared_prompts_for_sft_datums(trainer):
     tokens = PROMPT + [5, 6, 7]
-    d = Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": torch.tensor(tokens[1:]),
-                                                  "weights": torch.tensor([0.0] * 8 + [1.0] * 3)})
+    d = Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {"target_tokens": torch.tensor(tokens[1:]), "weights": torch.tensor([0.0] * 8 + [1.0] * 3)},
+    )
     shared = trainer.forward_backward([d, d, d], "cross_entropy").result()
     trainer.share_prompts = False
     whole = trainer.forward_backward([d, d, d], "cross_entropy").result()
@@ -177,8 +184,10 @@ def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model,
 
 def test_cross_entropy_loss(trainer):
     tokens = PROMPT + [5, 6, 7]
-    d = Datum(ModelInput.from_ints(tokens[:-1]), {"target_tokens": torch.tensor(tokens[1:]),
-                                                  "weights": torch.tensor([0.0] * 8 + [1.0] * 3)})
+    d = Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {"target_tokens": torch.tensor(tokens[1:]), "weights": torch.tensor([0.0] * 8 + [1.0] * 3)},
+    )
     out = trainer.forward_backward([d], "cross_entropy").result()
     assert out.loss == pytest.approx(-float(out.loss_fn_outputs[0]["logprobs"][-3:].sum()), abs=1e-5)
 
@@ -212,8 +221,10 @@ def test_clear_errors(trainer):
 
 def test_aggregation_is_passed_through(trainer):
     datums = rl_datums(trainer)
-    per = {mode: trainer.forward_backward(datums, "importance_sampling", aggregation=mode, max_tokens=6).result().loss
-           for mode in L.AGGREGATION_MODES}
+    per = {
+        mode: trainer.forward_backward(datums, "importance_sampling", aggregation=mode, max_tokens=6).result().loss
+        for mode in L.AGGREGATION_MODES
+    }
     n_tok = sum(float(d.loss_fn_inputs["mask"].sum()) for d in datums)
     assert per["token_mean"] == pytest.approx(per["sum"] / n_tok, rel=1e-5)
     assert per["seq_mean_token_sum_norm"] == pytest.approx(per["sum"] / (len(datums) * 6), rel=1e-5)
@@ -242,11 +253,14 @@ def test_dr_grpo_gradient_does_not_depend_on_other_datums_prompt_lengths(trainer
 
     def grads_with_extra(prompt_len):
         prompt = [(7 * i) % 90 + 5 for i in range(prompt_len)]
-        seq = sampler.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=6, seed=1)).result().sequences[0]
+        seq = (
+            sampler.sample(ModelInput.from_ints(prompt), 1, SamplingParams(max_tokens=6, seed=1)).result().sequences[0]
+        )
         extra = build_datum(prompt, seq.tokens, seq.logprobs, 0.0)
         trainer.model.zero_grad()
-        trainer.forward_backward(fixed + [extra], "importance_sampling", aggregation="seq_mean_token_sum_norm",
-                                 max_tokens=6)
+        trainer.forward_backward(
+            fixed + [extra], "importance_sampling", aggregation="seq_mean_token_sum_norm", max_tokens=6
+        )
         return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
 
     short, long = grads_with_extra(3), grads_with_extra(60)
@@ -260,7 +274,9 @@ def test_training_scores_at_the_sampling_temperature(trainer):
     # sampled at T = 0.7 and scored at T = 0.7, with no update in between: the ratio is exactly 1 (the old code
     # scored at T = 1: kl_sample_train_v1 was about +0.05 and most ratios fell outside [0.8, 1.2])
     sampler = trainer.save_weights_and_get_sampling_client("s")
-    res = sampler.sample(ModelInput.from_ints(PROMPT), 8, SamplingParams(max_tokens=8, temperature=0.7, seed=0)).result()
+    res = sampler.sample(
+        ModelInput.from_ints(PROMPT), 8, SamplingParams(max_tokens=8, temperature=0.7, seed=0)
+    ).result()
     datums = [build_datum(PROMPT, s.tokens, s.logprobs, 1.0) for s in res.sequences]
     out = trainer.forward_backward(datums, "ppo", temperature=0.7).result()
     assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-5
@@ -288,8 +304,11 @@ def test_dropout_is_off_in_the_rl_forward_pass(qwen_dir):
     tok = AutoTokenizer.from_pretrained(qwen_dir)
     trainer = ServiceClient(device="cpu").create_training_client((model, tok))
     prompt = tok.encode("What is 12+34?")
-    res = trainer.save_weights_and_get_sampling_client("s").sample(
-        ModelInput.from_ints(prompt), 8, SamplingParams(max_tokens=8, seed=0)).result()
+    res = (
+        trainer.save_weights_and_get_sampling_client("s")
+        .sample(ModelInput.from_ints(prompt), 8, SamplingParams(max_tokens=8, seed=0))
+        .result()
+    )
     datums = [build_datum(prompt, s.tokens, s.logprobs, 1.0) for s in res.sequences]
     out = trainer.forward_backward(datums, "ppo").result()
     assert abs(out.metrics["optim/kl_sample_train_v1"]) < 1e-5 and out.metrics["optim/clip_fraction"] == 0.0
@@ -354,23 +373,39 @@ def test_a_checkpoint_can_keep_a_stale_sampler(trainer, tmp_path):
     assert trainer.load_sampler(trainer.save_state("no_sampler")) is None
 
 
-@pytest.mark.parametrize("loss_fn, config, kl_coef", [("ppo", {"clip_high_threshold": 1.1}, 0.0),
-                                                      ("cispo", None, 0.3), ("dro", {"beta": 0.2}, 0.1)])
+@pytest.mark.parametrize(
+    "loss_fn, config, kl_coef",
+    [("ppo", {"clip_high_threshold": 1.1}, 0.0), ("cispo", None, 0.3), ("dro", {"beta": 0.2}, 0.1)],
+)
 def test_forward_backward_loss_is_rl_objectives_on_the_same_tensors(trainer, loss_fn, config, kl_coef):
     # off-policy: one optimizer step first, so the ratio, the clip and the KL are all away from their on-policy values
     datums = rl_datums(trainer)
     trainer.forward_backward(datums, "importance_sampling").result()
     trainer.optim_step(AdamParams(learning_rate=1e-2)).result()
-    out = trainer.forward_backward(datums, loss_fn, config, aggregation="token_mean", kl_coef=kl_coef,
-                                   log_kl_ref=True).result()
+    out = trainer.forward_backward(
+        datums, loss_fn, config, aggregation="token_mean", kl_coef=kl_coef, log_kl_ref=True
+    ).result()
     ids, attn, f = trainer._batch(datums)
     with torch.no_grad():
         train_lp, entropy = trainer._train_logprobs(ids, attn, f["target_tokens"], f["mask"], with_entropy=True)
-        ref_lp = torch.stack([torch.nn.functional.pad(r, (0, ids.shape[1] - len(r)))
-                              for r in trainer.compute_logprobs(datums, reference=True)])
-    loss, metrics = L.rl_objective(train_lp, f["logprobs"], f["advantages"], f["mask"], loss_fn=loss_fn,
-                                   loss_fn_config=config, aggregation="token_mean", ref_logprobs=ref_lp,
-                                   kl_coef=kl_coef, entropy=entropy)
+        ref_lp = torch.stack(
+            [
+                torch.nn.functional.pad(r, (0, ids.shape[1] - len(r)))
+                for r in trainer.compute_logprobs(datums, reference=True)
+            ]
+        )
+    loss, metrics = L.rl_objective(
+        train_lp,
+        f["logprobs"],
+        f["advantages"],
+        f["mask"],
+        loss_fn=loss_fn,
+        loss_fn_config=config,
+        aggregation="token_mean",
+        ref_logprobs=ref_lp,
+        kl_coef=kl_coef,
+        entropy=entropy,
+    )
     assert out.loss == pytest.approx(float(loss), rel=1e-5, abs=1e-7)
     assert out.metrics.keys() == metrics.keys()
     for key, value in metrics.items():
@@ -382,4 +417,3 @@ def test_cross_entropy_refuses_a_kl_term(trainer):
     d = build_supervised_datum(PROMPT + [5, 6, 7], [0.0] * len(PROMPT) + [1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="cross_entropy"):
         trainer.forward_backward([d], "cross_entropy", kl_coef=0.1)
-

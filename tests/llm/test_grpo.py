@@ -13,8 +13,19 @@ TINY_SFT = SFTConfig(model=SMALL, max_steps=30, batch_size=16, warmup_steps=2, n
 
 
 def tiny(tmp_path, **kw):
-    base = dict(sft=TINY_SFT, group_size=4, batch_size=4, max_steps=6, max_tokens=8, eval_every=3, num_eval=8,
-                num_threads=1, progress=False, log_dir=str(tmp_path / "run"), learning_rate=1e-3)
+    base = dict(
+        sft=TINY_SFT,
+        group_size=4,
+        batch_size=4,
+        max_steps=6,
+        max_tokens=8,
+        eval_every=3,
+        num_eval=8,
+        num_threads=1,
+        progress=False,
+        log_dir=str(tmp_path / "run"),
+        learning_rate=1e-3,
+    )
     return GRPOConfig(**{**base, **kw})
 
 
@@ -23,10 +34,22 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("EDURL_CACHE", str(tmp_path_factory.getbasetemp() / "edurl-cache"))
 
 
-COURSE_METRICS = ["env/all/reward/total", "env/all/correct", "env/all/format", "env/all/ac_tokens_per_turn",
-                  "env/all/by_group/frac_mixed", "env/all/by_group/frac_all_good", "env/all/by_group/frac_all_bad",
-                  "optim/entropy", "optim/kl_sample_train_v1", "optim/kl_sample_train_v2", "optim/clip_fraction",
-                  "time/sample", "time/train", "time/total"]
+COURSE_METRICS = [
+    "env/all/reward/total",
+    "env/all/correct",
+    "env/all/format",
+    "env/all/ac_tokens_per_turn",
+    "env/all/by_group/frac_mixed",
+    "env/all/by_group/frac_all_good",
+    "env/all/by_group/frac_all_bad",
+    "optim/entropy",
+    "optim/kl_sample_train_v1",
+    "optim/kl_sample_train_v2",
+    "optim/clip_fraction",
+    "time/sample",
+    "time/train",
+    "time/total",
+]
 
 
 def test_metrics_file_has_the_course_names(tmp_path):
@@ -42,8 +65,17 @@ def test_metrics_file_has_the_course_names(tmp_path):
 
 
 def test_substeps_engage_the_clip(tmp_path):
-    m = train_grpo(tiny(tmp_path, loss_fn="ppo", num_substeps=4, learning_rate=3e-2, clip_low_threshold=0.99,
-                        clip_high_threshold=1.01, center_advantages=False)).metrics  # raw rewards: never all-zero
+    m = train_grpo(
+        tiny(
+            tmp_path,
+            loss_fn="ppo",
+            num_substeps=4,
+            learning_rate=3e-2,
+            clip_low_threshold=0.99,
+            clip_high_threshold=1.01,
+            center_advantages=False,
+        )
+    ).metrics  # raw rewards: never all-zero
     assert m["optim/clip_fraction_last_substep"].max() > 0
 
 
@@ -72,8 +104,9 @@ def test_continued_sft_baseline_matches_the_sft_loss(tmp_path):
     config = tiny(tmp_path, max_steps=4, eval_every=2)
     # the loss of step 0, recomputed with Chapter 6's own SFT loss on the same problems and start
     model, tokenizer, _, _ = load_or_train_sft(config.sft)
-    problems = config.sft.task().sample(config.batch_size * config.group_size, split="train",
-                                        seed=problem_seed(config.seed, 0))
+    problems = config.sft.task().sample(
+        config.batch_size * config.group_size, split="train", seed=problem_seed(config.seed, 0)
+    )
     expected = sft_loss(model, *_batch(ChatMLRenderer(tokenizer), problems, tokenizer.pad_token_id)).item()
     result = continued_sft(config)
     m = result.metrics
@@ -99,8 +132,9 @@ def test_config_errors(tmp_path):
 
 def test_a_saved_hugging_face_model_with_lora(tmp_path, qwen_dir):
     """The path a learner with real weights takes: base_model is a folder (or hub id), trained through LoRA."""
-    result = train_grpo(tiny(tmp_path, base_model=str(qwen_dir), lora_rank=4, max_steps=2, kl_coef=0.1,
-                             center_advantages=False))
+    result = train_grpo(
+        tiny(tmp_path, base_model=str(qwen_dir), lora_rank=4, max_steps=2, kl_coef=0.1, center_advantages=False)
+    )
     m = result.metrics
     assert len(m) == 2 and m["optim/kl_ref"].notna().all()
     assert all("lora_" in n for n, p in result.trainer.model.named_parameters() if p.requires_grad)
@@ -123,12 +157,17 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     config = tiny(tmp_path / "killed", max_steps=40, save_every=3, eval_every=5, center_advantages=False)
     load_or_train_sft(config.sft)  # the SFT warm start is cached before the clock starts
     fields = {k: v for k, v in asdict(config).items() if k != "sft"}
-    script = ("import json, sys\n"
-              "from edurl.llm.grpo import GRPOConfig, train_grpo\n"
-              "from tests.llm.test_grpo import TINY_SFT\n"
-              "train_grpo(GRPOConfig(sft=TINY_SFT, **json.loads(sys.argv[1])))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(fields)], env=os.environ.copy(),
-                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    script = (
+        "import json, sys\n"
+        "from edurl.llm.grpo import GRPOConfig, train_grpo\n"
+        "from tests.llm.test_grpo import TINY_SFT\n"
+        "train_grpo(GRPOConfig(sft=TINY_SFT, **json.loads(sys.argv[1])))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(fields)],
+        env=os.environ.copy(),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     checkpoints = tmp_path / "killed" / "run" / "checkpoints"
     deadline = time.time() + 300
     while not len(list(checkpoints.glob("step_*/state.pt"))) >= 2 and proc.poll() is None and time.time() < deadline:
@@ -137,8 +176,9 @@ def test_a_killed_run_resumes_to_the_uninterrupted_result(tmp_path):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed; give it more steps"
     resumed = train_grpo(replace(config, resume=True)).metrics
-    whole = train_grpo(tiny(tmp_path / "whole", max_steps=40, save_every=3, eval_every=5,
-                            center_advantages=False)).metrics
+    whole = train_grpo(
+        tiny(tmp_path / "whole", max_steps=40, save_every=3, eval_every=5, center_advantages=False)
+    ).metrics
     assert list(resumed["step"]) == list(range(40))
     a, b = _metrics_without_times(whole), _metrics_without_times(resumed)
     for c in a.columns:
@@ -150,8 +190,9 @@ def test_kl_penalty_goes_into_the_reward_by_default(tmp_path):
     with pytest.raises(ValueError, match="kl_penalty must be 'reward'"):
         tiny(tmp_path, kl_penalty="advantage")
     reward = train_grpo(tiny(tmp_path / "r", max_steps=3, kl_coef=0.5, center_advantages=False)).metrics
-    loss = train_grpo(tiny(tmp_path / "l", max_steps=3, kl_coef=0.5, kl_penalty="loss",
-                           center_advantages=False)).metrics
+    loss = train_grpo(
+        tiny(tmp_path / "l", max_steps=3, kl_coef=0.5, kl_penalty="loss", center_advantages=False)
+    ).metrics
     assert reward["env/all/kl_sample_ref"].notna().all() and "env/all/kl_sample_ref" not in loss
     assert reward["optim/kl_ref"].notna().all() and loss["optim/kl_ref"].notna().all()
     # step 0 starts at the reference: no KL yet, so both runs take the same first step

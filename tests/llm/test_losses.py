@@ -73,16 +73,31 @@ def test_importance_sampling_hand_computed():
 UP, DOWN = 1 + 1e-6, 1 - 1e-6  # just above / just below a boundary
 
 
-@pytest.mark.parametrize("r, adv, clipped_to", [
-    # on the boundary: still inside, the gradient flows
-    (1.2, 2.0, None), (1.2, -2.0, None), (0.8, 2.0, None), (0.8, -2.0, None),
-    # just inside
-    (1.2 * DOWN, 2.0, None), (1.2 * DOWN, -2.0, None), (0.8 * UP, 2.0, None), (0.8 * UP, -2.0, None),
-    # just outside: the clip binds only where it is pessimistic (A > 0 above hi, A < 0 below lo)
-    (1.2 * UP, 2.0, 1.2), (1.2 * UP, -2.0, None), (0.8 * DOWN, 2.0, None), (0.8 * DOWN, -2.0, 0.8),
-    # far outside
-    (3.0, 1.0, 1.2), (3.0, -1.0, None), (0.1, 1.0, None), (0.1, -1.0, 0.8),
-])
+@pytest.mark.parametrize(
+    "r, adv, clipped_to",
+    [
+        # on the boundary: still inside, the gradient flows
+        (1.2, 2.0, None),
+        (1.2, -2.0, None),
+        (0.8, 2.0, None),
+        (0.8, -2.0, None),
+        # just inside
+        (1.2 * DOWN, 2.0, None),
+        (1.2 * DOWN, -2.0, None),
+        (0.8 * UP, 2.0, None),
+        (0.8 * UP, -2.0, None),
+        # just outside: the clip binds only where it is pessimistic (A > 0 above hi, A < 0 below lo)
+        (1.2 * UP, 2.0, 1.2),
+        (1.2 * UP, -2.0, None),
+        (0.8 * DOWN, 2.0, None),
+        (0.8 * DOWN, -2.0, 0.8),
+        # far outside
+        (3.0, 1.0, 1.2),
+        (3.0, -1.0, None),
+        (0.1, 1.0, None),
+        (0.1, -1.0, 0.8),
+    ],
+)
 def test_ppo_clip_boundaries(r, adv, clipped_to):
     if r in (0.8, 1.2):  # exactly on the boundary, bit for bit
         lp, q = t(exact_log(r)), t(0.0)
@@ -208,14 +223,17 @@ LOSS_B_T = torch.arange(1.0, 13.0, dtype=F64).reshape(3, 4)  # [[1, 2, 3, 4], [5
 MASK_B_T = t(1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0).reshape(3, 4)  # ragged, and row 2 is empty
 
 
-@pytest.mark.parametrize("mode, expected, grad_rows", [
-    # masked tokens: 1, 2 | 5, 6, 7, 8 | none; their sum is 29, their count 6
-    ("sum", 29.0, (1.0, 1.0)),
-    # row means 1.5 and 6.5; row 2 has no token and does not count: (1.5 + 6.5) / 2
-    ("seq_mean_token_mean", 4.0, (1 / (2 * 2), 1 / (4 * 2))),
-    ("token_mean", 29 / 6, (1 / 6, 1 / 6)),
-    ("seq_mean_token_sum_norm", 29 / 30, (1 / 30, 1 / 30)),  # divided by B * max_tokens = 3 * 10
-])
+@pytest.mark.parametrize(
+    "mode, expected, grad_rows",
+    [
+        # masked tokens: 1, 2 | 5, 6, 7, 8 | none; their sum is 29, their count 6
+        ("sum", 29.0, (1.0, 1.0)),
+        # row means 1.5 and 6.5; row 2 has no token and does not count: (1.5 + 6.5) / 2
+        ("seq_mean_token_mean", 4.0, (1 / (2 * 2), 1 / (4 * 2))),
+        ("token_mean", 29 / 6, (1 / 6, 1 / 6)),
+        ("seq_mean_token_sum_norm", 29 / 30, (1 / 30, 1 / 30)),  # divided by B * max_tokens = 3 * 10
+    ],
+)
 def test_aggregate_hand_computed(mode, expected, grad_rows):
     loss = LOSS_B_T.clone().requires_grad_(True)
     out = aggregate(loss, MASK_B_T, mode, max_tokens=10)  # max_tokens matters only to Dr. GRPO's mode
@@ -237,7 +255,10 @@ def test_aggregate_empty_mask_and_padding(mode):
     assert torch.equal(loss.grad, torch.zeros(3, 4, dtype=F64))
     padded = LOSS_B_T.clone()
     padded[2] = float("nan")  # e.g. log(0) at padding: outside the mask it must not matter
-    assert aggregate(padded, MASK_B_T, mode, max_tokens=4).item() == aggregate(LOSS_B_T, MASK_B_T, mode, max_tokens=4).item()
+    assert (
+        aggregate(padded, MASK_B_T, mode, max_tokens=4).item()
+        == aggregate(LOSS_B_T, MASK_B_T, mode, max_tokens=4).item()
+    )
 
 
 def test_dr_grpo_divides_by_sequences_times_a_fixed_budget():
@@ -248,7 +269,9 @@ def test_dr_grpo_divides_by_sequences_times_a_fixed_budget():
     # padding the same datums to a longer T (e.g. a long prompt elsewhere in the call) changes nothing
     wide_values = torch.cat([values, torch.randn(5, 50, dtype=F64)], dim=1)
     wide_mask = torch.cat([mask, torch.zeros(5, 50, dtype=F64)], dim=1)
-    assert aggregate(wide_values, wide_mask, "seq_mean_token_sum_norm", max_tokens=16).item() == pytest.approx(got.item())
+    assert aggregate(wide_values, wide_mask, "seq_mean_token_sum_norm", max_tokens=16).item() == pytest.approx(
+        got.item()
+    )
     with pytest.raises(ValueError, match="needs max_tokens"):
         aggregate(values, mask, "seq_mean_token_sum_norm")
     with pytest.raises(ValueError, match="needs max_tokens"):
@@ -256,8 +279,11 @@ def test_dr_grpo_divides_by_sequences_times_a_fixed_budget():
 
 
 def test_aggregate_errors():
-    with pytest.raises(ValueError, match="unknown aggregation mode 'mean'; known modes: sum, seq_mean_token_mean, "
-                                         "token_mean, seq_mean_token_sum_norm"):
+    with pytest.raises(
+        ValueError,
+        match="unknown aggregation mode 'mean'; known modes: sum, seq_mean_token_mean, "
+        "token_mean, seq_mean_token_sum_norm",
+    ):
         aggregate(LOSS_B_T, MASK_B_T, "mean")
     with pytest.raises(ValueError, match=r"per_token_loss and mask must have the same shape, got \(3, 4\) and \(3,"):
         aggregate(LOSS_B_T, MASK_B_T[:, :3], "sum")
@@ -338,9 +364,11 @@ def _grad(f) -> torch.Tensor:
 
 def _as_loss_term(estimator):
     """E_pi[k] with pi's weights held fixed: what autograd sees for beta * mean(k) over on-policy samples."""
+
     def f(theta):
         logpi = torch.log_softmax(theta, 0)
         return (logpi.exp().detach() * kl(logpi, REF.log(), estimator)).sum()
+
     return f
 
 
@@ -362,6 +390,7 @@ def test_k1_in_the_reward_gives_the_reverse_kl_gradient():
     def f(theta):
         logpi = torch.log_softmax(theta, 0)
         return (logpi.exp().detach() * kl(logpi, REF.log(), "k1").detach() * logpi).sum()
+
     grad_reverse = _grad(lambda th: (torch.softmax(th, 0) * (torch.log_softmax(th, 0) - REF.log())).sum())
     torch.testing.assert_close(_grad(f), grad_reverse, rtol=0, atol=1e-12)
 
@@ -435,8 +464,17 @@ def test_rl_objective_by_hand():
     adv = torch.tensor([[1.0, 2.0, -1.0, 5.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     ref = torch.log(torch.tensor([[0.25, 0.25, 0.5, 0.3]]))
-    loss, m = L.rl_objective(lp, q, adv, mask, loss_fn="importance_sampling", aggregation="token_mean",
-                             ref_logprobs=ref, kl_coef=0.5, kl_estimator="k1")
+    loss, m = L.rl_objective(
+        lp,
+        q,
+        adv,
+        mask,
+        loss_fn="importance_sampling",
+        aggregation="token_mean",
+        ref_logprobs=ref,
+        kl_coef=0.5,
+        kl_estimator="k1",
+    )
     # ratios 1, 0.5, 2: per-token -r*A = -1, -1, 2 -> mean 0; k1 = lp - ref = log 2, 0, 0 -> mean log(2)/3
     assert loss.item() == pytest.approx(0.5 * math.log(2) / 3)
     # q - lp on action tokens: 0, log 2, -log 2
@@ -452,8 +490,15 @@ def test_rl_objective_by_hand():
 
 def test_rl_objective_takes_a_function_and_checks_its_inputs():
     lp, q, adv, mask = torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 3)
-    loss, m = L.rl_objective(lp, q, adv, mask, loss_fn=lambda a, b, c: -c * torch.exp(a - b), aggregation="sum",
-                             entropy=torch.full((2, 3), 0.25))
+    loss, m = L.rl_objective(
+        lp,
+        q,
+        adv,
+        mask,
+        loss_fn=lambda a, b, c: -c * torch.exp(a - b),
+        aggregation="sum",
+        entropy=torch.full((2, 3), 0.25),
+    )
     assert loss.item() == -6.0 and m["optim/entropy"] == 0.25 and m["optim/clip_fraction"] == 0.0
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         L.rl_objective(lp, q, adv, mask, loss_fn="ppo", kl_coef=0.1)

@@ -33,8 +33,10 @@ def test_num_parameters_counts_tied_embeddings_once(char_tokenizer):
     assert num_parameters(model) == V * H + L * (4 * H * H + 3 * H * F + 2 * H) + H
 
 
-@pytest.mark.parametrize("kw, message", [({"arch": "gpt2"}, "arch must be one of"),
-                                         ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads")])
+@pytest.mark.parametrize(
+    "kw, message",
+    [({"arch": "gpt2"}, "arch must be one of"), ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads")],
+)
 def test_bad_configs_say_why(char_tokenizer, kw, message):
     with pytest.raises(ValueError, match=message):
         build_tiny_lm(char_tokenizer, TinyLMConfig(**kw))

@@ -13,8 +13,13 @@ def test_loads_a_random_qwen2_saved_locally(qwen_dir):
     assert tok.padding_side == "left" and tok.pad_token_id is not None
     r = ChatMLRenderer(tok, default_system="You are a helpful assistant.")
     prompt = r.build_generation_prompt([{"role": "user", "content": "What is 12+34?"}])
-    out = sample(model, [prompt], 3, SamplingParams(max_tokens=5, seed=0, stop=r.get_stop_sequences()),
-                 pad_token_id=tok.pad_token_id)
+    out = sample(
+        model,
+        [prompt],
+        3,
+        SamplingParams(max_tokens=5, seed=0, stop=r.get_stop_sequences()),
+        pad_token_id=tok.pad_token_id,
+    )
     assert len(out) == 3 and all(1 <= len(c.tokens) <= 5 for c in out)
 
 

@@ -7,8 +7,11 @@ from edurl.llm.tokenizer import build_char_tokenizer
 CONVERSATIONS = [
     [{"role": "user", "content": "12+34=?"}],
     [{"role": "system", "content": "Answer in a box."}, {"role": "user", "content": "What is 7-5?"}],
-    [{"role": "user", "content": "1+1=?"}, {"role": "assistant", "content": "\\boxed{2}"},
-     {"role": "user", "content": "and 2+2=?"}],
+    [
+        {"role": "user", "content": "1+1=?"},
+        {"role": "assistant", "content": "\\boxed{2}"},
+        {"role": "user", "content": "and 2+2=?"},
+    ],
 ]
 
 

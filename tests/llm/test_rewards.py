@@ -5,18 +5,21 @@ from hypothesis import strategies as st
 from edurl.llm.rewards import extract_boxed, grade
 
 
-@pytest.mark.parametrize("reply, answer, complete, expected", [
-    ("\\boxed{46}", "46", True, (1.0, 1.0, 1.0)),            # correct
-    ("The sum is \\boxed{ 46 }", "46", True, (1.0, 1.0, 1.0)),  # spaces inside the box
-    ("\\boxed{046}", "46", True, (1.0, 1.0, 1.0)),           # the same integer
-    ("\\boxed{45}", "46", True, (0.0, 0.0, 1.0)),            # well formed, wrong
-    ("46", "46", True, (-0.1, 0.0, 0.0)),                    # right number, no box: malformed
-    ("\\boxed{46", "46", True, (-0.1, 0.0, 0.0)),            # unclosed box
-    ("\\boxed{}", "46", True, (-0.1, 0.0, 0.0)),             # empty box
-    ("\\boxed{46}", "46", False, (0.9, 1.0, 0.0)),           # truncated before the stop token
-    ("\\boxed{1} then \\boxed{46}", "46", True, (1.0, 1.0, 1.0)),  # the last box counts
-    ("", "46", True, (-0.1, 0.0, 0.0)),
-])
+@pytest.mark.parametrize(
+    "reply, answer, complete, expected",
+    [
+        ("\\boxed{46}", "46", True, (1.0, 1.0, 1.0)),  # correct
+        ("The sum is \\boxed{ 46 }", "46", True, (1.0, 1.0, 1.0)),  # spaces inside the box
+        ("\\boxed{046}", "46", True, (1.0, 1.0, 1.0)),  # the same integer
+        ("\\boxed{45}", "46", True, (0.0, 0.0, 1.0)),  # well formed, wrong
+        ("46", "46", True, (-0.1, 0.0, 0.0)),  # right number, no box: malformed
+        ("\\boxed{46", "46", True, (-0.1, 0.0, 0.0)),  # unclosed box
+        ("\\boxed{}", "46", True, (-0.1, 0.0, 0.0)),  # empty box
+        ("\\boxed{46}", "46", False, (0.9, 1.0, 0.0)),  # truncated before the stop token
+        ("\\boxed{1} then \\boxed{46}", "46", True, (1.0, 1.0, 1.0)),  # the last box counts
+        ("", "46", True, (-0.1, 0.0, 0.0)),
+    ],
+)
 def test_worked_examples(reply, answer, complete, expected):
     g = grade(reply, answer, complete=complete)
     assert (g.reward, g.correct, g.format) == pytest.approx(expected)
@@ -28,9 +31,15 @@ def test_extract_boxed():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(), st.text(max_size=10_000).map(lambda s: s * 2),
-                 st.builds(lambda a, b: a + "\\boxed{" + b, st.text(), st.text())),
-       st.one_of(st.integers().map(str), st.text()), st.booleans())
+@given(
+    st.one_of(
+        st.text(),
+        st.text(max_size=10_000).map(lambda s: s * 2),
+        st.builds(lambda a, b: a + "\\boxed{" + b, st.text(), st.text()),
+    ),
+    st.one_of(st.integers().map(str), st.text()),
+    st.booleans(),
+)
 def test_grade_never_raises_and_is_bounded(reply, answer, complete):
     g = grade(reply, answer, complete=complete)
     assert g.correct in (0.0, 1.0) and g.format in (0.0, 1.0)
@@ -44,8 +53,17 @@ def test_long_unicode_reply():
         grade(None, "5")
 
 
-@pytest.mark.parametrize("reply", ["\\boxed{4_6}", "\\boxed{\u0664\u0666}", "\\boxed{\uff14\uff16}", "\\boxed{4 6}",
-                                   "\\boxed{46.0}", "\\boxed{+-46}"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "\\boxed{4_6}",
+        "\\boxed{\u0664\u0666}",
+        "\\boxed{\uff14\uff16}",
+        "\\boxed{4 6}",
+        "\\boxed{46.0}",
+        "\\boxed{+-46}",
+    ],
+)
 def test_only_a_sign_and_ascii_digits_can_be_correct(reply):
     # Python's int() reads "4_6", Arabic-Indic "٤٦" and full-width "４６" as 46; the old grade did too
     assert grade(reply, "46").correct == 0.0

@@ -15,7 +15,7 @@ def _recomputed(model, prompt, completion, temperature):
     """log-softmax(logits / T) of each completion token, from one unpadded forward pass."""
     tokens = torch.tensor([prompt + completion])
     lp = sequence_logprobs(model, tokens, temperature=temperature)[0]  # (n-1,)
-    return lp[len(prompt) - 1:]
+    return lp[len(prompt) - 1 :]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
@@ -90,18 +90,28 @@ def test_top_p_keeps_only_the_nucleus(small_model, char_tokenizer):
     assert {c.tokens[0] for c in out} == {top}
 
 
-@pytest.mark.parametrize("prompts, kwargs, match", [
-    ([[]], {}, "prompt 0 is empty"),
-    ([], {}, "non-empty list"),
-    ([[1, 2]], {"num_samples": 0}, "num_samples"),
-])
+@pytest.mark.parametrize(
+    "prompts, kwargs, match",
+    [
+        ([[]], {}, "prompt 0 is empty"),
+        ([], {}, "non-empty list"),
+        ([[1, 2]], {"num_samples": 0}, "num_samples"),
+    ],
+)
 def test_bad_inputs_are_explained(small_model, prompts, kwargs, match):
     with pytest.raises(ValueError, match=match):
         sample(small_model, prompts, **kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
-                                           ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+    ],
+)
 def test_bad_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)

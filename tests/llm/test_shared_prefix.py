@@ -16,8 +16,12 @@ def batch(rows, masks):
 def test_a_shared_prompt_scores_what_whole_rows_score(small_model, temperature):
     prompt_a, prompt_b = [3, 35, 33, 19, 32, 100], [3, 35, 9]
     rows = [prompt_a + [7, 8, 9], prompt_b + [4], prompt_a + [10, 11], prompt_b + [12, 13, 14, 15]]
-    masks = [[0] * (len(prompt_a) - 1) + [1] * 4, [0] * (len(prompt_b) - 1) + [1] * 2,
-             [0] * (len(prompt_a) - 1) + [1] * 3, [0] * (len(prompt_b) - 1) + [1] * 5]
+    masks = [
+        [0] * (len(prompt_a) - 1) + [1] * 4,
+        [0] * (len(prompt_b) - 1) + [1] * 2,
+        [0] * (len(prompt_a) - 1) + [1] * 3,
+        [0] * (len(prompt_b) - 1) + [1] * 5,
+    ]
     ids, attn, targets, mask = batch(rows, masks)
     kw = dict(temperature=temperature, with_entropy=True, model_config=small_model.config)
     shared = token_logprobs(small_model, ids, attn, targets, mask, share_prompts=True, **kw)
@@ -35,8 +39,9 @@ def test_the_gradient_through_the_shared_prompt_matches_whole_rows(small_model):
     grads = []
     for share in (True, False):
         small_model.zero_grad()
-        lp, _ = token_logprobs(small_model, ids, attn, targets, mask, share_prompts=share,
-                               model_config=small_model.config)
+        lp, _ = token_logprobs(
+            small_model, ids, attn, targets, mask, share_prompts=share, model_config=small_model.config
+        )
         (lp * mask).sum().backward()
         grads.append({n: p.grad.clone() for n, p in small_model.named_parameters() if p.grad is not None})
     small_model.zero_grad()

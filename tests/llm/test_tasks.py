@@ -52,9 +52,15 @@ def test_demonstration_format():
     assert p.messages() == [{"role": "user", "content": "12+34=?"}]
 
 
-@pytest.mark.parametrize("kwargs, match", [({"num_digits": 0}, "num_digits"), ({"ops": ("*",)}, "ops"),
-                                           ({"test_fraction": 1.0}, "test_fraction"),
-                                           ({"valid_fraction": 0.95}, "valid_fraction")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_digits": 0}, "num_digits"),
+        ({"ops": ("*",)}, "ops"),
+        ({"test_fraction": 1.0}, "test_fraction"),
+        ({"valid_fraction": 0.95}, "valid_fraction"),
+    ],
+)
 def test_bad_settings_are_explained(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ArithmeticTask(**kwargs)

@@ -26,8 +26,9 @@ def test_unknown_characters_map_to_unk(char_tokenizer):
 def test_chat_template_renders_chatml(char_tokenizer):
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1=?"}]
     text = char_tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1=?<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+1=?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_save_and_autotokenizer_round_trip(char_tokenizer, tmp_path):
@@ -52,8 +53,9 @@ def test_round_trip_next_to_the_tiny_models_config(char_tokenizer, tmp_path):
     """AutoTokenizer picks a class from config.json's model type; ours must survive that."""
     from edurl.llm.model import TinyLMConfig, build_tiny_lm
 
-    build_tiny_lm(char_tokenizer, TinyLMConfig(hidden_size=16, num_layers=1, num_heads=2,
-                                               intermediate_size=32)).save_pretrained(tmp_path)
+    build_tiny_lm(
+        char_tokenizer, TinyLMConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    ).save_pretrained(tmp_path)
     char_tokenizer.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     text = "<|im_start|>user\n12 + 34=?<|im_end|>\n"

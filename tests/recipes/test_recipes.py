@@ -12,15 +12,32 @@ from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig
 
 
 def test_parse_config_types_and_dashes():
-    cfg = parse_config(ReinforceConfig, ["--learning-rate", "0.005", "--episodes-per-update=4",
-                                         "--no-normalize-advantages", "--hidden-sizes", "32", "32", "--device", "None"])
+    cfg = parse_config(
+        ReinforceConfig,
+        [
+            "--learning-rate",
+            "0.005",
+            "--episodes-per-update=4",
+            "--no-normalize-advantages",
+            "--hidden-sizes",
+            "32",
+            "32",
+            "--device",
+            "None",
+        ],
+    )
     assert cfg.learning_rate == 0.005 and cfg.episodes_per_update == 4 and cfg.normalize_advantages is False
     assert cfg.hidden_sizes == (32, 32) and cfg.device is None
 
 
-@pytest.mark.parametrize("argv, message", [(["--lr", "1"], "Unrecognized options: --lr"),
-                                           (["--learning-rate", "fast"], "could not convert string to float"),
-                                           (["--learning-rate"], "Missing value")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--lr", "1"], "Unrecognized options: --lr"),
+        (["--learning-rate", "fast"], "could not convert string to float"),
+        (["--learning-rate"], "Missing value"),
+    ],
+)
 def test_parse_config_errors_are_readable(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_config(ReinforceConfig, argv)
@@ -28,8 +45,9 @@ def test_parse_config_errors_are_readable(argv, message, capsys):
 
 
 def test_grpo_nested_overrides_and_help(capsys):
-    cfg = parse_config(GRPOConfig, ["--sft.num-digits", "3", "--loss-fn", "ppo", "--clip-high-threshold", "1.28"],
-                       save_every=50)
+    cfg = parse_config(
+        GRPOConfig, ["--sft.num-digits", "3", "--loss-fn", "ppo", "--clip-high-threshold", "1.28"], save_every=50
+    )
     assert cfg.sft.num_digits == 3 and isinstance(cfg.sft.num_digits, int) and cfg.loss_fn == "ppo"
     assert cfg.clip_high_threshold == 1.28 and cfg.save_every == 50
     with pytest.raises(SystemExit):  # the old parser built SFTConfig(num_digits="3") from this
@@ -50,15 +68,23 @@ def test_a_value_the_config_refuses_is_reported_with_its_reason(capsys):
 
 
 def test_grpo_recipe_help_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "edurl.recipes.grpo_arithmetic", "--help"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "edurl.recipes.grpo_arithmetic", "--help"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert "--sft.num-digits" in out.stdout and "_MISSING_TYPE" not in out.stdout
 
 
 def test_every_config_field_is_documented():
-    for cls in (ReinforceConfig, A2CConfig, PPOConfig, gae_visualizer.GAEVisualizerConfig, GRPOConfig, SFTConfig,
-                TinyLMConfig):
+    for cls in (
+        ReinforceConfig,
+        A2CConfig,
+        PPOConfig,
+        gae_visualizer.GAEVisualizerConfig,
+        GRPOConfig,
+        SFTConfig,
+        TinyLMConfig,
+    ):
         docs = field_docs(cls)
         assert set(docs) == set(cls.__dataclass_fields__), cls.__name__
 
@@ -76,8 +102,20 @@ def test_reinforce_recipe_writes_metrics_and_png(tmp_path):
 
 
 def test_a2c_recipe_runs_as_a_module(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "edurl.recipes.a2c_cartpole", "--total-steps", "1024",
-                          "--log-dir", str(tmp_path), "--no-progress"], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edurl.recipes.a2c_cartpole",
+            "--total-steps",
+            "1024",
+            "--log-dir",
+            str(tmp_path),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "learning curve" in out.stdout and (tmp_path / "learning_curve.png").exists()
 
@@ -89,7 +127,6 @@ def test_gae_visualizer_writes_png(tmp_path):
 
 
 def test_ppo_recipe_on_the_torch_env(tmp_path):
-    ppo_cartpole.main(["--env-backend", "torch", "--total-steps", "2560", "--log-dir", str(tmp_path),
-                       "--no-progress"])
+    ppo_cartpole.main(["--env-backend", "torch", "--total-steps", "2560", "--log-dir", str(tmp_path), "--no-progress"])
     assert (tmp_path / "learning_curve.png").exists()
     assert "optim/approx_kl_k3" in load_metrics(tmp_path)

@@ -9,8 +9,15 @@ T, F = True, False
 def _slow_gae(rewards, values, next_values, terminated, truncated, gamma, lam):
     """Independent reference: A_t = sum_k (gamma*lam)^k delta_{t+k}, summed until the episode's last step."""
     Tn, N = rewards.shape
-    delta = [[rewards[t, n].item() + gamma * next_values[t, n].item() * (0.0 if terminated[t, n] else 1.0)
-              - values[t, n].item() for n in range(N)] for t in range(Tn)]
+    delta = [
+        [
+            rewards[t, n].item()
+            + gamma * next_values[t, n].item() * (0.0 if terminated[t, n] else 1.0)
+            - values[t, n].item()
+            for n in range(N)
+        ]
+        for t in range(Tn)
+    ]
     out = torch.zeros_like(rewards)
     for n in range(N):
         for t in range(Tn):
@@ -68,10 +75,13 @@ def test_gae_several_episodes_in_one_column_and_mixed_columns():
     g, lam = 0.9, 0.5
     d = r + g * nv * (~term) - v
     gl = g * lam
-    expected = torch.stack([
-        torch.stack([d[0, 0] + gl * d[1, 0], d[1, 0], d[2, 0] + gl * d[3, 0], d[3, 0]]),
-        torch.stack([d[0, 1] + gl * d[1, 1] + gl**2 * d[2, 1], d[1, 1] + gl * d[2, 1], d[2, 1], d[3, 1]]),
-    ], dim=1)
+    expected = torch.stack(
+        [
+            torch.stack([d[0, 0] + gl * d[1, 0], d[1, 0], d[2, 0] + gl * d[3, 0], d[3, 0]]),
+            torch.stack([d[0, 1] + gl * d[1, 1] + gl**2 * d[2, 1], d[1, 1] + gl * d[2, 1], d[2, 1], d[3, 1]]),
+        ],
+        dim=1,
+    )
     adv, ret = gae(r, v, nv, term, trunc, g, lam)
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, expected + v)
@@ -135,5 +145,6 @@ def test_gae_on_cuda():
     gpu = gae(r.cuda(), v.cuda(), nv.cuda(), term.cuda(), trunc.cuda(), 0.99, 0.95)
     assert gpu[0].device.type == "cuda"
     torch.testing.assert_close(gpu[0].cpu(), cpu[0])
-    torch.testing.assert_close(td_errors(r.cuda(), v.cuda(), nv.cuda(), term.cuda(), 0.9).cpu(),
-                               td_errors(r, v, nv, term, 0.9))
+    torch.testing.assert_close(
+        td_errors(r.cuda(), v.cuda(), nv.cuda(), term.cuda(), 0.9).cpu(), td_errors(r, v, nv, term, 0.9)
+    )

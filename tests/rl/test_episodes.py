@@ -16,8 +16,13 @@ def test_solved_at_hand_computed():
 def test_episode_log_rows_and_stop_rule():
     log = EpisodeLog(TrainerConfig(solve_threshold=10, solve_window=2))
     log.add([5.0, 20.0], [5, 20], step=25)
-    assert len(log) == 2 and log.rows[1] == {"episode": 1, "step": 25, "episode_return": 20.0, "episode_length": 20,
-                                             "time/total": log.rows[1]["time/total"]}
+    assert len(log) == 2 and log.rows[1] == {
+        "episode": 1,
+        "step": 25,
+        "episode_return": 20.0,
+        "episode_length": 20,
+        "time/total": log.rows[1]["time/total"],
+    }
     assert log.recent_mean() == 12.5 and log.should_stop()
     result = log.result(policy=None, value=None)
     assert result.solved_episode == 2 and result.solved_step == 25

@@ -39,8 +39,17 @@ def test_rollouts_start_from_the_given_state_and_action():
 def test_gae_bias_variance_lambda_one_is_unbiased_and_most_variable():
     policy, value = _nets()  # an untrained critic: badly wrong, so small lambdas are biased
     traj = sample_trajectory(policy, value, seed=2)
-    df = gae_bias_variance(policy, value, traj["states"][:3], traj["actions"][:3], lams=[0.0, 0.5, 1.0],
-                           num_truth=512, num_samples=256, horizon=200, progress=False)
+    df = gae_bias_variance(
+        policy,
+        value,
+        traj["states"][:3],
+        traj["actions"][:3],
+        lams=[0.0, 0.5, 1.0],
+        num_truth=512,
+        num_samples=256,
+        horizon=200,
+        progress=False,
+    )
     assert list(df["lam"]) == [0.0, 0.5, 1.0]
     assert df["bias2"].iloc[0] > 10 * max(df["bias2"].iloc[-1], 0.1)  # lambda = 0 trusts the bad critic
     assert abs(df["bias2"].iloc[-1]) < 2.0  # lambda = 1 is a Monte Carlo return: unbiased up to noise

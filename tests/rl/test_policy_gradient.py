@@ -23,14 +23,19 @@ def test_softmax_score_is_onehot_minus_pi():
 
 
 def test_score_function_estimate_is_unbiased():
-    logits, means, stds = torch.tensor([0.2, -0.4], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64), \
-        torch.tensor([1.0, 0.5], dtype=torch.float64)
+    logits, means, stds = (
+        torch.tensor([0.2, -0.4], dtype=torch.float64),
+        torch.tensor([1.0, 2.0], dtype=torch.float64),
+        torch.tensor([1.0, 0.5], dtype=torch.float64),
+    )
     exact = bandit_exact_gradient(logits, means)
     samples = bandit_gradient_samples(logits, means, stds, 200_000, generator=torch.Generator().manual_seed(0))
     se = samples.std(0) / 200_000**0.5
     assert ((samples.mean(0) - exact).abs() < 4 * se).all()
     # a constant baseline changes the variance, not the mean
-    with_b = bandit_gradient_samples(logits, means, stds, 200_000, baseline=1.5, generator=torch.Generator().manual_seed(1))
+    with_b = bandit_gradient_samples(
+        logits, means, stds, 200_000, baseline=1.5, generator=torch.Generator().manual_seed(1)
+    )
     assert ((with_b.mean(0) - exact).abs() < 4 * with_b.std(0) / 200_000**0.5).all()
     assert with_b.var(0).sum() < samples.var(0).sum()
 
@@ -54,8 +59,14 @@ def test_flat_policy_gradient_matches_manual_sum():
 def test_gradient_variance_same_batches_for_every_baseline():
     torch.manual_seed(0)
     policy = CategoricalPolicy(4, 2)
-    out = gradient_variance(policy, "CartPole-v1", {"none": lambda o, G: 0.0, "constant": lambda o, G: 15.0},
-                            num_batches=30, episodes_per_batch=4, progress=False)
+    out = gradient_variance(
+        policy,
+        "CartPole-v1",
+        {"none": lambda o, G: 0.0, "constant": lambda o, G: 15.0},
+        num_batches=30,
+        episodes_per_batch=4,
+        progress=False,
+    )
     P = sum(p.numel() for p in policy.parameters())
     assert out["none"].shape == (30, P) and out["constant"].shape == (30, P)
     assert out["constant"].var(0).sum() < out["none"].var(0).sum()

@@ -9,25 +9,29 @@ from edurl.rl.ppo import PPOConfig, clipped_surrogate, ppo_diagnostics, train_pp
 
 def _loss_and_grad(ratio, adv, eps=0.2):
     logp = torch.tensor([math.log(ratio)], dtype=torch.float64, requires_grad=True)
-    loss = clipped_surrogate(logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64),
-                             1 - eps, 1 + eps)
+    loss = clipped_surrogate(
+        logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), 1 - eps, 1 + eps
+    )
     loss.sum().backward()
     return loss.item(), logp.grad.item()
 
 
-@pytest.mark.parametrize("ratio, adv, loss, grad", [
-    # inside [0.8, 1.2]: loss = -r*A, d loss / d logp = -r*A
-    (1.0, 2.0, -2.0, -2.0),
-    (0.9, -1.0, 0.9, 0.9),
-    # A > 0, r above 1 + eps: the clipped term 1.2*A is the min; no gradient
-    (1.5, 2.0, -2.4, 0.0),
-    # A > 0, r below 1 - eps: the unclipped r*A is the min; gradient flows
-    (0.5, 2.0, -1.0, -1.0),
-    # A < 0, r below 1 - eps: the clipped 0.8*A is the min (of two negatives, the smaller); no gradient
-    (0.5, -1.0, 0.8, 0.0),
-    # A < 0, r above 1 + eps: unclipped r*A is the min; gradient flows (the "undo" direction is not clipped)
-    (1.5, -1.0, 1.5, 1.5),
-])
+@pytest.mark.parametrize(
+    "ratio, adv, loss, grad",
+    [
+        # inside [0.8, 1.2]: loss = -r*A, d loss / d logp = -r*A
+        (1.0, 2.0, -2.0, -2.0),
+        (0.9, -1.0, 0.9, 0.9),
+        # A > 0, r above 1 + eps: the clipped term 1.2*A is the min; no gradient
+        (1.5, 2.0, -2.4, 0.0),
+        # A > 0, r below 1 - eps: the unclipped r*A is the min; gradient flows
+        (0.5, 2.0, -1.0, -1.0),
+        # A < 0, r below 1 - eps: the clipped 0.8*A is the min (of two negatives, the smaller); no gradient
+        (0.5, -1.0, 0.8, 0.0),
+        # A < 0, r above 1 + eps: unclipped r*A is the min; gradient flows (the "undo" direction is not clipped)
+        (1.5, -1.0, 1.5, 1.5),
+    ],
+)
 def test_clipped_surrogate_hand_values_and_gradients(ratio, adv, loss, grad):
     got_loss, got_grad = _loss_and_grad(ratio, adv)
     assert got_loss == pytest.approx(loss) and got_grad == pytest.approx(grad)
@@ -56,14 +60,24 @@ def test_k1_and_k3_estimate_the_kl_on_an_exact_distribution():
 
 @pytest.mark.parametrize("backend", ["gymnasium", "torch"])
 def test_ppo_learns_and_logs_diagnostics(tmp_path, backend):
-    result = train_ppo(PPOConfig(seed=0, env_backend=backend, total_steps=12_800, stop_when_solved=False,
-                                 progress=False, log_dir=str(tmp_path)))
+    result = train_ppo(
+        PPOConfig(
+            seed=0,
+            env_backend=backend,
+            total_steps=12_800,
+            stop_when_solved=False,
+            progress=False,
+            log_dir=str(tmp_path),
+        )
+    )
     returns = result.episodes["episode_return"].to_numpy()
     assert returns[-20:].mean() > 4 * returns[:20].mean()
     u = result.updates
     assert len(u) == 50 and {"approx_kl_k1", "approx_kl_k3", "clip_fraction", "explained_variance"} <= set(u.columns)
     assert (u["approx_kl_k3"] >= 0).all() and u["clip_fraction"].between(0, 1).all()
-    assert u["learning_rate"].iloc[0] == pytest.approx(1e-3) and u["learning_rate"].iloc[-1] < u["learning_rate"].iloc[0]  # annealed
+    assert (
+        u["learning_rate"].iloc[0] == pytest.approx(1e-3) and u["learning_rate"].iloc[-1] < u["learning_rate"].iloc[0]
+    )  # annealed
     assert "optim/clip_fraction" in load_metrics(tmp_path)
 
 
@@ -81,6 +95,15 @@ def test_bad_backend():
 
 @pytest.mark.cuda
 def test_ppo_on_cuda_with_torch_env():
-    result = train_ppo(PPOConfig(seed=0, env_backend="torch", device="cuda", num_envs=64, total_steps=8192,
-                                 stop_when_solved=False, progress=False))
+    result = train_ppo(
+        PPOConfig(
+            seed=0,
+            env_backend="torch",
+            device="cuda",
+            num_envs=64,
+            total_steps=8192,
+            stop_when_solved=False,
+            progress=False,
+        )
+    )
     assert next(result.policy.parameters()).device.type == "cuda" and len(result.episodes) > 0

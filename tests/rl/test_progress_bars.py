@@ -54,25 +54,40 @@ def _tiny(**kw):
 RUNS = {
     # trainers: bar.update(n) with total=...
     # a small lr keeps episodes short (and the test fast): the bar does not care what is learned
-    "reinforce": lambda: train_reinforce(ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=2 * UPDATES,
-                                                                 learning_rate=1e-4))),
+    "reinforce": lambda: train_reinforce(
+        ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=2 * UPDATES, learning_rate=1e-4))
+    ),
     "a2c": lambda: train_a2c(A2CConfig(**_tiny(num_envs=2, num_steps=2, total_steps=4 * UPDATES))),
-    "ppo": lambda: train_ppo(PPOConfig(**_tiny(env_backend="torch", num_envs=2, num_steps=2, update_epochs=1,
-                                               total_steps=4 * UPDATES))),
+    "ppo": lambda: train_ppo(
+        PPOConfig(**_tiny(env_backend="torch", num_envs=2, num_steps=2, update_epochs=1, total_steps=4 * UPDATES))
+    ),
 }
 
 
 def _gradient_variance():
     torch.manual_seed(0)
-    gradient_variance(CategoricalPolicy(4, 2, (8,)), "CartPole-v1", {"none": lambda obs, G: 0.0},
-                      num_batches=UPDATES, episodes_per_batch=1)
+    gradient_variance(
+        CategoricalPolicy(4, 2, (8,)),
+        "CartPole-v1",
+        {"none": lambda obs, G: 0.0},
+        num_batches=UPDATES,
+        episodes_per_batch=1,
+    )
 
 
 def _gae_study():
     torch.manual_seed(0)
     states = torch.zeros(UPDATES, 4)
-    gae_bias_variance(CategoricalPolicy(4, 2, (8,)), ValueNet(4, (8,)), states, torch.zeros(UPDATES, dtype=torch.long),
-                      lams=[0.5], num_truth=2, num_samples=2, horizon=2)
+    gae_bias_variance(
+        CategoricalPolicy(4, 2, (8,)),
+        ValueNet(4, (8,)),
+        states,
+        torch.zeros(UPDATES, dtype=torch.long),
+        lams=[0.5],
+        num_truth=2,
+        num_samples=2,
+        horizon=2,
+    )
 
 
 def _monte_carlo():

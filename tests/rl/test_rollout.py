@@ -49,7 +49,7 @@ def test_episode_counter_reports_finished_episodes():
     envs = make_vector_env("CartPole-v1", 2, max_episode_steps=10)
     obs, _ = envs.reset(seed=0)
     ro, obs, counter = collect_rollout(envs, _policy(), obs, 25, CPU)
-    done = (ro.terminated | ro.truncated)
+    done = ro.terminated | ro.truncated
     assert len(ro.episode_returns) == int(done.sum())
     assert all(ret == length for ret, length in zip(ro.episode_returns, ro.episode_lengths))  # +1 per step
     assert all(length <= 10 for length in ro.episode_lengths)

@@ -116,7 +116,11 @@ def test_bad_inputs_have_clear_errors(frozen_lake):
     with pytest.raises(ValueError, match="no unique solution"):
         solve_policy_values(stay, mdp, 1.0)
     with pytest.raises(RuntimeError, match="did not converge"):
-        policy_evaluation(torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64),
-                          TabularMDP(mdp.P, torch.ones(3, 2, dtype=torch.float64), mdp.terminal), 1.0, max_iters=50)
+        policy_evaluation(
+            torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]], dtype=torch.float64),
+            TabularMDP(mdp.P, torch.ones(3, 2, dtype=torch.float64), mdp.terminal),
+            1.0,
+            max_iters=50,
+        )
     with pytest.raises(TypeError, match="no transition table"):
         TabularMDP.from_gymnasium(gym.make("CartPole-v1"))

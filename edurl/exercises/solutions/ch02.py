@@ -1,7 +1,6 @@
 """Worked solution for Chapter 2. Open it with ``edurl.exercises.show_solution("reinforce_loss")``."""
 
 
-
 def reinforce_loss(logprobs, returns):
     """Exercise 2.1: -mean(log pi(a_t|s_t) * normalised G_t)."""
     # Normalise the returns over the batch: subtracting the mean is a baseline (Chapter 3),

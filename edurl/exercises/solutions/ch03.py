@@ -1,7 +1,6 @@
 """Worked solution for Chapter 3. Open it with ``edurl.exercises.show_solution("baseline_losses")``."""
 
 
-
 def baseline_losses(logprobs, returns, values):
     """Exercise 3.1: REINFORCE with a learned baseline. Returns (policy_loss, value_loss)."""
     # The advantage says how much better this return was than the critic expected.

@@ -34,5 +34,7 @@ def build_datums(prompt_tokens, completions, advantages):
     """Exercise 7.3: one masked Datum per completion of a group, each laid out by Exercise 6.1's build_datum
     (`show_solution("build_datum")` shows that layout)."""
     # completion i gets advantages[i]: the group's baseline already made them relative to each other
-    return [build_datum(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
-            for (completion_tokens, sampling_logprobs), advantage in zip(completions, advantages)]
+    return [
+        build_datum(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
+        for (completion_tokens, sampling_logprobs), advantage in zip(completions, advantages)
+    ]
