@@ -83,7 +83,7 @@ def grpo_short_runs(seed: int, threads: int) -> dict:
             "one": dict(loss_fn="ppo"),
             "four": dict(loss_fn="ppo", num_substeps=4, learning_rate=1e-3),
             "free": dict(learning_rate=1e-3, log_kl_ref=True),
-            "in_reward": dict(learning_rate=1e-3, kl_coef=1.0),
+            "in_reward": dict(learning_rate=1e-3, kl_coef=4.0),
             "in_loss": dict(learning_rate=1e-3, kl_coef=1.0, kl_penalty="loss"),
             "stale": dict(learning_rate=1e-3, refresh_sampler=False),
             "cold": dict(learning_rate=1e-3, temperature=0.2),
