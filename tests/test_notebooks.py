@@ -18,6 +18,7 @@ SECTIONS = [
     "Concepts",
     "Code walkthrough",
     "Try it yourself",
+    "Self-check answers",
     "Key takeaways",
     "What's next",
     "Further reading",
@@ -98,3 +99,15 @@ def test_chapter_follows_the_structure(path):
 def test_chapter_names_only_files_that_exist(path):
     for ref in set(re.findall(r"`((?:edurl|tests|notebooks|benchmarks)/[\w/.]+\.(?:py|ipynb))`", path.read_text())):
         assert (ROOT / ref).exists(), f"{path.name} mentions {ref}, which does not exist"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_opens_with_objectives_and_time_and_closes_with_self_check(path):
+    cells = json.loads(path.read_text())["cells"]
+    first, last = _source(cells[0]), _source(cells[-1])
+    assert "**In this notebook you will:**" in first and "**Time:**" in first, f"{path.name}: objectives and time"
+    questions = re.findall(r"^\d+\. ", last.split("## Check yourself", 1)[-1], re.M)
+    assert "## Check yourself" in last and 3 <= len(questions) <= 5, f"{path.name}: 3-5 self-check questions"
+    chapter = ROOT / "chapters" / f"{path.stem}.md"
+    answers = chapter.read_text().split("## Self-check answers", 1)[1].split("\n## ", 1)[0]
+    assert len(re.findall(r"^\d+\. ", answers, re.M)) == len(questions), f"{chapter.name}: one answer per question"

@@ -8,7 +8,9 @@ In a notebook::
     verdict = exercises.check_discounted_returns(discounted_returns)
     discounted_returns = verdict.implementation  # yours if it passed, else the reference
 
-and, when stuck, ``exercises.show_solution("discounted_returns")`` prints a worked solution.
+and, when stuck, help one level at a time: ``verdict.hint(1)`` (the idea), ``verdict.hint(2)`` (the formula),
+``verdict.hint(3)`` (the code of the worked solution); ``exercises.hint("discounted_returns", 1)`` without a
+verdict, and ``exercises.show_solution("discounted_returns")`` for the solution straight away.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import inspect
 
 from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Verdict
 from edurl.exercises.ch01 import check_bellman_backup, check_discounted_returns
-from edurl.exercises.ch02 import check_reinforce_loss
+from edurl.exercises.ch02 import check_reinforce_loss, check_reinforce_update
 from edurl.exercises.ch03 import check_baseline_losses
 from edurl.exercises.ch04 import check_gae
 from edurl.exercises.ch05 import check_clip_table
@@ -40,6 +42,7 @@ EXERCISES = {
     "discounted_returns": (1, check_discounted_returns, _ch01_solutions.discounted_returns),
     "bellman_backup": (1, check_bellman_backup, _ch01_solutions.bellman_backup),
     "reinforce_loss": (2, check_reinforce_loss, _ch02_solutions.reinforce_loss),
+    "reinforce_update": (2, check_reinforce_update, _ch02_solutions.reinforce_update),
     "baseline_losses": (3, check_baseline_losses, _ch03_solutions.baseline_losses),
     "gae": (4, check_gae, _ch04_solutions.gae),
     "clip_table": (5, check_clip_table, _ch05_solutions.clip_table),
@@ -48,6 +51,15 @@ EXERCISES = {
     "ppo_loss": (7, check_ppo_loss, _ch07_solutions.ppo_loss),
     "masked_datums": (7, check_masked_datums, _ch07_solutions.build_datums),
 }
+
+
+def hint(name: str, level: int = 1) -> str:
+    """Print (and return) hint ``level`` of exercise ``name``: 1 the idea, 2 the formula, 3 the code."""
+    if name not in EXERCISES:
+        raise KeyError(f"no exercise named {name!r}; the exercises are: {', '.join(sorted(EXERCISES))}.")
+    text = EXERCISES[name][1].hints.level(level)
+    print(text)
+    return text
 
 
 def show_solution(name: str) -> str:
@@ -66,9 +78,11 @@ __all__ = [
     "NOT_ATTEMPTED",
     "EXERCISES",
     "show_solution",
+    "hint",
     "check_discounted_returns",
     "check_bellman_backup",
     "check_reinforce_loss",
+    "check_reinforce_update",
     "check_baseline_losses",
     "check_gae",
     "check_clip_table",

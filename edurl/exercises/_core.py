@@ -9,6 +9,10 @@ the reference implementation, and returns a :class:`Verdict`:
 - ``"not attempted"``: the stub still raises ``NotImplementedError``. The notebook carries on
   with the reference.
 
+Help comes in three levels that the learner asks for, never unasked: ``verdict.hint(1)`` the idea,
+``verdict.hint(2)`` the formula, ``verdict.hint(3)`` the code of the worked solution. A failure message
+names the mistake when it recognises it, and shows the smallest failing case, but never the formula or the code.
+
 A learner's exception is caught and reported in one line with the line of their code that raised
 it; it never surfaces as a bare traceback.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +53,32 @@ class Diagnosis:
     hint: str
 
 
+@dataclass(frozen=True)
+class Hints:
+    """Three levels of help for one exercise, from least to most given away."""
+
+    idea: str
+    """Level 1: what the function must do and why, in words, with no formula."""
+    formula: str
+    """Level 2: the formula or the steps, in maths or pseudo-code."""
+    solution: Callable[..., Any]
+    """Level 3: the worked solution (in ``edurl/exercises/solutions/``), whose source is shown."""
+
+    def level(self, n: int) -> str:
+        if n not in (1, 2, 3):
+            raise ValueError(f"hint levels are 1 (the idea), 2 (the formula) and 3 (the code), got {n!r}.")
+        if n == 1:
+            return f"Hint 1 of 3 (the idea): {self.idea}"
+        if n == 2:
+            return f"Hint 2 of 3 (the formula): {self.formula}"
+        return "Hint 3 of 3 (the code of the worked solution):\n" + inspect.getsource(self.solution)
+
+
+ASK_FOR_HINTS = (
+    "Stuck? Ask for help one level at a time: verdict.hint(1) the idea, hint(2) the formula, hint(3) the code."
+)
+
+
 @dataclass
 class Verdict:
     """The result of a check. ``print(verdict)`` gives the readable report."""
@@ -60,6 +91,16 @@ class Verdict:
     case: str | None = None
     """Name of the first failing case, if any."""
     details: dict[str, str] = field(default_factory=dict)
+    hints: Hints | None = None
+    """The exercise's three levels of help; ``hint(n)`` prints level n."""
+
+    def hint(self, level: int = 1) -> str:
+        """Print (and return) hint ``level``: 1 the idea, 2 the formula, 3 the code of the worked solution."""
+        if self.hints is None:
+            raise ValueError(f"{self.exercise} has no hints.")
+        text = self.hints.level(level)
+        print(text)
+        return text
 
     @property
     def passed(self) -> bool:
@@ -177,7 +218,7 @@ def run_checker(
     cases: Sequence[Case],
     *,
     diagnoses: Sequence[Diagnosis] = (),
-    default_hint: str = "",
+    hints: Hints | None = None,
     compare: Callable[[Any, Any], str | None] = compare_tensors,
     wrap: Callable[[Callable], Callable] | None = None,
     verbose: bool = True,
@@ -188,13 +229,14 @@ def run_checker(
     its gradients); it is applied alike to the learner's function, the reference and the diagnoses.
     The verdict's ``implementation`` is always the unwrapped function.
     """
-    verdict = _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wrap or (lambda f: f))
+    verdict = _check(exercise, fn, reference, cases, diagnoses, compare, wrap or (lambda f: f))
+    verdict = dataclasses.replace(verdict, hints=hints)
     if verbose:
         print(verdict)
     return verdict
 
 
-def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wrap) -> Verdict:
+def _check(exercise, fn, reference, cases, diagnoses, compare, wrap) -> Verdict:
     def fail(case: Case, problem: str, got: Any = None, expected: Any = None, hint: str = "") -> Verdict:
         parts = [f"Case '{case.name}': {problem}"]
         details = {"inputs": "\n".join(f"{k} = {format_value(v)}" for k, v in case.kwargs.items())}
@@ -203,10 +245,10 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wra
             details["expected"], details["got"] = format_value(expected), format_value(got)
             parts.append("  expected:\n" + _indent(details["expected"]))
             parts.append("  got:\n" + _indent(details["got"]))
-        hint = hint or default_hint
         if hint:
-            parts.append(f"  hint: {hint}")
+            parts.append(f"  the likely mistake: {hint}")
         parts.append("  The notebook continues with the reference implementation; fix yours and run this cell again.")
+        parts.append("  " + ASK_FOR_HINTS)
         return Verdict(exercise, FAILED, "\n".join(parts), reference, case.name, details)
 
     if not callable(fn):
@@ -260,3 +302,13 @@ def _check(exercise, fn, reference, cases, diagnoses, default_hint, compare, wra
     return Verdict(
         exercise, PASSED, f"All {len(cases)} cases match the reference. The notebook now uses your implementation.", fn
     )
+
+
+def with_hints(hints: Hints) -> Callable[[Callable], Callable]:
+    """Attach an exercise's :class:`Hints` to its checker, so ``exercises.hint(name, level)`` finds them."""
+
+    def attach(checker: Callable) -> Callable:
+        checker.hints = hints
+        return checker
+
+    return attach

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from edurl.exercises._core import Case, Diagnosis, Verdict, run_checker
+from edurl.exercises._core import Case, Diagnosis, Hints, Verdict, run_checker, with_hints
+from edurl.exercises.solutions import ch01 as _solutions
 from edurl.rl.returns import discounted_returns as _ref_returns
 from edurl.rl.tabular import TabularMDP
 from edurl.rl.tabular import bellman_backup as _ref_backup
@@ -118,6 +119,19 @@ def _returns_cases() -> list[Case]:
     return cases
 
 
+_HINTS_DISCOUNTED_RETURNS = Hints(
+    idea=(
+        "The return from step t is the reward at t plus the discounted return from the next step, and nothing"
+        " after an episode's end counts. Walk through time from the last step to the first, carrying a "
+        "running sum that restarts at every done."
+    ),
+    formula="G_t = r_t + gamma * G_{t+1} * (1 - done_t), computed backwards in time; "
+    "return a tensor with the same shape and dtype as rewards.",
+    solution=_solutions.discounted_returns,
+)
+
+
+@with_hints(_HINTS_DISCOUNTED_RETURNS)
 def check_discounted_returns(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``discounted_returns(rewards, dones, gamma)`` on (T, N) rollouts."""
     return run_checker(
@@ -127,8 +141,7 @@ def check_discounted_returns(fn, *, verbose: bool = True) -> Verdict:
         _returns_cases(),
         diagnoses=_RETURNS_DIAGNOSES,
         verbose=verbose,
-        default_hint="G_t = r_t + gamma * G_{t+1} * (1 - done_t), computed backwards in time; "
-        "return a tensor with the same shape and dtype as rewards.",
+        hints=_HINTS_DISCOUNTED_RETURNS,
     )
 
 
@@ -246,6 +259,19 @@ def _backup_cases() -> list[Case]:
     return cases
 
 
+_HINTS_BELLMAN_BACKUP = Hints(
+    idea=(
+        "A state's new value is what the policy expects to collect from it: average over its actions, "
+        "weighted by the policy, of the immediate reward plus the discounted value of where the action leads,"
+        " averaged over the transition probabilities. Terminal states are worth nothing."
+    ),
+    formula="V'(s) = sum_a pi(a|s) [R(s,a) + gamma * sum_s' P(s'|s,a) V(s')], "
+    "with V(s') = 0 for terminal s' and V'(s) = 0 for terminal s.",
+    solution=_solutions.bellman_backup,
+)
+
+
+@with_hints(_HINTS_BELLMAN_BACKUP)
 def check_bellman_backup(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``bellman_backup(V, policy, mdp, gamma)`` (one sweep of policy evaluation)."""
     return run_checker(
@@ -255,6 +281,5 @@ def check_bellman_backup(fn, *, verbose: bool = True) -> Verdict:
         _backup_cases(),
         diagnoses=_BACKUP_DIAGNOSES,
         verbose=verbose,
-        default_hint="V'(s) = sum_a pi(a|s) [R(s,a) + gamma * sum_s' P(s'|s,a) V(s')], "
-        "with V(s') = 0 for terminal s' and V'(s) = 0 for terminal s.",
+        hints=_HINTS_BELLMAN_BACKUP,
     )

@@ -1,14 +1,35 @@
-"""Checker for Chapter 2's exercise: the REINFORCE loss with return normalisation (2.1)."""
+"""Checkers for Chapter 2's exercises: the REINFORCE loss with return normalisation (2.1), and the whole
+REINFORCE update (2.2), run beside the library's for a few updates from the same seed."""
 
 from __future__ import annotations
 
+import copy
+
+import gymnasium as gym
 import torch
 
-from edurl.exercises._core import Case, Diagnosis, Verdict, compare_outputs, run_checker
+from edurl.exercises._core import (
+    ASK_FOR_HINTS,
+    FAILED,
+    NOT_ATTEMPTED,
+    PASSED,
+    Case,
+    Diagnosis,
+    Hints,
+    Verdict,
+    _where_it_raised,
+    compare_outputs,
+    run_checker,
+    with_hints,
+)
 from edurl.exercises._grad import with_gradients
+from edurl.exercises.solutions import ch02 as _solutions
+from edurl.rl.networks import CategoricalPolicy
 from edurl.rl.reinforce import reinforce_loss as _library_loss
+from edurl.rl.reinforce import reinforce_update as _library_update
+from edurl.rl.returns import discounted_returns
 
-__all__ = ["check_reinforce_loss"]
+__all__ = ["check_reinforce_loss", "check_reinforce_update"]
 
 
 def _reference(logprobs, returns):
@@ -81,6 +102,18 @@ def _cases() -> list[Case]:
     return cases
 
 
+_HINTS_REINFORCE_LOSS = Hints(
+    idea=(
+        "Push up the log-probability of each action in proportion to how good its return was compared with "
+        "the rest of the batch. Standardise the returns so the step size does not depend on their scale, keep"
+        " them out of the gradient, and remember that an optimiser minimises."
+    ),
+    formula="loss = -mean(logprobs * (G - G.mean()) / (G.std() + 1e-8)), with no gradient through the returns.",
+    solution=_solutions.reinforce_loss,
+)
+
+
+@with_hints(_HINTS_REINFORCE_LOSS)
 def check_reinforce_loss(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``reinforce_loss(logprobs, returns)``: its value and its gradient."""
     return run_checker(
@@ -92,6 +125,178 @@ def check_reinforce_loss(fn, *, verbose: bool = True) -> Verdict:
         wrap=with_gradients(["loss"], [("loss", 0)]),
         compare=compare_outputs(["loss", "d loss / d logprobs"], rtol=1e-4, atol=1e-6),
         verbose=verbose,
-        default_hint="loss = -mean(logprobs * (G - G.mean()) / (G.std() + 1e-8)), "
-        "with no gradient through the returns.",
+        hints=_HINTS_REINFORCE_LOSS,
+    )
+
+
+# ---------------------------------------------------------------- 2.2 the whole update
+
+_UPDATES, _ENVS, _GAMMA = 3, 4, 0.99
+
+
+def _update_losses(policy, batch, gamma: float) -> dict[str, float]:
+    """The losses that common mistakes compute from the same episodes, with the pre-update ``policy``."""
+    returns = discounted_returns(batch.rewards, batch.dones, gamma)  # (T, N)
+    m = batch.mask
+    with torch.no_grad():
+        logprobs_all = policy(batch.obs.flatten(0, 1)).log_prob(batch.actions.flatten()).view_as(returns)
+    lp, G = logprobs_all[m], returns[m]
+    totals = batch.rewards.sum(0, keepdim=True).expand_as(returns)  # each episode's whole return, at every step
+    undiscounted = discounted_returns(batch.rewards, batch.dones, 1.0)
+    return {
+        "every step is weighted by its episode's *whole* return. Use the reward-to-go G_t from "
+        "discounted_returns: an action cannot change the rewards that came before it.": float(
+            _reference(lp, totals[m])
+        ),
+        "the returns are not discounted: pass gamma to discounted_returns.": float(_reference(lp, undiscounted[m])),
+        "the padded steps after each episode's end are in the loss: keep only batch.mask's steps.": float(
+            _reference(logprobs_all.flatten(), returns.flatten())
+        ),
+        "the sign is flipped: the loss is the *negative* of mean(log pi * G-hat).": float(-_reference(lp, G)),
+        "the returns are not normalised: the loss of exercise 2.1 standardises them.": float(
+            _library_loss(lp, G, normalize_advantages=False)
+        ),
+    }
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-4 * abs(b) + 1e-7
+
+
+def _params(policy) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in policy.parameters()]
+
+
+def _setup(seed: int = 0):
+    torch.manual_seed(seed)
+    policy = CategoricalPolicy(4, 2, (16,))
+    # a policy far from uniform, so that losses built from different weights differ clearly
+    torch.nn.init.orthogonal_(policy.net[-1].weight, gain=2.0)
+    return policy, torch.optim.Adam(policy.parameters(), lr=0.01), [gym.make("CartPole-v1") for _ in range(_ENVS)]
+
+
+_HINTS_REINFORCE_UPDATE = Hints(
+    idea=(
+        "Four steps, each one a function you have already met: play one fresh episode per env with the current "
+        "policy, compute every step's reward-to-go, form exercise 2.1's loss on the real (unpadded) steps only, "
+        "and take one optimizer step on it."
+    ),
+    formula=(
+        "batch = collect_episodes(envs, policy.act, device, seeds=seeds); G = discounted_returns(batch.rewards, "
+        "batch.dones, gamma); keep the steps where batch.mask is True; loss = reinforce_loss(log pi(a_t | s_t), "
+        "G_t); zero the gradients, backward, step; return (batch, loss)."
+    ),
+    solution=_solutions.reinforce_update,
+)
+
+
+@with_hints(_HINTS_REINFORCE_UPDATE)
+def check_reinforce_update(fn, *, verbose: bool = True) -> Verdict:
+    """Run a learner's ``reinforce_update(policy, optimizer, envs, seeds, gamma, device) -> (batch, loss)`` beside
+    the library's for three updates from the same seed and weights, and compare, after each update, the
+    episodes, the loss and the parameters; the first that differs is named."""
+    verdict = _check_update(fn)
+    if verdict.status == FAILED:
+        verdict.message += "\n  The notebook continues with the reference update; fix yours and run this cell again."
+        verdict.message += "\n  " + ASK_FOR_HINTS
+    verdict.hints = _HINTS_REINFORCE_UPDATE
+    if verbose:
+        print(verdict)
+    return verdict
+
+
+def _check_update(fn) -> Verdict:
+    name = "Exercise 2.2 reinforce_update"
+    if not callable(fn):
+        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", _library_update)
+    device = torch.device("cpu")
+    ref_policy, ref_opt, ref_envs = _setup()
+    policy, opt, envs = _setup()
+    for k in range(_UPDATES):
+        seeds = [100 * k + i for i in range(_ENVS)]
+        before = copy.deepcopy(ref_policy)
+        start = _params(policy)
+        torch.manual_seed(1000 + k)  # the same sampling noise for both
+        ref_batch, ref_loss = _library_update(ref_policy, ref_opt, ref_envs, seeds, _GAMMA, device)
+        torch.manual_seed(1000 + k)
+        where = f"Update {k + 1} of {_UPDATES}"
+        try:
+            out = fn(policy, opt, envs, seeds, _GAMMA, device)
+        except NotImplementedError as err:
+            if k == 0:
+                return Verdict(
+                    name,
+                    NOT_ATTEMPTED,
+                    "Your function still raises NotImplementedError. Fill in the body and run this cell again; "
+                    "until then the notebook uses the reference update.",
+                    _library_update,
+                )
+            return Verdict(
+                name, FAILED, f"{where}: raised NotImplementedError{_where_it_raised(err)}.", _library_update
+            )
+        except Exception as err:  # a learner's bug is reported, never re-raised
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: your function raised {type(err).__name__}{_where_it_raised(err)}: {err}",
+                _library_update,
+            )
+        if not (isinstance(out, tuple) and len(out) == 2):
+            got = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, tuple) else "")
+            return Verdict(name, FAILED, f"{where}: expected (batch, loss), got {got}.", _library_update)
+        batch, loss = out
+        if not hasattr(batch, "obs") or not hasattr(batch, "mask"):
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: the first thing returned should be the EpisodeBatch from collect_episodes, got "
+                f"{type(batch).__name__}.",
+                _library_update,
+            )
+        if batch.obs.shape != ref_batch.obs.shape or not torch.equal(batch.obs, ref_batch.obs):
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: the episodes differ from the reference's (observations of shape "
+                f"{tuple(batch.obs.shape)}, expected {tuple(ref_batch.obs.shape)} with the same values). Play one "
+                "episode per env with the policy's sampled actions, resetting env i with seeds[i].",
+                _library_update,
+            )
+        expected, got = float(ref_loss.detach()), float(torch.as_tensor(loss).detach())
+        if not _close(got, expected):
+            mistake = next(
+                (m for m, v in _update_losses(before, ref_batch, _GAMMA).items() if _close(got, v)),
+                None,
+            )
+            text = f"{where}: on the same episodes your loss is {got:.6g}, the reference's {expected:.6g}."
+            if mistake:
+                text += f"\n  the likely mistake: {mistake}"
+            return Verdict(name, FAILED, text, _library_update)
+        now = _params(policy)
+        if all(torch.equal(a, b) for a, b in zip(now, start)):
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: the loss is right but the parameters did not change: take the step.",
+                _library_update,
+            )
+        if not all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(now, _params(ref_policy))):
+            why = (
+                "the gradients of the earlier updates were added to this one's: zero them before backward()."
+                if k > 0
+                else "one update is one optimizer step on this loss's gradient."
+            )
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: the loss is right but the parameters after the step differ from the reference's.\n"
+                f"  the likely mistake: {why}",
+                _library_update,
+            )
+    return Verdict(
+        name,
+        PASSED,
+        f"{_UPDATES} updates match the reference: episodes, loss and parameters. The notebook now trains with "
+        "your update.",
+        fn,
     )

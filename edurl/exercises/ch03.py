@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from edurl.exercises._core import Case, Diagnosis, Verdict, compare_outputs, run_checker
+from edurl.exercises._core import Case, Diagnosis, Hints, Verdict, compare_outputs, run_checker, with_hints
 from edurl.exercises._grad import with_gradients
+from edurl.exercises.solutions import ch03 as _solutions
 
 __all__ = ["check_baseline_losses", "baseline_losses"]
 
@@ -68,6 +69,19 @@ def _cases() -> list[Case]:
     return cases
 
 
+_HINTS_BASELINE_LOSSES = Hints(
+    idea=(
+        "Two losses. The policy's weights each log-probability by the advantage, how much better the return "
+        "was than the critic's guess, held fixed so no gradient reaches the critic through it. The critic's "
+        "is a regression of its value onto the observed return."
+    ),
+    formula="policy_loss = -mean(logprobs * (returns - values).detach()); "
+    "value_loss = 0.5 * mean((values - returns)**2).",
+    solution=_solutions.baseline_losses,
+)
+
+
+@with_hints(_HINTS_BASELINE_LOSSES)
 def check_baseline_losses(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``baseline_losses(logprobs, returns, values) -> (policy_loss, value_loss)``, with gradients."""
     return run_checker(
@@ -89,6 +103,5 @@ def check_baseline_losses(fn, *, verbose: bool = True) -> Verdict:
             atol=1e-6,
         ),
         verbose=verbose,
-        default_hint="policy_loss = -mean(logprobs * (returns - values).detach()); "
-        "value_loss = 0.5 * mean((values - returns)**2).",
+        hints=_HINTS_BASELINE_LOSSES,
     )

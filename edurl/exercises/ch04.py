@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from edurl.exercises._core import Case, Diagnosis, Verdict, compare_outputs, run_checker
+from edurl.exercises._core import Case, Diagnosis, Hints, Verdict, compare_outputs, run_checker, with_hints
+from edurl.exercises.solutions import ch04 as _solutions
 from edurl.rl.advantages import gae as _reference
 
 __all__ = ["check_gae"]
@@ -154,6 +155,20 @@ def _cases() -> list[Case]:
     return cases
 
 
+_HINTS_GAE = Hints(
+    idea=(
+        "First each step's one-step TD error, bootstrapping from the next state's value unless the episode "
+        "terminated there. Then sum the TD errors backwards in time, each step discounted by gamma * lambda, "
+        "restarting wherever an episode ended. The value targets are the advantages plus the values."
+    ),
+    formula="delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t); "
+    "A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}, backwards; "
+    "returns = A + values.",
+    solution=_solutions.gae,
+)
+
+
+@with_hints(_HINTS_GAE)
 def check_gae(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``gae(rewards, values, next_values, terminated, truncated, gamma, lam)``."""
     return run_checker(
@@ -164,7 +179,5 @@ def check_gae(fn, *, verbose: bool = True) -> Verdict:
         diagnoses=_DIAGNOSES,
         compare=compare_outputs(["advantages", "returns"], rtol=1e-5, atol=1e-5),
         verbose=verbose,
-        default_hint="delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t); "
-        "A_t = delta_t + gamma * lam * (1 - done_t) * A_{t+1}, backwards; "
-        "returns = A + values.",
+        hints=_HINTS_GAE,
     )

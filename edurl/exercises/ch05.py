@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Verdict
+import dataclasses
+
+from edurl.exercises._core import ASK_FOR_HINTS, FAILED, NOT_ATTEMPTED, PASSED, Hints, Verdict, with_hints
+from edurl.exercises.solutions import ch05 as _solutions
 from edurl.rl.clip_explorer import clip_case
 
 __all__ = ["check_clip_table", "CLIP_TABLE_CASES", "reference_clip_table"]
@@ -28,11 +31,28 @@ def reference_clip_table() -> dict:
     return table
 
 
+_HINTS_CLIP_TABLE = Hints(
+    idea=(
+        "In each row, work out both terms of the min at the row's ratio and advantage, see which one is smaller, "
+        "and ask whether that term still changes when r changes."
+    ),
+    formula=(
+        "L(r) = min(r * A, clip(r, 1 - eps, 1 + eps) * A); min() takes the smaller value (also when both are "
+        "negative), and d/dr clip(r) = 0 outside [1 - eps, 1 + eps]."
+    ),
+    solution=_solutions.clip_table,
+)
+
+
+@with_hints(_HINTS_CLIP_TABLE)
 def check_clip_table(table, *, verbose: bool = True) -> Verdict:
     """Check a learner's clip-case table: for each (sign of A, ratio region), which term min() picks
     ("unclipped", "clipped", or "both" when they are equal) and whether the gradient is zero."""
     reference = reference_clip_table()
     verdict = _check(table, reference)
+    if verdict.status == FAILED:
+        verdict = dataclasses.replace(verdict, message=verdict.message + "\n  " + ASK_FOR_HINTS)
+    verdict = dataclasses.replace(verdict, hints=_HINTS_CLIP_TABLE)
     if verbose:
         print(verdict)
     return verdict

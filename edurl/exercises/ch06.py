@@ -8,10 +8,13 @@ from edurl.exercises._core import (
     Case,
     CheckFailure,
     Diagnosis,
+    Hints,
     Verdict,
     compare_outputs,
     run_checker,
+    with_hints,
 )
+from edurl.exercises.solutions import ch06 as _solutions
 from edurl.llm.datum import DATUM_FIELDS, Datum, ModelInput
 from edurl.llm.datum import build_datum as _reference
 
@@ -134,6 +137,20 @@ def _cases() -> list[Case]:
     return cases
 
 
+_HINTS_BUILD_DATUM = Hints(
+    idea=(
+        "The model reads every token but the last and predicts every token but the first. Only the "
+        "predictions of completion tokens are actions: they carry the sampled log-probs, the advantage and "
+        "mask 1. The predictions of prompt tokens carry zeros."
+    ),
+    formula="tokens = prompt + completion; model_input = tokens[:-1]; target_tokens = "
+    "tokens[1:]; logprobs, advantages and mask are 0 on the len(prompt) - 1 "
+    "prompt targets, then the sampled log-probs, A, and 1.",
+    solution=_solutions.build_datum,
+)
+
+
+@with_hints(_HINTS_BUILD_DATUM)
 def check_build_datum(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``build_datum(prompt_tokens, completion_tokens, sampling_logprobs, advantage)``."""
     return run_checker(
@@ -145,7 +162,5 @@ def check_build_datum(fn, *, verbose: bool = True) -> Verdict:
         compare=compare_outputs(_NAMES, rtol=1e-6, atol=1e-6),
         wrap=_as_tuple,
         verbose=verbose,
-        default_hint="tokens = prompt + completion; model_input = tokens[:-1]; target_tokens = "
-        "tokens[1:]; logprobs, advantages and mask are 0 on the len(prompt) - 1 "
-        "prompt targets, then the sampled log-probs, A, and 1.",
+        hints=_HINTS_BUILD_DATUM,
     )

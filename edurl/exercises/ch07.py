@@ -9,12 +9,15 @@ from edurl.exercises._core import (
     Case,
     CheckFailure,
     Diagnosis,
+    Hints,
     Verdict,
     compare_outputs,
     compare_tensors,
     run_checker,
+    with_hints,
 )
 from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unmasked_prompt
+from edurl.exercises.solutions import ch07 as _solutions
 from edurl.llm.datum import DATUM_FIELDS, Datum
 from edurl.llm.datum import build_datum as _library_build_datum
 from edurl.llm.losses import group_advantages as _library_group_advantages
@@ -116,6 +119,19 @@ def _group_advantages_cases() -> list[Case]:
     ]
 
 
+_HINTS_GROUP_ADVANTAGES = Hints(
+    idea=(
+        "Each row is one prompt's group of completions. A completion's advantage is how much better its "
+        "reward is than what its own group got on average, and a group that all got the same reward teaches "
+        "nothing."
+    ),
+    formula="A = rewards - rewards.mean(dim=1, keepdim=True): row p is prompt p's group of "
+    "G completions; no division by the std.",
+    solution=_solutions.group_advantages,
+)
+
+
+@with_hints(_HINTS_GROUP_ADVANTAGES)
 def check_group_advantages(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``group_advantages(rewards)``: (P, G) rewards -> (P, G) rewards minus each group's mean."""
     return run_checker(
@@ -126,8 +142,7 @@ def check_group_advantages(fn, *, verbose: bool = True) -> Verdict:
         diagnoses=_GROUP_ADVANTAGES_DIAGNOSES,
         compare=lambda got, expected: compare_tensors(got, expected, rtol=1e-5, atol=1e-6),
         verbose=verbose,
-        default_hint="A = rewards - rewards.mean(dim=1, keepdim=True): row p is prompt p's group of "
-        "G completions; no division by the std.",
+        hints=_HINTS_GROUP_ADVANTAGES,
     )
 
 
@@ -344,6 +359,18 @@ def _ppo_cases() -> list[Case]:
     return cases
 
 
+_HINTS_PPO_LOSS = Hints(
+    idea=(
+        "Per token, the ratio of the new policy's probability to the sampler's. Of the plain and the clipped "
+        "objective take the more pessimistic one, keep one value per token, and negate it for the optimiser."
+    ),
+    formula="r = exp(train_logprobs - sampling_logprobs); loss = -min(r * A, clamp(r, clip_low_threshold, "
+    "clip_high_threshold) * A), one value per token, with the gradient flowing through r.",
+    solution=_solutions.ppo_loss,
+)
+
+
+@with_hints(_HINTS_PPO_LOSS)
 def check_ppo_loss(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's per-token ``ppo_loss(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8,
     clip_high_threshold=1.2)``: its values and its gradient with respect to ``train_logprobs``."""
@@ -356,8 +383,7 @@ def check_ppo_loss(fn, *, verbose: bool = True) -> Verdict:
         wrap=_per_token_loss_and_grad,
         compare=compare_outputs(["per-token loss", "d loss / d train_logprobs"], rtol=1e-4, atol=1e-6),
         verbose=verbose,
-        default_hint="r = exp(train_logprobs - sampling_logprobs); loss = -min(r * A, clamp(r, clip_low_threshold, "
-        "clip_high_threshold) * A), one value per token, with the gradient flowing through r.",
+        hints=_HINTS_PPO_LOSS,
     )
 
 
@@ -524,6 +550,17 @@ def _datums_cases() -> list[Case]:
     return cases
 
 
+_HINTS_BUILD_DATUMS = Hints(
+    idea="One datum per completion, exactly as in exercise 6.1, each carrying its own completion's advantage.",
+    formula="for completion i: tokens = prompt + completion; model_input = tokens[:-1]; "
+    "target_tokens = tokens[1:]; train_logprobs, advantages and mask are 0 on the "
+    "len(prompt) - 1 prompt targets, then the sampled log-probs, advantages[i], "
+    "and 1.",
+    solution=_solutions.build_datums,
+)
+
+
+@with_hints(_HINTS_BUILD_DATUMS)
 def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``build_datums(prompt_tokens, completions, advantages)``: one masked Datum per completion
     of a group, ``completions`` being (tokens, sampling_logprobs) pairs and ``advantages`` one float each."""
@@ -536,8 +573,5 @@ def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
         compare=_compare_datums,
         wrap=_datums_as_rows,
         verbose=verbose,
-        default_hint="for completion i: tokens = prompt + completion; model_input = tokens[:-1]; "
-        "target_tokens = tokens[1:]; train_logprobs, advantages and mask are 0 on the "
-        "len(prompt) - 1 prompt targets, then the sampled log-probs, advantages[i], "
-        "and 1.",
+        hints=_HINTS_BUILD_DATUMS,
     )

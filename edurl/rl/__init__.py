@@ -13,7 +13,7 @@ from edurl.rl.advantages import gae, td_errors
 from edurl.rl.episodes import TrainResult, solved_at
 from edurl.rl.networks import CategoricalPolicy, ValueNet, mlp
 from edurl.rl.ppo import PPOConfig, ppo_diagnostics, train_ppo
-from edurl.rl.reinforce import ReinforceConfig, reinforce_loss, train_reinforce
+from edurl.rl.reinforce import ReinforceConfig, reinforce_loss, reinforce_update, train_reinforce
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, Rollout, collect_episodes, collect_rollout, evaluate_policy, make_vector_env
 from edurl.rl.tabular import (
@@ -54,6 +54,7 @@ __all__ = [
     "TrainResult",
     "ReinforceConfig",
     "reinforce_loss",
+    "reinforce_update",
     "train_reinforce",
     "A2CConfig",
     "train_a2c",

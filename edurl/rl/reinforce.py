@@ -21,10 +21,10 @@ from edurl.metrics import MetricsLogger
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
-from edurl.rl.rollout import collect_episodes
+from edurl.rl.rollout import EpisodeBatch, collect_episodes
 from edurl.utils import progress, torch_threads
 
-__all__ = ["ReinforceConfig", "reinforce_loss", "train_reinforce"]
+__all__ = ["ReinforceConfig", "reinforce_loss", "reinforce_update", "train_reinforce"]
 
 
 @dataclass
@@ -76,20 +76,79 @@ def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize_adva
     return -(logprobs * weights).mean()
 
 
-def train_reinforce(config: ReinforceConfig, loss_fn=None) -> TrainResult:
+@torch.no_grad()
+def _entropy_after(policy: CategoricalPolicy, batch: EpisodeBatch) -> float:
+    """Mean entropy of the (updated) policy on the batch's real states."""
+    return policy(batch.obs[batch.mask]).entropy().mean().item()
+
+
+def reinforce_update(
+    policy: CategoricalPolicy,
+    optimizer: torch.optim.Optimizer,
+    envs: list[gym.Env],
+    seeds: list[int],
+    gamma: float,
+    device: torch.device,
+    *,
+    loss_fn=None,
+    normalize_advantages: bool = True,
+    value: ValueNet | None = None,
+    value_optimizer: torch.optim.Optimizer | None = None,
+) -> tuple[EpisodeBatch, torch.Tensor]:
+    """One REINFORCE update, the whole algorithm once: returns (the episodes, the loss).
+
+    1. play one fresh episode in each env (env i reset with ``seeds[i]``) with the current policy;
+    2. the reward-to-go G_t of every step (Chapter 1), then keep the real steps (padding has mask 0);
+    3. the surrogate loss -mean(log pi(a_t | s_t) * weight_t) (exercise 2.1);
+    4. one optimizer step on it.
+
+    Exercise 2.2 is this function with its first six arguments. The keyword arguments are what
+    ``train_reinforce`` adds: ``loss_fn(logprobs, weights)`` instead of ``reinforce_loss``, and a learned
+    baseline (Chapter 3): ``value`` regresses on G_t with ``value_optimizer`` and the weights become G_t - V(s_t).
+    """
+    batch = collect_episodes(envs, policy.act, device, seeds=seeds)  # 1. (T, N) tensors, padded
+    returns = discounted_returns(batch.rewards, batch.dones, gamma)  # 2. (T, N)
+    obs, actions, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]  # (B, ...)
+    weights = G
+    if value is not None:
+        # Baseline: weights G_t - V(s_t); V regresses on G_t (Chapter 3).
+        v = value(obs)
+        value_loss = 0.5 * ((v - G) ** 2).mean()
+        value_optimizer.zero_grad()
+        value_loss.backward()
+        value_optimizer.step()
+        weights = G - v.detach()
+    logprobs = policy(obs).log_prob(actions)  # 3. (B,), with gradient
+    loss = loss_fn(logprobs, weights) if loss_fn else reinforce_loss(logprobs, weights, normalize_advantages)
+    optimizer.zero_grad()  # 4. (without it, gradients of earlier updates would add up)
+    loss.backward()
+    optimizer.step()
+    return batch, loss
+
+
+def train_reinforce(config: ReinforceConfig, loss_fn=None, update_fn=None) -> TrainResult:
     """Train a policy with REINFORCE until solved (or ``max_episodes``). See ``ReinforceConfig``.
 
     ``loss_fn(logprobs, weights) -> scalar`` replaces the surrogate loss, e.g. with your own from
     exercise 2.1 (it should normalise the weights itself). By default it is ``reinforce_loss`` with
     ``config.normalize_advantages``.
+
+    ``update_fn(policy, optimizer, envs, seeds, gamma, device) -> (batch, loss)`` replaces the whole
+    update, e.g. with your own from exercise 2.2; it has no learned baseline, so it needs
+    ``baseline="none"``, and it computes its own loss, so it cannot be given with ``loss_fn``.
     """
-    if config.baseline not in ("none", "value"):
-        raise ValueError(f"baseline must be 'none' or 'value', got {config.baseline!r}.")
+    if update_fn is not None and config.baseline != "none":
+        raise ValueError(
+            f"update_fn replaces the whole update, which has no learned baseline, but baseline={config.baseline!r}: "
+            "use ReinforceConfig(baseline='none') with update_fn."
+        )
+    if update_fn is not None and loss_fn is not None:
+        raise ValueError("update_fn computes its own loss: pass update_fn or loss_fn, not both.")
     with torch_threads(config.num_threads, config.device):
-        return _train(config, loss_fn)
+        return _train(config, loss_fn, update_fn)
 
 
-def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
+def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
     log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
@@ -106,28 +165,23 @@ def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
     env_steps = 0
     bar = progress(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
     while len(log) < config.max_episodes:
-        # 1. Sample fresh episodes with the current policy.
         first_seed = config.seed * 1_000_003 + len(log)
-        batch = collect_episodes(envs, policy.act, device, seeds=[first_seed + i for i in range(len(envs))])
-        # 2. Reward-to-go for every real step (padding has reward 0 and sits after a done).
-        returns = discounted_returns(batch.rewards, batch.dones, config.gamma)  # (T, N)
-        obs, acts, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]  # (B, ...)
-        weights = G
-        if value is not None:
-            # Baseline: weights G_t - V(s_t); V regresses on G_t (Chapter 3).
-            v = value(obs)
-            value_loss = 0.5 * ((v - G) ** 2).mean()
-            value_opt.zero_grad()
-            value_loss.backward()
-            value_opt.step()
-            weights = G - v.detach()
-        # 3. One gradient step on the surrogate loss.
-        dist = policy(obs)
-        logprobs = dist.log_prob(acts)
-        loss = loss_fn(logprobs, weights) if loss_fn else reinforce_loss(logprobs, weights, config.normalize_advantages)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        seeds = [first_seed + i for i in range(len(envs))]
+        if update_fn is not None:
+            batch, loss = update_fn(policy, optimizer, envs, seeds, config.gamma, device)
+        else:
+            batch, loss = reinforce_update(
+                policy,
+                optimizer,
+                envs,
+                seeds,
+                config.gamma,
+                device,
+                loss_fn=loss_fn,
+                normalize_advantages=config.normalize_advantages,
+                value=value,
+                value_optimizer=value_opt,
+            )
 
         env_steps += int(batch.mask.sum())
         log.add(batch.episode_returns.tolist(), batch.lengths.tolist(), env_steps)
@@ -137,8 +191,8 @@ def _train(config: ReinforceConfig, loss_fn) -> TrainResult:
                 **{
                     "episodes": len(log),
                     "env/episode_return_mean": float(batch.episode_returns.mean()),
-                    "optim/policy_loss": loss.item(),
-                    "optim/entropy": dist.entropy().mean().item(),
+                    "optim/policy_loss": float(loss),
+                    "optim/entropy": _entropy_after(policy, batch),
                     "time/total": log.elapsed(),
                 },
             )

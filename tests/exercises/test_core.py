@@ -72,9 +72,9 @@ def test_in_place_mutation_is_caught():
 
 def test_diagnosis_hint_is_shown_when_output_matches_a_known_bug():
     verdict = check(lambda x: 3 * x, diagnoses=[Diagnosis(lambda x: 3 * x, "you tripled it")])
-    assert "hint: you tripled it" in verdict.message
-    verdict = check(lambda x: 4 * x, diagnoses=[Diagnosis(lambda x: 3 * x, "you tripled it")], default_hint="double")
-    assert "hint: double" in verdict.message
+    assert "the likely mistake: you tripled it" in verdict.message
+    verdict = check(lambda x: 4 * x, diagnoses=[Diagnosis(lambda x: 3 * x, "you tripled it")])
+    assert "likely mistake" not in verdict.message and "verdict.hint(1)" in verdict.message
 
 
 def test_not_callable():
@@ -91,3 +91,50 @@ def test_compare_tensors_nan_equal_and_none():
     nan = torch.tensor([np.nan, 1.0])
     assert compare_tensors(nan.clone(), nan) is None
     assert compare_tensors(torch.tensor([1.0]), torch.tensor([1.0])) is None
+
+
+def test_hints_come_in_three_levels_and_only_when_asked(capsys):
+    import pytest
+
+    from edurl.exercises._core import Hints
+
+    hints = Hints(idea="twice as much", formula="y = 2 * x", solution=double)
+    verdict = check(lambda x: 3 * x, hints=hints)
+    assert "twice as much" not in verdict.message and "y = 2 * x" not in verdict.message
+    assert "verdict.hint(1)" in verdict.message
+    assert verdict.hint(1) == "Hint 1 of 3 (the idea): twice as much"
+    assert verdict.hint(2) == "Hint 2 of 3 (the formula): y = 2 * x"
+    assert "return 2 * x" in verdict.hint(3) and "return 2 * x" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="hint levels are 1"):
+        verdict.hint(4)
+
+
+def test_the_leak_detector_catches_a_message_that_prints_the_solution():
+    import pytest
+
+    from edurl.exercises._core import Hints
+    from tests.exercises.conftest import assert_gives_nothing_away
+
+    def solution(x):
+        doubled_values = x * 2.0 + 0.0
+        return doubled_values
+
+    hints = Hints(idea="twice", formula="y = 2x", solution=solution)
+    leaky = check(
+        lambda x: 3 * x, hints=hints, diagnoses=[Diagnosis(lambda x: 3 * x, "write doubled_values = x * 2.0 + 0.0")]
+    )
+    with pytest.raises(AssertionError, match="prints the solution's line"):
+        assert_gives_nothing_away(leaky)
+    formula = check(lambda x: 3 * x, hints=hints, diagnoses=[Diagnosis(lambda x: 3 * x, "y = 2x")])
+    with pytest.raises(AssertionError, match="prints the formula"):
+        assert_gives_nothing_away(formula)
+    assert_gives_nothing_away(check(lambda x: 3 * x, hints=hints))
+
+
+def test_every_exercise_has_three_levels_of_help():
+    from edurl import exercises
+
+    for name, (_, checker, solution) in exercises.EXERCISES.items():
+        assert checker.hints.solution is solution, name
+        assert len(checker.hints.idea) > 40 and checker.hints.formula, name
+        assert exercises.hint(name, 3).endswith(exercises.show_solution(name)), name

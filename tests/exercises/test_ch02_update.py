@@ -1,0 +1,106 @@
+"""Exercise 2.2: the whole REINFORCE update, checked beside the library's; each realistic bug is named."""
+
+import pytest
+import torch
+
+from edurl import exercises
+from edurl.exercises import NOT_ATTEMPTED, PASSED
+from edurl.exercises.solutions import ch02
+from edurl.rl import collect_episodes, discounted_returns, reinforce_loss, reinforce_update
+
+from .conftest import assert_rejected
+
+
+def _update(weights_of, *, zero_grad=True, seeds_used=True, mask=True, step=True):
+    """A learner's update with one knob per realistic mistake; the defaults are right."""
+
+    def update(policy, optimizer, envs, seeds, gamma, device):
+        batch = collect_episodes(envs, policy.act, device, seeds=seeds if seeds_used else None)
+        returns = weights_of(batch, gamma)
+        if mask:
+            obs, actions, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]
+        else:
+            obs, actions, G = batch.obs.flatten(0, 1), batch.actions.flatten(), returns.flatten()
+        loss = reinforce_loss(policy(obs).log_prob(actions), G)
+        if zero_grad:
+            optimizer.zero_grad()
+        loss.backward()
+        if step:
+            optimizer.step()
+        return batch, loss
+
+    return update
+
+
+def reward_to_go(batch, gamma):
+    return discounted_returns(batch.rewards, batch.dones, gamma)
+
+
+def whole_return(batch, gamma):
+    return batch.rewards.sum(0, keepdim=True).expand_as(batch.rewards)
+
+
+def undiscounted(batch, gamma):
+    return discounted_returns(batch.rewards, batch.dones, 1.0)
+
+
+def ascent(policy, optimizer, envs, seeds, gamma, device):
+    batch, loss = _update(reward_to_go, step=False)(policy, optimizer, envs, seeds, gamma, device)
+    for p in policy.parameters():  # "gradient ascent" by hand: one SGD step the wrong way
+        p.data.add_(p.grad, alpha=0.01)
+    return batch, loss
+
+
+@pytest.mark.parametrize("fn", [reinforce_update, ch02.reinforce_update, _update(reward_to_go)])
+def test_reinforce_update_checker_passes(fn):
+    verdict = exercises.check_reinforce_update(fn, verbose=False)
+    assert verdict.status == PASSED and verdict.implementation is fn, verdict.message
+
+
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (_update(reward_to_go, zero_grad=False), "zero them before backward()"),
+        (_update(whole_return), "episode's *whole* return"),
+        (_update(undiscounted), "not discounted"),
+        (_update(reward_to_go, mask=False), "padded steps"),
+        (_update(reward_to_go, seeds_used=False), "resetting env i with seeds[i]"),
+        (_update(reward_to_go, step=False), "did not change: take the step"),
+        (ascent, "parameters after the step differ"),
+        (lambda policy, optimizer, envs, seeds, gamma, device: None, "expected (batch, loss), got NoneType"),
+    ],
+)
+def test_reinforce_update_checker_rejects(buggy, message):
+    verdict = assert_rejected(exercises.check_reinforce_update, buggy, message)
+    assert verdict.implementation is reinforce_update
+
+
+def test_reinforce_update_stub_and_crash():
+    def stub(*args):
+        raise NotImplementedError
+
+    assert exercises.check_reinforce_update(stub, verbose=False).status == NOT_ATTEMPTED
+
+    def crash(policy, optimizer, envs, seeds, gamma, device):
+        return torch.zeros(2) @ torch.zeros(3)
+
+    verdict = exercises.check_reinforce_update(crash, verbose=False)
+    assert verdict.status == "failed" and "RuntimeError" in verdict.message and "torch.zeros(2) @" in verdict.message
+
+
+def test_train_reinforce_runs_a_learners_update_and_refuses_what_it_cannot_use():
+    from edurl.rl import ReinforceConfig, train_reinforce
+
+    calls = []
+
+    def mine(*args):
+        calls.append(1)
+        return reinforce_update(*args)
+
+    config = ReinforceConfig(seed=1, max_episodes=32, progress=False)
+    ours, theirs = train_reinforce(config, update_fn=mine), train_reinforce(config)
+    assert len(calls) == 4 and ours.episodes["episode_return"].tolist() == theirs.episodes["episode_return"].tolist()
+    with pytest.raises(ValueError, match="baseline='none'"):
+        train_reinforce(ReinforceConfig(baseline="value", max_episodes=8), update_fn=mine)
+    with pytest.raises(ValueError, match="not both"):
+        train_reinforce(config, update_fn=mine, loss_fn=reinforce_loss)
