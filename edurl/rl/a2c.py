@@ -64,13 +64,20 @@ class A2CConfig(TrainerConfig):
         )
 
 
-def train_a2c(config: A2CConfig) -> TrainResult:
-    """Train with A2C + GAE until solved (or ``total_steps``). See ``A2CConfig``."""
+def train_a2c(config: A2CConfig, losses_fn=None) -> TrainResult:
+    """Train with A2C + GAE until solved (or ``total_steps``). See ``A2CConfig``.
+
+    ``losses_fn(logprobs, returns, values) -> (policy_loss, value_loss)`` is Chapter 3's exercise 3.1
+    (REINFORCE with a learned baseline) driving A2C: the policy loss comes from it with the GAE advantages
+    (standardised when ``config.normalize_advantages``) as ``returns - values``, and the value loss with the
+    GAE targets as ``returns``. Its results equal the built-in losses' up to float rounding (``returns - values``
+    is formed from a sum), so a seed's run follows another trajectory than without it.
+    """
     with torch_threads(config.num_threads, config.device):
-        return _train(config)
+        return _train(config, losses_fn)
 
 
-def _train(config: A2CConfig) -> TrainResult:
+def _train(config: A2CConfig, losses_fn=None) -> TrainResult:
     log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
@@ -97,8 +104,14 @@ def _train(config: A2CConfig) -> TrainResult:
         adv = advantages.flatten()
         if config.normalize_advantages:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        policy_loss = -(dist.log_prob(ro.actions).flatten() * adv).mean()
-        value_loss = 0.5 * ((values - returns) ** 2).mean()
+        logprobs = dist.log_prob(ro.actions).flatten()
+        if losses_fn is None:
+            policy_loss = -(logprobs * adv).mean()
+            value_loss = 0.5 * ((values - returns) ** 2).mean()
+        else:  # the learner's exercise 3.1: its policy loss on the advantages, its value loss on the targets
+            v = values.detach().flatten()
+            policy_loss, _ = losses_fn(logprobs, v + adv, v)
+            _, value_loss = losses_fn(logprobs.detach(), returns.flatten(), values.flatten())
         entropy = dist.entropy().mean()
         loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
         optimizer.zero_grad()

@@ -128,6 +128,7 @@ def gae_bias_variance(
     horizon: int = 300,
     seed: int = 0,
     progress: bool = True,
+    gae_fn=gae,
 ) -> pd.DataFrame:
     """Bias and variance of GAE(lambda) at t = 0 from each saved (state, action), against Monte Carlo truth.
 
@@ -140,7 +141,7 @@ def gae_bias_variance(
     states, and their sum (the mean squared error of a single GAE estimate). bias^2 is corrected for the
     two sources of noise in measuring it (the sample mean's variance/num_samples and ``truth_se2``, the
     squared standard error of the Monte Carlo target), so a value near 0 may come out slightly negative.
-    ``lams`` defaults to 0, 0.1, ..., 1.
+    ``lams`` defaults to 0, 0.1, ..., 1. ``gae_fn`` computes the estimates (your exercise 4.1 in the notebook).
     """
     lams = np.linspace(0, 1, 11) if lams is None else lams
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
@@ -157,7 +158,7 @@ def gae_bias_variance(
             values = value(est["obs"].float()).double()
             next_values = value(est["next_obs"].float()).double()
             for lam in lams:
-                adv, _ = gae(
+                adv, _ = gae_fn(
                     est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam)
                 )
                 a0 = adv[0]

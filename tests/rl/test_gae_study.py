@@ -66,3 +66,28 @@ def test_rollouts_next_obs_is_the_final_state_at_termination():
     assert ((ended[:, 0].abs() > 2.4) | (ended[:, 2].abs() > 12 * 2 * 3.141592653589793 / 360)).all()
     live = ~ro["terminated"][:-1]
     assert torch.equal(ro["next_obs"][:-1][live], ro["obs"][1:][live])
+
+
+def test_gae_bias_variance_uses_the_given_gae_fn():
+    from edurl.rl import gae
+
+    policy, value = _nets()
+    traj = sample_trajectory(policy, value, seed=2)
+    calls = []
+
+    def spy(*args):
+        calls.append(args[-1])
+        return gae(*args)
+
+    kw = dict(lams=[0.0, 1.0], num_truth=64, num_samples=32, horizon=50, progress=False, seed=1)
+    mine = gae_bias_variance(policy, value, traj["states"][:2], traj["actions"][:2], gae_fn=spy, **kw)
+    theirs = gae_bias_variance(policy, value, traj["states"][:2], traj["actions"][:2], **kw)
+    assert calls == [0.0, 1.0, 0.0, 1.0]  # one call per lambda per state
+    assert mine.equals(theirs)
+
+    def halved(*args):
+        adv, ret = gae(*args)
+        return adv / 2, ret
+
+    other = gae_bias_variance(policy, value, traj["states"][:2], traj["actions"][:2], gae_fn=halved, **kw)
+    np.testing.assert_allclose(other["variance"], theirs["variance"] / 4)
