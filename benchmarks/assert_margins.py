@@ -65,6 +65,9 @@ from edurl.rl.policy_gradient import (
     fit_value_baseline,
     gradient_variance,
 )
+from edurl.rl.ppo import collect_batch, make_env
+from edurl.rl.trust_region import clip_vs_no_clip, importance_sampling_study
+from edurl.utils import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFSET = 1_000_000
@@ -239,6 +242,34 @@ def ppo_cartpole(seed: int, threads: int) -> dict:
     }
 
 
+def importance_sampling(seed: int, threads: int) -> dict:
+    """Notebook 05, cell 3: importance-sampled estimates of E_pi[x] as pi = N(mu, 1) drifts from q = N(0, 1)."""
+    df = importance_sampling_study(seed=seed)
+    near = df[df["shift"] <= 1.0]
+    return {
+        "is_max_bias": float((df["mean_estimate"] - df["shift"]).abs().max()),
+        "is_min_std_increase": float(df["batch_std"].diff().min()),
+        "is_max_rel_error_near": float(((near["batch_std"] / near["exact_batch_std"]) - 1).abs().max()),
+    }
+
+
+def clip_study(seed: int, threads: int) -> dict:
+    """Notebook 05, cell 12: 20 epochs on one batch of a fresh policy, with and without the clip."""
+    config = rl.PPOConfig(env_backend="torch", device="cpu")
+    with torch_threads(threads):
+        torch.manual_seed(seed)
+        env, obs, obs_dim, num_actions = make_env(rl.PPOConfig(env_backend="torch", seed=seed), torch.device("cpu"))
+        policy, value = rl.CategoricalPolicy(obs_dim, num_actions), rl.ValueNet(obs_dim)
+        batch, *_ = collect_batch(env, policy, value, obs, config, torch.device("cpu"))
+        df = clip_vs_no_clip(policy, value, batch, config, epochs=20)
+    last = df[df["epoch"] == 20].set_index("run")
+    return {
+        "noclip_over_clip_kl": float(last.loc["no clip", "approx_kl_k3"] / last.loc["clipped", "approx_kl_k3"]),
+        "clipped_kl_20": float(last.loc["clipped", "approx_kl_k3"]),
+        "noclip_kl_20": float(last.loc["no clip", "approx_kl_k3"]),
+    }
+
+
 EXPERIMENTS = {  # name: (function, whether it trains a torch network and so runs in every variant)
     "random_cartpole": (random_cartpole, False),
     "frozenlake_monte_carlo": (frozenlake_monte_carlo, False),
@@ -249,6 +280,8 @@ EXPERIMENTS = {  # name: (function, whether it trains a torch network and so run
     "a2c_cartpole": (a2c_cartpole, True),
     "gae_study": (gae_study, True),
     "ppo_cartpole": (ppo_cartpole, True),
+    "importance_sampling": (importance_sampling, False),
+    "clip_study": (clip_study, True),
 }
 
 
@@ -407,6 +440,37 @@ CHECKS = [
     Check("05", 'assert 0 < u["clip_fraction"].median() < 0.3', "ppo_cartpole", "clip_fraction_median", 0, 0.3),
     Check("05", 'assert u["explained_variance"].max() > 0.9', "ppo_cartpole", "max_explained_variance", low=0.9),
     Check("05", 'assert u["entropy"].iloc[-1] < u["entropy"].iloc[0]', "ppo_cartpole", "entropy_drop", low=0),
+    Check(
+        "05",
+        'assert (is_study["mean_estimate"] - is_study["shift"]).abs().max() < 0.1',
+        "importance_sampling",
+        "is_max_bias",
+        high=0.1,
+    ),
+    Check(
+        "05",
+        'assert is_study["batch_std"].is_monotonic_increasing',
+        "importance_sampling",
+        "is_min_std_increase",
+        low=0,
+        inclusive=True,
+    ),
+    Check(
+        "05",
+        'assert ((near["batch_std"] / near["exact_batch_std"]) - 1).abs().max() < 0.1',
+        "importance_sampling",
+        "is_max_rel_error_near",
+        high=0.1,
+    ),
+    Check(
+        "05",
+        "assert kl_ratio.median() > 2",
+        "clip_study",
+        "noclip_over_clip_kl",
+        low=2,
+        over_seeds=5,
+        log=True,
+    ),
 ]
 
 EXPERIMENTS.update(_llm_margins.EXPERIMENTS)

@@ -14,6 +14,7 @@ Engstrom et al., 2020).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
@@ -29,7 +30,7 @@ from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
 from edurl.utils import progress, torch_threads
 
-__all__ = ["PPOConfig", "ppo_diagnostics", "train_ppo"]
+__all__ = ["PPOBatch", "PPOConfig", "collect_batch", "make_env", "ppo_diagnostics", "ppo_update", "train_ppo"]
 
 
 @dataclass
@@ -92,9 +93,6 @@ class PPOConfig(TrainerConfig):
             )
 
 
-_STAT_NAMES = ("policy_loss", "value_loss", "entropy", "approx_kl_k1", "approx_kl_k3", "clip_fraction")
-
-
 @torch.no_grad()
 def ppo_diagnostics(
     train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, clip_eps: float
@@ -117,7 +115,131 @@ def ppo_diagnostics(
     )
 
 
-def _make_env(config: PPOConfig, device: torch.device):
+@dataclass
+class PPOBatch:
+    """One update's batch, flattened over (T, N) into B = T * N samples; every field is a tensor with B rows.
+
+    ``sampling_logprobs`` are log pi_old(a|s) of the policy that collected the batch; ``values`` its critic's
+    V(s) at collection time; ``advantages`` and ``returns`` the GAE advantages and targets (Chapter 4).
+    """
+
+    obs: torch.Tensor  # (B, obs_dim)
+    actions: torch.Tensor  # (B,)
+    sampling_logprobs: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B,)
+    returns: torch.Tensor  # (B,)
+    values: torch.Tensor  # (B,)
+
+    def __len__(self) -> int:
+        return self.actions.shape[0]
+
+    def minibatches(self, num_minibatches: int) -> Iterator[torch.Tensor | slice]:
+        """The minibatches of one epoch, as indices into the batch: ``slice(None)`` (the whole batch) when
+        ``num_minibatches`` is 1, else a fresh ``torch.randperm`` (the global generator) cut into equal parts."""
+        size = len(self)
+        if num_minibatches == 1:
+            yield slice(None)
+            return
+        if size % num_minibatches:
+            raise ValueError(f"num_minibatches ({num_minibatches}) must divide the batch size ({size}).")
+        perm = torch.randperm(size, device=self.actions.device)
+        step = size // num_minibatches
+        for start in range(0, size, step):
+            yield perm[start : start + step]
+
+
+def ppo_update(
+    policy: CategoricalPolicy,
+    value: ValueNet,
+    optimizer: torch.optim.Optimizer,
+    batch: PPOBatch,
+    config: PPOConfig,
+    clip_eps: float,
+) -> int:
+    """PPO's update: ``config.update_epochs`` passes over ``batch``, one optimizer step per minibatch, on
+
+        L = clipped_surrogate(lp, q, A_norm, 1 - clip_eps, 1 + clip_eps).mean() + vf_coef * L_V - ent_coef * H
+
+    with the advantages standardised within each minibatch, ``L_V = 0.5 * mean((V(s) - returns)^2)`` (clipped
+    around ``batch.values`` if ``config.clip_value``) and the global gradient norm clipped at
+    ``config.max_grad_norm``. This is Chapter 5's exercise 5.3, and ``train_ppo(config, update_fn=...)`` takes
+    a learner's version of it. Returns the number of epochs run (fewer than ``update_epochs`` when the k3
+    approx-KL of an epoch's last minibatch passes ``config.target_kl``).
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for epoch in range(config.update_epochs):
+        for idx in batch.minibatches(config.num_minibatches):
+            train_logprobs, entropy = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
+            adv = batch.advantages[idx]
+            if config.normalize_advantages and adv.numel() > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # detail: per-minibatch normalisation
+            policy_loss = clipped_surrogate(
+                train_logprobs, batch.sampling_logprobs[idx], adv, 1 - clip_eps, 1 + clip_eps
+            ).mean()
+            new_values, returns = value(batch.obs[idx]), batch.returns[idx]
+            if config.clip_value:  # detail: optional value clipping around the old predictions
+                old = batch.values[idx]
+                clipped = old + (new_values - old).clamp(-clip_eps, clip_eps)
+                value_loss = 0.5 * torch.max((new_values - returns) ** 2, (clipped - returns) ** 2).mean()
+            else:
+                value_loss = 0.5 * ((new_values - returns) ** 2).mean()
+            loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)  # detail: global grad-norm clip
+            optimizer.step()
+        if config.target_kl is not None:
+            _, kl, _ = ppo_diagnostics(train_logprobs.detach(), batch.sampling_logprobs[idx], clip_eps)
+            if kl > config.target_kl:
+                return epoch + 1  # detail: early stop once the k3 approx-KL passes target_kl
+    return config.update_epochs
+
+
+def collect_batch(env, policy, value, obs, config: PPOConfig, device: torch.device, counter=None):
+    """One update's experience: ``config.num_steps`` steps of ``env`` with ``policy`` (pi_old), the critic's
+    values, and GAE(``config.lam``) advantages and targets, flattened into a :class:`PPOBatch`.
+    Returns ``(batch, rollout, obs to continue from, episode counter)``."""
+    ro, obs, counter = collect_rollout(env, policy, obs, config.num_steps, device, counter)
+    with torch.no_grad():
+        values = value(ro.obs)  # (T, N)
+        next_values = value(ro.next_obs)  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
+    advantages, returns = gae(ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam)
+    batch = PPOBatch(
+        obs=ro.obs.flatten(0, 1),
+        actions=ro.actions.flatten(),
+        sampling_logprobs=ro.logprobs.flatten(),
+        advantages=advantages.flatten(),
+        returns=returns.flatten(),
+        values=values.flatten(),
+    )
+    return batch, ro, obs, counter
+
+
+@torch.no_grad()
+def _after_update(
+    policy: CategoricalPolicy, value: ValueNet, batch: PPOBatch, config: PPOConfig, clip_eps: float
+) -> dict[str, torch.Tensor]:
+    """Diagnostics of the policy and critic the update produced, on the whole batch: how far it moved pi from
+    pi_old (approx KL, clip fraction), and its losses and entropy there. 0-d tensors: no device sync."""
+    train_logprobs, entropy = policy.logprob_and_entropy(batch.obs, batch.actions)
+    adv = batch.advantages
+    if config.normalize_advantages and adv.numel() > 1:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    k1, k3, clipped = ppo_diagnostics(train_logprobs, batch.sampling_logprobs, clip_eps)
+    return {
+        "policy_loss": clipped_surrogate(
+            train_logprobs, batch.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps
+        ).mean(),
+        "value_loss": 0.5 * ((value(batch.obs) - batch.returns) ** 2).mean(),
+        "entropy": entropy.mean(),
+        "approx_kl_k1": k1,
+        "approx_kl_k3": k3,
+        "clip_fraction": clipped,
+    }
+
+
+def make_env(config: PPOConfig, device: torch.device):
+    """The vector env ``config.env_backend`` names, reset with ``config.seed``: ``(env, obs, obs_dim, num_actions)``."""
     if config.env_backend == "torch":
         if config.env_id != "CartPole-v1":
             raise ValueError(f"env_backend='torch' has only CartPole-v1, got env_id={config.env_id!r}.")
@@ -133,17 +255,22 @@ def _make_env(config: PPOConfig, device: torch.device):
     raise ValueError(f"env_backend must be 'gymnasium' or 'torch', got {config.env_backend!r}.")
 
 
-def train_ppo(config: PPOConfig) -> TrainResult:
-    """Train with PPO until solved (or ``total_steps``). ``result.updates`` holds the diagnostics per update."""
+def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult:
+    """Train with PPO until solved (or ``total_steps``). ``result.updates`` holds the diagnostics per update,
+    measured after each update on its whole batch.
+
+    ``update_fn(policy, value, optimizer, batch, config, clip_eps)`` replaces :func:`ppo_update` (Chapter 5's
+    exercise 5.3 passes the learner's); it may return the number of epochs it ran (None counts as all).
+    """
     with torch_threads(config.num_threads, config.device):
-        return _train(config)
+        return _train(config, update_fn or ppo_update)
 
 
-def _train(config: PPOConfig) -> TrainResult:
+def _train(config: PPOConfig, update_fn) -> TrainResult:
     log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
-    env, obs, obs_dim, num_actions = _make_env(config, device)
+    env, obs, obs_dim, num_actions = make_env(config, device)
     policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
     value = ValueNet(obs_dim, config.hidden_sizes).to(device)
     params = list(policy.parameters()) + list(value.parameters())
@@ -152,7 +279,6 @@ def _train(config: PPOConfig) -> TrainResult:
     logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
     batch_size = config.num_envs * config.num_steps
-    minibatch_size = batch_size // config.num_minibatches
     num_updates = max(1, config.total_steps // batch_size)
     counter, updates = None, []
     bar = progress(total=num_updates * batch_size, desc="PPO env steps", disable=not config.progress)
@@ -165,71 +291,23 @@ def _train(config: PPOConfig) -> TrainResult:
             group["lr"] = learning_rate
 
         # ---- rollout and advantages (no grad): pi_old is the policy right now
-        ro, obs, counter = collect_rollout(env, policy, obs, config.num_steps, device, counter)
-        with torch.no_grad():
-            values = value(ro.obs)  # (T, N)
-            next_values = value(ro.next_obs)  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
-        advantages, returns = gae(
-            ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam
-        )
-        b_obs, b_actions = ro.obs.reshape(batch_size, -1), ro.actions.reshape(-1)
-        b_sampling_logprobs, b_adv = ro.logprobs.reshape(-1), advantages.reshape(-1)
-        b_returns, b_values = returns.reshape(-1), values.reshape(-1)
+        batch, ro, obs, counter = collect_batch(env, policy, value, obs, config, device, counter)
 
-        # ---- several epochs of minibatch updates on the same batch
-        stats = []
-        for epoch in range(config.update_epochs):
-            # one minibatch = the whole batch, in any order; otherwise a fresh shuffle each epoch
-            perm = torch.randperm(batch_size, device=device) if config.num_minibatches > 1 else slice(None)
-            for start in range(0, batch_size, minibatch_size):
-                idx = perm[start : start + minibatch_size] if config.num_minibatches > 1 else perm
-                train_logprobs, entropy = policy.logprob_and_entropy(b_obs[idx], b_actions[idx])
-                adv = b_adv[idx]
-                if config.normalize_advantages and adv.numel() > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # detail: per-minibatch normalisation
-                policy_loss = clipped_surrogate(
-                    train_logprobs, b_sampling_logprobs[idx], adv, 1 - clip_eps, 1 + clip_eps
-                ).mean()
-                new_values = value(b_obs[idx])
-                if config.clip_value:  # detail: optional value clipping around the old predictions
-                    clipped = b_values[idx] + (new_values - b_values[idx]).clamp(-clip_eps, clip_eps)
-                    value_loss = (
-                        0.5 * torch.max((new_values - b_returns[idx]) ** 2, (clipped - b_returns[idx]) ** 2).mean()
-                    )
-                else:
-                    value_loss = 0.5 * ((new_values - b_returns[idx]) ** 2).mean()
-                entropy = entropy.mean()
-                loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)  # detail: global grad-norm clip
-                optimizer.step()
-                if epoch == config.update_epochs - 1 or config.target_kl is not None:
-                    # diagnostics of the last epoch: how far the policy ended up from pi_old
-                    stats.append(
-                        torch.stack(
-                            [
-                                policy_loss.detach(),
-                                value_loss.detach(),
-                                entropy.detach(),
-                                *ppo_diagnostics(train_logprobs.detach(), b_sampling_logprobs[idx], clip_eps),
-                            ]
-                        )
-                    )
-            if config.target_kl is not None and stats[-1][4] > config.target_kl:
-                break  # detail: early stop once the k3 approx-KL passes target_kl
+        # ---- several epochs of minibatch steps on the same batch, then how far they moved the policy
+        epochs = update_fn(policy, value, optimizer, batch, config, clip_eps)
+        stats = _after_update(policy, value, batch, config, clip_eps)
 
         # ---- bookkeeping (one host transfer per update)
         env_steps = (update + 1) * batch_size
         log.add(ro.episode_returns, ro.episode_lengths, env_steps)
-        var_returns = b_returns.var()
-        row = dict(zip(_STAT_NAMES, torch.stack(stats[-config.num_minibatches :]).mean(0).tolist()))
+        var_returns = batch.returns.var()
+        row = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
         row.update(
             step=env_steps,
-            epochs=epoch + 1,
+            epochs=config.update_epochs if epochs is None else int(epochs),
             learning_rate=learning_rate,
             clip_eps=clip_eps,
-            explained_variance=float(1 - (b_returns - b_values).var() / var_returns)
+            explained_variance=float(1 - (batch.returns - batch.values).var() / var_returns)
             if var_returns > 0
             else float("nan"),
         )

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from edurl import load_metrics
-from edurl.rl.ppo import PPOConfig, clipped_surrogate, ppo_diagnostics, train_ppo
+from edurl.rl.networks import CategoricalPolicy, ValueNet
+from edurl.rl.ppo import PPOBatch, PPOConfig, clipped_surrogate, ppo_diagnostics, ppo_update, train_ppo
 
 
 def _loss_and_grad(ratio, adv, eps=0.2):
@@ -107,3 +108,68 @@ def test_ppo_on_cuda_with_torch_env():
         )
     )
     assert next(result.policy.parameters()).device.type == "cuda" and len(result.episodes) > 0
+
+
+def _tiny_batch(size=12):
+    g = torch.Generator().manual_seed(0)
+    return PPOBatch(
+        obs=torch.randn(size, 4, generator=g),
+        actions=torch.randint(0, 2, (size,), generator=g),
+        sampling_logprobs=-torch.rand(size, generator=g),
+        advantages=torch.randn(size, generator=g),
+        returns=torch.randn(size, generator=g),
+        values=torch.randn(size, generator=g),
+    )
+
+
+def test_minibatches_cover_the_batch_once_per_epoch():
+    batch = _tiny_batch(12)
+    assert list(batch.minibatches(1)) == [slice(None)]
+    parts = list(batch.minibatches(3))
+    assert [len(p) for p in parts] == [4, 4, 4]
+    assert sorted(torch.cat(parts).tolist()) == list(range(12))
+    with pytest.raises(ValueError, match="must divide the batch size"):
+        list(batch.minibatches(5))
+
+
+def test_ppo_update_one_step_equals_the_loss_written_out():
+    """One epoch, one minibatch: the step's gradient is that of the clipped loss + value loss - entropy bonus."""
+    batch = _tiny_batch(12)
+    torch.manual_seed(0)
+    policy, value = CategoricalPolicy(4, 2, (8,)), ValueNet(4, (8,))
+    config = PPOConfig(update_epochs=1, num_minibatches=1, ent_coef=0.01, max_grad_norm=1e9)
+    params = [*policy.parameters(), *value.parameters()]
+    # the loss by hand, at the starting weights
+    dist = policy(batch.obs)
+    lp = dist.log_prob(batch.actions)
+    adv = (batch.advantages - batch.advantages.mean()) / (batch.advantages.std() + 1e-8)
+    ratio = (lp - batch.sampling_logprobs).exp()
+    loss = (
+        -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv).mean()
+        + 0.5 * 0.5 * ((value(batch.obs) - batch.returns) ** 2).mean()
+        - 0.01 * dist.entropy().mean()
+    )
+    expected = torch.autograd.grad(loss, params)
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.SGD(params, lr=1.0)
+    assert ppo_update(policy, value, optimizer, batch, config, 0.2) == 1
+    for p, b, g in zip(params, before, expected):
+        torch.testing.assert_close(b - p.detach(), g)  # SGD with lr 1: the step is the gradient
+
+
+def test_train_ppo_takes_an_update_fn():
+    """The worked solution of exercise 5.3 trains like the library's update; a do-nothing update learns nothing."""
+    from edurl.exercises.solutions.ch05 import ppo_update as learners
+
+    config = PPOConfig(seed=0, env_backend="torch", total_steps=2560, stop_when_solved=False, progress=False)
+    ours, theirs = train_ppo(config), train_ppo(config, update_fn=learners)
+    torch.testing.assert_close(
+        ours.episodes["episode_return"].to_numpy()[:20], theirs.episodes["episode_return"].to_numpy()[:20]
+    )
+    frozen = train_ppo(config, update_fn=lambda *args: 0)
+    assert (frozen.updates["approx_kl_k3"] == 0).all() and (frozen.updates["epochs"] == 0).all()
+
+
+def test_diagnostics_are_measured_after_the_update():
+    result = train_ppo(PPOConfig(seed=0, env_backend="torch", total_steps=1024, stop_when_solved=False, progress=False))
+    assert (result.updates["approx_kl_k3"] > 0).all() and (result.updates["epochs"] == 20).all()
