@@ -22,7 +22,7 @@ from edurl.exercises.ch01 import check_bellman_backup, check_discounted_returns
 from edurl.exercises.ch02 import check_reinforce_loss, check_reinforce_update
 from edurl.exercises.ch03 import check_baseline_losses
 from edurl.exercises.ch04 import check_gae
-from edurl.exercises.ch05 import check_clip_table
+from edurl.exercises.ch05 import check_clip_table, check_clip_values, check_ppo_update
 from edurl.exercises.ch06 import check_build_datum
 from edurl.exercises.ch07 import (
     check_group_advantages,
@@ -46,6 +46,8 @@ EXERCISES = {
     "baseline_losses": (3, check_baseline_losses, _ch03_solutions.baseline_losses),
     "gae": (4, check_gae, _ch04_solutions.gae),
     "clip_table": (5, check_clip_table, _ch05_solutions.clip_table),
+    "clip_values": (5, check_clip_values, _ch05_solutions.clip_values),
+    "ppo_update": (5, check_ppo_update, _ch05_solutions.ppo_update),
     "build_datum": (6, check_build_datum, _ch06_solutions.build_datum),
     "group_advantages": (7, check_group_advantages, _ch07_solutions.group_advantages),
     "ppo_loss": (7, check_ppo_loss, _ch07_solutions.ppo_loss),
@@ -86,6 +88,8 @@ __all__ = [
     "check_baseline_losses",
     "check_gae",
     "check_clip_table",
+    "check_clip_values",
+    "check_ppo_update",
     "check_build_datum",
     "check_group_advantages",
     "check_ppo_loss",

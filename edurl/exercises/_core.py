@@ -79,6 +79,21 @@ ASK_FOR_HINTS = (
 )
 
 
+REFERENCE_TAKES_OVER = "The notebook continues with the reference update; fix yours and run this cell again."
+
+
+def finish(verdict: Verdict, hints: Hints, *, verbose: bool, on_failure: str = "") -> Verdict:
+    """Attach an exercise's hints to its verdict; on a failure add ``on_failure`` and how to ask for hints; print
+    it if ``verbose``. Returns a new verdict."""
+    message = verdict.message
+    if verdict.status == FAILED:
+        message += "".join(f"\n  {line}" for line in (on_failure, ASK_FOR_HINTS) if line)
+    verdict = dataclasses.replace(verdict, message=message, hints=hints)
+    if verbose:
+        print(verdict)
+    return verdict
+
+
 @dataclass
 class Verdict:
     """The result of a check. ``print(verdict)`` gives the readable report."""

@@ -9,16 +9,17 @@ import gymnasium as gym
 import torch
 
 from edurl.exercises._core import (
-    ASK_FOR_HINTS,
     FAILED,
     NOT_ATTEMPTED,
     PASSED,
+    REFERENCE_TAKES_OVER,
     Case,
     Diagnosis,
     Hints,
     Verdict,
     _where_it_raised,
     compare_outputs,
+    finish,
     run_checker,
     with_hints,
 )
@@ -195,14 +196,7 @@ def check_reinforce_update(fn, *, verbose: bool = True) -> Verdict:
     """Run a learner's ``reinforce_update(policy, optimizer, envs, seeds, gamma, device) -> (batch, loss)`` beside
     the library's for three updates from the same seed and weights, and compare, after each update, the
     episodes, the loss and the parameters; the first that differs is named."""
-    verdict = _check_update(fn)
-    if verdict.status == FAILED:
-        verdict.message += "\n  The notebook continues with the reference update; fix yours and run this cell again."
-        verdict.message += "\n  " + ASK_FOR_HINTS
-    verdict.hints = _HINTS_REINFORCE_UPDATE
-    if verbose:
-        print(verdict)
-    return verdict
+    return finish(_check_update(fn), _HINTS_REINFORCE_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
 
 
 def _check_update(fn) -> Verdict:

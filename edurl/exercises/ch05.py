@@ -1,14 +1,43 @@
-"""Checker for Chapter 5's exercise: the clip-case table (5.1), verified against autograd."""
+"""Checkers for Chapter 5's exercises: the clip-case table (5.1), verified against autograd; the clipped
+objective's values by hand (5.2); and PPO's whole update (5.3), run beside the library's on a fixed batch,
+optimizer step by optimizer step."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 
-from edurl.exercises._core import ASK_FOR_HINTS, FAILED, NOT_ATTEMPTED, PASSED, Hints, Verdict, with_hints
+import torch
+
+from edurl.envs import TorchCartPole
+from edurl.exercises._core import (
+    FAILED,
+    NOT_ATTEMPTED,
+    PASSED,
+    REFERENCE_TAKES_OVER,
+    Hints,
+    Verdict,
+    _where_it_raised,
+    finish,
+    with_hints,
+)
 from edurl.exercises.solutions import ch05 as _solutions
+from edurl.objectives import clipped_surrogate
 from edurl.rl.clip_explorer import clip_case
+from edurl.rl.networks import CategoricalPolicy, ValueNet
+from edurl.rl.ppo import PPOBatch, PPOConfig, collect_batch
+from edurl.rl.ppo import ppo_update as _library_update
 
-__all__ = ["check_clip_table", "CLIP_TABLE_CASES", "reference_clip_table"]
+__all__ = [
+    "check_clip_table",
+    "check_clip_values",
+    "check_ppo_update",
+    "CLIP_TABLE_CASES",
+    "CLIP_VALUE_CASES",
+    "reference_clip_table",
+    "reference_clip_values",
+]
 
 CLIP_EPS = 0.2
 #: (advantage sign, ratio region) -> a ratio inside that region, used to ask autograd
@@ -49,13 +78,7 @@ def check_clip_table(table, *, verbose: bool = True) -> Verdict:
     """Check a learner's clip-case table: for each (sign of A, ratio region), which term min() picks
     ("unclipped", "clipped", or "both" when they are equal) and whether the gradient is zero."""
     reference = reference_clip_table()
-    verdict = _check(table, reference)
-    if verdict.status == FAILED:
-        verdict = dataclasses.replace(verdict, message=verdict.message + "\n  " + ASK_FOR_HINTS)
-    verdict = dataclasses.replace(verdict, hints=_HINTS_CLIP_TABLE)
-    if verbose:
-        print(verdict)
-    return verdict
+    return finish(_check(table, reference), _HINTS_CLIP_TABLE, verbose=verbose)
 
 
 def _check(table, reference) -> Verdict:
@@ -98,3 +121,330 @@ def _check(table, reference) -> Verdict:
                 case=str(key),
             )
     return Verdict(name, PASSED, "All six cells agree with autograd.", table)
+
+
+# ---------------------------------------------------------------- 5.2 the clipped objective's values by hand
+
+#: the (A, r) pairs of exercise 5.2, at eps = CLIP_EPS
+CLIP_VALUE_CASES = ((2.0, 1.5), (2.0, 0.5), (-1.0, 0.5), (-1.0, 1.5), (1.0, 1.1))
+
+
+def reference_clip_values() -> dict:
+    """(A, r) -> (r * A, clip(r) * A, objective), the objective from the training code's loss."""
+    table = {}
+    for adv, ratio in CLIP_VALUE_CASES:
+        objective = -clipped_surrogate(
+            torch.tensor(math.log(ratio), dtype=torch.float64),
+            torch.tensor(0.0, dtype=torch.float64),
+            torch.tensor(adv, dtype=torch.float64),
+            1 - CLIP_EPS,
+            1 + CLIP_EPS,
+        )
+        clipped = min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv
+        table[(adv, ratio)] = (round(ratio * adv, 10), round(clipped, 10), round(objective.item(), 10))
+    return table
+
+
+_HINTS_CLIP_VALUES = Hints(
+    idea=(
+        "Two numbers first: the plain weighted advantage, and the same with the ratio first held inside the "
+        "trust region. The objective is then whichever of the two is worse for the policy."
+    ),
+    formula="unclipped = r * A; clipped = clamp(r, 1 - eps, 1 + eps) * A; objective = min(unclipped, clipped).",
+    solution=_solutions.clip_values,
+)
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, (int, float)) and not isinstance(a, bool) and abs(a - b) <= 1e-6 + 1e-6 * abs(b)
+
+
+@with_hints(_HINTS_CLIP_VALUES)
+def check_clip_values(table, *, verbose: bool = True) -> Verdict:
+    """Check a learner's ``{(A, r): (r * A, clip(r) * A, objective)}`` for the pairs of ``CLIP_VALUE_CASES``."""
+    reference = reference_clip_values()
+    return finish(_check_values(table, reference), _HINTS_CLIP_VALUES, verbose=verbose)
+
+
+def _check_values(table, reference) -> Verdict:
+    name = "Exercise 5.2 clip values"
+    if not isinstance(table, dict):
+        return Verdict(name, FAILED, f"expected a dict keyed by (A, r), got {type(table).__name__}.", reference)
+    rows = [table.get(key) for key in reference]
+    if all(row is None or (isinstance(row, tuple) and all(v is None for v in row)) for row in rows):
+        return Verdict(name, NOT_ATTEMPTED, "Fill in the three numbers of each row and run this cell again.", reference)
+    for (adv, ratio), (unclipped, clipped, objective) in reference.items():
+        got = table.get((adv, ratio))
+        where = f"row A = {adv:+g}, r = {ratio:g}"
+        if not (isinstance(got, tuple) and len(got) == 3):
+            return Verdict(name, FAILED, f"{where}: expected a tuple of three numbers, got {got!r}.", reference)
+        g_unclipped, g_clipped, g_objective = got
+        if not _close(g_unclipped, unclipped):
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: the unclipped term is the ratio times the advantage; {g_unclipped!r} is not.",
+                reference,
+            )
+        if not _close(g_clipped, clipped):
+            why = ""
+            if _close(g_clipped, min(max(ratio * adv, 1 - CLIP_EPS), 1 + CLIP_EPS)):
+                why = " the likely mistake: you clipped the product r * A; the clip bounds the ratio alone."
+            elif _close(g_clipped, unclipped):
+                why = f" the likely mistake: r = {ratio:g} is outside [0.8, 1.2], so the clip changes it."
+            return Verdict(name, FAILED, f"{where}: the clipped term is wrong ({g_clipped!r}).{why}", reference)
+        if not _close(g_objective, objective):
+            why = ""
+            if _close(g_objective, max(unclipped, clipped)):
+                why = " the likely mistake: you took the larger term; PPO takes the smaller, pessimistic one."
+            elif adv < 0 and _close(g_objective, -min(abs(unclipped), abs(clipped))):
+                why = " the likely mistake: with A < 0 both terms are negative, and the smaller is the more negative."
+            return Verdict(name, FAILED, f"{where}: the objective is wrong ({g_objective!r}).{why}", reference)
+    return Verdict(name, PASSED, "All five rows agree with the training code's objective.", table)
+
+
+# ---------------------------------------------------------------- 5.3 the whole PPO update
+
+_UPDATE_CONFIG = PPOConfig(
+    env_backend="torch",
+    num_envs=8,
+    num_steps=16,
+    update_epochs=3,
+    num_minibatches=4,
+    vf_coef=0.25,  # not 0.5, so that a missing 1/2 and a missing vf_coef are told apart
+    ent_coef=0.01,
+    progress=False,
+)
+_UPDATE_CLIP = 0.2
+
+
+class _RecordingOptimizer:
+    """Wraps an optimizer; every ``step()`` records the gradients it is about to apply, in float64."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.inner = optimizer
+        self.param_groups = optimizer.param_groups
+        self.steps: list[list[torch.Tensor]] = []
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"]]
+        self.steps.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params])
+        return self.inner.step(closure)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _fixed_batch():
+    """A real batch: 8 TorchCartPole envs x 16 steps of a fresh policy, with GAE targets; returned in float64."""
+    config = _UPDATE_CONFIG
+    torch.manual_seed(5)
+    device = torch.device("cpu")
+    env = TorchCartPole(config.num_envs, device=device)
+    obs, _ = env.reset(seed=config.seed)
+    policy, value = CategoricalPolicy(env.obs_dim, env.num_actions, (32,)), ValueNet(env.obs_dim, (32,))
+    batch, *_ = collect_batch(env, policy, value, obs, config, device)
+    # float64 from here on, so that a learner's different but equivalent order of operations cannot matter
+    batch = PPOBatch(**{f.name: _double(getattr(batch, f.name)) for f in dataclasses.fields(batch)})
+    return policy.double(), value.double(), batch
+
+
+def _double(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.is_floating_point() else t
+
+
+def _run_update(fn, policy, value, batch, config=_UPDATE_CONFIG, clip_eps=_UPDATE_CLIP):
+    """Run an update from copies of the nets with a recording Adam; returns (policy, value, optimizer)."""
+    policy, value = copy.deepcopy(policy), copy.deepcopy(value)
+    # a large learning rate, so that ratios leave the clip range within a few steps and the clip matters
+    adam = torch.optim.Adam([*policy.parameters(), *value.parameters()], lr=0.03, eps=1e-5)
+    optimizer = _RecordingOptimizer(adam)
+    torch.manual_seed(11)  # the same minibatch shuffles for everyone
+    fn(policy, value, optimizer, batch, config, clip_eps)
+    return policy, value, optimizer
+
+
+def _same_steps(a, b, upto: int) -> bool:
+    return (
+        len(a) >= upto
+        and len(b) >= upto
+        and all(
+            all(torch.allclose(x, y, rtol=1e-6, atol=1e-9) for x, y in zip(sa, sb))
+            for sa, sb in zip(a[:upto], b[:upto])
+        )
+    )
+
+
+def _steps_in_agreement(a, b) -> int:
+    """How many leading optimizer steps of two runs applied the same gradients."""
+    n = 0
+    while n < min(len(a), len(b)) and _same_steps(a[n:], b[n:], 1):
+        n += 1
+    return n
+
+
+def _buggy_update(bug: str):
+    """PPO's update with one realistic mistake, to recognise a learner's by its gradients."""
+
+    def update(policy, value, optimizer, batch, config, clip_eps):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        fixed_order = list(batch.minibatches(config.num_minibatches)) if bug == "no reshuffle" else None
+        for _ in range(1 if bug == "one epoch" else config.update_epochs):
+            order = fixed_order if bug == "no reshuffle" else batch.minibatches(config.num_minibatches)
+            for idx in order:
+                lp, ent = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
+                adv = batch.advantages if bug == "batch normalisation" else batch.advantages[idx]
+                if bug != "no normalisation":
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                if bug == "batch normalisation":
+                    adv = adv[idx]
+                old = lp.detach() if bug == "ratio to current" else batch.sampling_logprobs[idx]
+                ratio = torch.exp(lp - old)
+                clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
+                terms = {
+                    "no clip": ratio * adv,
+                    "clip only": clipped,
+                    "max": torch.max(ratio * adv, clipped),
+                }.get(bug, torch.min(ratio * adv, clipped))
+                err = (value(batch.obs[idx]) - batch.returns[idx]) ** 2
+                value_loss = (err.mean() if bug == "no half" else 0.5 * err.mean()) * (
+                    1.0 if bug == "no vf_coef" else config.vf_coef
+                )
+                bonus = config.ent_coef * ent.mean()
+                loss = -terms.mean() + value_loss + (bonus if bug == "entropy sign" else -bonus)
+                if bug != "no zero_grad":
+                    optimizer.zero_grad()
+                loss.backward()
+                if bug != "no grad clip":
+                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+
+    return update
+
+
+_BUGS = {
+    "no clip": "the objective is never clipped, so later steps keep pushing ratios that already left the trust "
+    "region (the first step agrees: every ratio starts at 1).",
+    "clip only": "only the clipped term is used. Take the pessimistic of the two terms, or a move that should be "
+    "undone loses its gradient.",
+    "max": "the optimistic (larger) of the two terms is taken; PPO takes the smaller one.",
+    "ratio to current": "the ratio is taken against the current policy, so it is always 1 and the clip never binds. "
+    "Divide by pi_old: the batch's sampling_logprobs.",
+    "no normalisation": "the advantages are not standardised within each minibatch.",
+    "batch normalisation": "the advantages are standardised over the whole batch; standardise each minibatch's own.",
+    "no zero_grad": "the gradients of earlier minibatches are added to this one's: zero them before backward().",
+    "no grad clip": "the gradient norm is not clipped at config.max_grad_norm.",
+    "no half": "the value loss is twice the reference's: it is half the mean squared error.",
+    "no vf_coef": "the value loss is not weighted by config.vf_coef.",
+    "entropy sign": "the entropy bonus has the wrong sign: more entropy should lower the loss.",
+    "no reshuffle": "the minibatches come in the same order every epoch: draw them with "
+    "batch.minibatches(config.num_minibatches) at the start of each epoch.",
+}
+
+
+_HINTS_PPO_UPDATE = Hints(
+    idea=(
+        "Reuse one batch several times. Each epoch, walk through freshly shuffled minibatches; on each, score the "
+        "actions under the current policy, compare with the policy that collected them through the probability "
+        "ratio, and take one clipped, gradient-norm-limited step on the policy, value and entropy terms together."
+    ),
+    formula=(
+        "for each of config.update_epochs epochs: for idx in batch.minibatches(config.num_minibatches): "
+        "lp, H = policy.logprob_and_entropy(obs[idx], actions[idx]); A = standardise(advantages[idx]); "
+        "r = exp(lp - sampling_logprobs[idx]); L_pi = -mean(min(r A, clamp(r, 1 - eps, 1 + eps) A)); "
+        "L_V = 0.5 mean((value(obs[idx]) - returns[idx])^2); loss = L_pi + vf_coef L_V - ent_coef mean(H); "
+        "zero_grad, backward, clip_grad_norm_(all params, max_grad_norm), step."
+    ),
+    solution=_solutions.ppo_update,
+)
+
+
+@with_hints(_HINTS_PPO_UPDATE)
+def check_ppo_update(fn, *, verbose: bool = True) -> Verdict:
+    """Run a learner's ``ppo_update(policy, value, optimizer, batch, config, clip_eps)`` beside the library's on
+    one fixed CartPole batch (3 epochs x 4 minibatches, float64) and compare every optimizer step's gradients
+    and the final weights; the first step that differs is named, with the likely mistake."""
+    return finish(_check_update(fn), _HINTS_PPO_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
+
+
+def _check_update(fn) -> Verdict:
+    name = "Exercise 5.3 ppo_update"
+    if not callable(fn):
+        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", _library_update)
+    policy, value, batch = _fixed_batch()
+    config = _UPDATE_CONFIG
+    ref_policy, ref_value, ref = _run_update(_library_update, policy, value, batch)
+    try:
+        new_policy, new_value, got = _run_update(fn, policy, value, batch)
+    except NotImplementedError:
+        return Verdict(
+            name,
+            NOT_ATTEMPTED,
+            "Your function still raises NotImplementedError. Fill in the body and run this cell again; until "
+            "then the notebook uses the reference update.",
+            _library_update,
+        )
+    except Exception as err:  # a learner's bug is reported, never re-raised
+        return Verdict(
+            name, FAILED, f"your function raised {type(err).__name__}{_where_it_raised(err)}: {err}", _library_update
+        )
+    expected_steps = config.update_epochs * config.num_minibatches
+    if not got.steps:
+        return Verdict(
+            name,
+            FAILED,
+            "the weights were never updated: take one optimizer step per minibatch.",
+            _library_update,
+        )
+    first_bad = next(
+        (k for k in range(min(len(got.steps), len(ref.steps))) if not _same_steps(got.steps, ref.steps, k + 1)),
+        None,
+    )
+    if first_bad is None and len(got.steps) != expected_steps:
+        why = ""
+        if len(got.steps) == config.num_minibatches:
+            why = " the likely mistake: one pass over the batch; PPO makes config.update_epochs passes."
+        return Verdict(
+            name,
+            FAILED,
+            f"took {len(got.steps)} optimizer steps, expected {expected_steps} ({config.update_epochs} epochs x "
+            f"{config.num_minibatches} minibatches).{why}",
+            _library_update,
+        )
+    if first_bad is not None:
+        epoch, minibatch = divmod(first_bad, config.num_minibatches)
+        text = (
+            f"optimizer step {first_bad + 1} of {expected_steps} (epoch {epoch + 1}, minibatch {minibatch + 1}): the "
+            "gradients differ from the reference's on the same batch"
+            + (", after earlier steps that matched." if first_bad else ".")
+        )
+        # the known mistake that agrees with the learner's steps the longest (at least past the first bad one)
+        agree = {
+            bug: _steps_in_agreement(got.steps, _run_update(_buggy_update(bug), policy, value, batch)[2].steps)
+            for bug in _BUGS
+        }
+        best = max(agree, key=agree.get)
+        if agree[best] > first_bad:
+            text += f"\n  the likely mistake: {_BUGS[best]}"
+        return Verdict(name, FAILED, text, _library_update)
+    for got_p, ref_p in zip(
+        [*new_policy.parameters(), *new_value.parameters()], [*ref_policy.parameters(), *ref_value.parameters()]
+    ):
+        if not torch.allclose(got_p, ref_p, rtol=1e-6, atol=1e-9):
+            return Verdict(
+                name,
+                FAILED,
+                "every step's gradients match, but the final weights differ: change the weights only through "
+                "optimizer.step().",
+                _library_update,
+            )
+    return Verdict(
+        name,
+        PASSED,
+        f"all {expected_steps} optimizer steps match the reference's gradients, and the final weights match. "
+        "The notebook now trains PPO with your update.",
+        fn,
+    )

@@ -1,0 +1,104 @@
+"""Exercises 5.2 (the clipped objective's values by hand) and 5.3 (PPO's whole update, checked step by step beside
+the library's); each realistic bug is named."""
+
+import pytest
+import torch
+
+from edurl import exercises
+from edurl.exercises import NOT_ATTEMPTED, PASSED
+from edurl.exercises.ch05 import CLIP_VALUE_CASES, _buggy_update, reference_clip_values
+from edurl.exercises.solutions import ch05
+from edurl.rl.ppo import ppo_update
+
+from .conftest import assert_rejected
+
+# ---------------------------------------------------------------- 5.2
+
+
+def test_clip_values_reference_by_hand():
+    # computed on paper: r*A, clip(r, 0.8, 1.2)*A, and the smaller of the two
+    assert reference_clip_values() == {
+        (2.0, 1.5): (3.0, 2.4, 2.4),
+        (2.0, 0.5): (1.0, 1.6, 1.0),
+        (-1.0, 0.5): (-0.5, -0.8, -0.8),
+        (-1.0, 1.5): (-1.5, -1.2, -1.5),
+        (1.0, 1.1): (1.1, 1.1, 1.1),
+    }
+    assert ch05.clip_values() == reference_clip_values()
+
+
+def test_clip_values_passes_and_blank_is_not_attempted():
+    assert exercises.check_clip_values(ch05.clip_values(), verbose=False).status == PASSED
+    blank = {key: (None, None, None) for key in CLIP_VALUE_CASES}
+    assert exercises.check_clip_values(blank, verbose=False).status == NOT_ATTEMPTED
+
+
+def _values(**rows):
+    table = dict(ch05.clip_values())
+    for key, row in rows.items():
+        table[key] = row
+    return table
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        # clipping the product instead of the ratio: clip(3.0) = 1.2
+        ({**ch05.clip_values(), (2.0, 1.5): (3.0, 1.2, 1.2)}, "you clipped the product r * A"),
+        # the larger term
+        ({**ch05.clip_values(), (2.0, 0.5): (1.0, 1.6, 1.6)}, "you took the larger term"),
+        # for A < 0, taking the term closer to zero
+        ({**ch05.clip_values(), (-1.0, 0.5): (-0.5, -0.8, -0.5)}, "you took the larger term"),
+        # forgetting that r = 0.5 is outside the range
+        ({**ch05.clip_values(), (-1.0, 0.5): (-0.5, -0.5, -0.5)}, "outside [0.8, 1.2]"),
+        ({**ch05.clip_values(), (1.0, 1.1): (1.0, 1.1, 1.1)}, "the unclipped term is the ratio times the advantage"),
+        ({**ch05.clip_values(), (1.0, 1.1): [1.1, 1.1, 1.1]}, "expected a tuple of three numbers"),
+    ],
+)
+def test_clip_values_rejects(table, message):
+    assert_rejected(exercises.check_clip_values, table, message)
+
+
+# ---------------------------------------------------------------- 5.3
+
+
+@pytest.mark.parametrize("fn", [ppo_update, ch05.ppo_update])
+def test_ppo_update_checker_passes(fn):
+    verdict = exercises.check_ppo_update(fn, verbose=False)
+    assert verdict.status == PASSED and verdict.implementation is fn, verdict.message
+
+
+@pytest.mark.parametrize(
+    "bug, message",
+    [
+        ("no clip", "never clipped"),
+        ("clip only", "only the clipped term"),
+        ("max", "optimistic (larger)"),
+        ("ratio to current", "against the current policy"),
+        ("no normalisation", "not standardised"),
+        ("batch normalisation", "over the whole batch"),
+        ("no zero_grad", "zero them before backward()"),
+        ("no grad clip", "not clipped at config.max_grad_norm"),
+        ("no half", "half the mean squared error"),
+        ("no vf_coef", "not weighted by config.vf_coef"),
+        ("entropy sign", "the entropy bonus has the wrong sign"),
+        ("no reshuffle", "same order every epoch"),
+        ("one epoch", "one pass over the batch"),
+    ],
+)
+def test_ppo_update_checker_names_each_bug(bug, message):
+    verdict = assert_rejected(exercises.check_ppo_update, _buggy_update(bug), message)
+    assert verdict.implementation is ppo_update
+
+
+def test_ppo_update_checker_stub_crash_and_no_step():
+    def stub(*args):
+        raise NotImplementedError
+
+    assert exercises.check_ppo_update(stub, verbose=False).status == NOT_ATTEMPTED
+
+    def crash(policy, value, optimizer, batch, config, clip_eps):
+        return batch.obs @ torch.ones(3)
+
+    assert "raised RuntimeError (at line" in assert_rejected(exercises.check_ppo_update, crash, "raised").message
+    assert_rejected(exercises.check_ppo_update, lambda *args: None, "never updated")
