@@ -219,7 +219,7 @@ _UPDATE_CLIP = 0.2
 
 
 class _RecordingOptimizer:
-    """Wraps an optimizer; every ``step()`` records the gradients it is about to apply, in float64."""
+    """Wraps an optimizer; every ``step()`` records (a copy of) the gradients it is about to apply."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.inner = optimizer
@@ -267,21 +267,14 @@ def _run_update(fn, policy, value, batch, config=_UPDATE_CONFIG, clip_eps=_UPDAT
     return policy, value, optimizer
 
 
-def _same_steps(a, b, upto: int) -> bool:
-    return (
-        len(a) >= upto
-        and len(b) >= upto
-        and all(
-            all(torch.allclose(x, y, rtol=1e-6, atol=1e-9) for x, y in zip(sa, sb))
-            for sa, sb in zip(a[:upto], b[:upto])
-        )
-    )
+def _same_step(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(x, y, rtol=1e-6, atol=1e-9) for x, y in zip(a, b))
 
 
 def _steps_in_agreement(a, b) -> int:
     """How many leading optimizer steps of two runs applied the same gradients."""
     n = 0
-    while n < min(len(a), len(b)) and _same_steps(a[n:], b[n:], 1):
+    while n < min(len(a), len(b)) and _same_step(a[n], b[n]):
         n += 1
     return n
 
@@ -399,10 +392,8 @@ def _check_update(fn) -> Verdict:
             "the weights were never updated: take one optimizer step per minibatch.",
             _library_update,
         )
-    first_bad = next(
-        (k for k in range(min(len(got.steps), len(ref.steps))) if not _same_steps(got.steps, ref.steps, k + 1)),
-        None,
-    )
+    agreed = _steps_in_agreement(got.steps, ref.steps)
+    first_bad = agreed if agreed < min(len(got.steps), len(ref.steps)) else None
     if first_bad is None and len(got.steps) != expected_steps:
         why = ""
         if len(got.steps) == config.num_minibatches:
@@ -437,8 +428,8 @@ def _check_update(fn) -> Verdict:
             return Verdict(
                 name,
                 FAILED,
-                "every step's gradients match, but the final weights differ: change the weights only through "
-                "optimizer.step().",
+                "every step's gradients match, but the final weights differ: change the weights only through the "
+                "optimizer's steps.",
                 _library_update,
             )
     return Verdict(

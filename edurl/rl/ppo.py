@@ -148,6 +148,13 @@ class PPOBatch:
             yield perm[start : start + step]
 
 
+def _standardised(adv: torch.Tensor, config: PPOConfig) -> torch.Tensor:
+    """Advantages to mean 0 and std 1 when ``config.normalize_advantages`` (and there are at least two)."""
+    if config.normalize_advantages and adv.numel() > 1:
+        return (adv - adv.mean()) / (adv.std() + 1e-8)
+    return adv
+
+
 def ppo_update(
     policy: CategoricalPolicy,
     value: ValueNet,
@@ -170,9 +177,7 @@ def ppo_update(
     for epoch in range(config.update_epochs):
         for idx in batch.minibatches(config.num_minibatches):
             train_logprobs, entropy = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
-            adv = batch.advantages[idx]
-            if config.normalize_advantages and adv.numel() > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # detail: per-minibatch normalisation
+            adv = _standardised(batch.advantages[idx], config)  # detail: per-minibatch normalisation
             policy_loss = clipped_surrogate(
                 train_logprobs, batch.sampling_logprobs[idx], adv, 1 - clip_eps, 1 + clip_eps
             ).mean()
@@ -222,9 +227,7 @@ def _after_update(
     """Diagnostics of the policy and critic the update produced, on the whole batch: how far it moved pi from
     pi_old (approx KL, clip fraction), and its losses and entropy there. 0-d tensors: no device sync."""
     train_logprobs, entropy = policy.logprob_and_entropy(batch.obs, batch.actions)
-    adv = batch.advantages
-    if config.normalize_advantages and adv.numel() > 1:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    adv = _standardised(batch.advantages, config)
     k1, k3, clipped = ppo_diagnostics(train_logprobs, batch.sampling_logprobs, clip_eps)
     return {
         "policy_loss": clipped_surrogate(

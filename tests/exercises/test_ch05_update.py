@@ -102,3 +102,12 @@ def test_ppo_update_checker_stub_crash_and_no_step():
 
     assert "raised RuntimeError (at line" in assert_rejected(exercises.check_ppo_update, crash, "raised").message
     assert_rejected(exercises.check_ppo_update, lambda *args: None, "never updated")
+
+
+def test_ppo_update_checker_catches_weights_changed_outside_the_optimizer():
+    def nudged(policy, value, optimizer, batch, config, clip_eps):
+        ppo_update(policy, value, optimizer, batch, config, clip_eps)
+        with torch.no_grad():
+            next(policy.parameters()).mul_(1.01)  # e.g. a hand-made "extra" step after the last one
+
+    assert_rejected(exercises.check_ppo_update, nudged, "the final weights differ")
