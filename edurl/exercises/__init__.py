@@ -26,6 +26,7 @@ from edurl.exercises.ch05 import check_clip_table, check_clip_values, check_ppo_
 from edurl.exercises.ch06 import check_build_datum
 from edurl.exercises.ch07 import (
     check_group_advantages,
+    check_grpo_step,
     check_masked_datums,
     check_ppo_loss,
 )
@@ -52,6 +53,7 @@ EXERCISES = {
     "group_advantages": (7, check_group_advantages, _ch07_solutions.group_advantages),
     "ppo_loss": (7, check_ppo_loss, _ch07_solutions.ppo_loss),
     "masked_datums": (7, check_masked_datums, _ch07_solutions.build_datums),
+    "grpo_step": (7, check_grpo_step, _ch07_solutions.grpo_step),
 }
 
 
@@ -93,5 +95,6 @@ __all__ = [
     "check_build_datum",
     "check_group_advantages",
     "check_ppo_loss",
+    "check_grpo_step",
     "check_masked_datums",
 ]

@@ -25,6 +25,7 @@ import inspect
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,9 +149,11 @@ def _indent(text: str, prefix: str = "    ") -> str:
 
 
 def _where_it_raised(err: BaseException) -> str:
-    """The last frame of the traceback outside edurl, i.e. the learner's own line."""
+    """The last frame of the traceback outside the edurl package, i.e. the learner's own line (a learner's code that
+    calls into the library, e.g. a client, raises from the library's frames: the line shown is still theirs)."""
+    package = str(Path(__file__).resolve().parents[1])
     frames = [
-        f for f in traceback.extract_tb(err.__traceback__) if "edurl/exercises" not in f.filename.replace("\\", "/")
+        f for f in traceback.extract_tb(err.__traceback__) if not str(Path(f.filename).resolve()).startswith(package)
     ]
     if not frames:
         return ""

@@ -1,29 +1,39 @@
-"""Checkers for Chapter 7's exercises: group advantages (7.1), the per-token PPO loss (7.2) and one group's
-masked training datums (7.3). Each compares the learner's function with the library's reference."""
+"""Checkers for Chapter 7's exercises: group advantages (7.1), the per-token PPO loss (7.2), one group's masked
+training datums (7.3) and the capstone, a whole GRPO step (7.4). Each compares the learner's function with the
+library's reference."""
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 import torch
 
 from edurl.exercises._core import (
+    FAILED,
+    NOT_ATTEMPTED,
+    PASSED,
     Case,
     CheckFailure,
     Diagnosis,
     Hints,
     Verdict,
+    _where_it_raised,
     compare_outputs,
     compare_tensors,
+    finish,
     run_checker,
     with_hints,
 )
 from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unmasked_prompt
 from edurl.exercises.solutions import ch07 as _solutions
+from edurl.llm.clients import Future
 from edurl.llm.datum import DATUM_FIELDS, Datum
 from edurl.llm.datum import build_datum as _library_build_datum
 from edurl.llm.losses import group_advantages as _library_group_advantages
 from edurl.llm.losses import ppo as _library_ppo
 
-__all__ = ["check_group_advantages", "check_masked_datums", "check_ppo_loss"]
+__all__ = ["check_group_advantages", "check_grpo_step", "check_masked_datums", "check_ppo_loss"]
 
 
 # ================================================================ 7.1 group_advantages
@@ -575,3 +585,468 @@ def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
         verbose=verbose,
         hints=_HINTS_BUILD_DATUMS,
     )
+
+
+# ================================================================ 7.4 grpo_step (the capstone)
+#
+# The checker runs the learner's step and the library's grpo_step for two steps each, from the same weights, through
+# trainers that record every call: the samplers made and what they drew, the datums and arguments of forward_backward,
+# its loss, the gradients handed to optim_step and its AdamParams. A mistake is named from what it did to those records
+# (a sampler older than the last update, advantages that do not sum to zero within a group, a mask on the prompt,
+# ...), so a learner's code may be laid out in any order and still be recognised.
+
+#: the checked steps' settings: 8 problems x 4 completions (P != G, so a group laid out across problems shows)
+STEP_CHECK = dict(batch_size=8, group_size=4, learning_rate=1e-3, max_steps=2, progress=False)
+
+
+@dataclasses.dataclass
+class _StepLog:
+    samplers_made: int = 0
+    samples: list = dataclasses.field(default_factory=list)  # (prompts, responses, sampler age) per sample call
+    forward_backward: list = dataclasses.field(default_factory=list)  # (datums, loss_fn, config, kwargs, output)
+    optim: list = dataclasses.field(default_factory=list)  # (AdamParams, gradients)
+
+
+class _RecordingSampler:
+    """A SamplingClient that records what it draws, and how many updates old its weights are when it draws."""
+
+    def __init__(self, sampler, trainer: _RecordingTrainer):
+        self._sampler, self._trainer, self._made_at = sampler, trainer, trainer.updates
+
+    def sample_batch(self, prompts, num_samples=1, sampling_params=None):
+        responses = self._sampler.sample_batch(prompts, num_samples, sampling_params)
+        age = self._trainer.updates - self._made_at
+        self._trainer.log.samples.append(([list(_as_ints(p)) for p in prompts], responses, age))
+        return responses
+
+    def sample(self, prompt, num_samples=1, sampling_params=None):
+        return Future(self.sample_batch([prompt], num_samples, sampling_params)[0])
+
+    async def sample_async(self, prompt, num_samples=1, sampling_params=None):
+        return self.sample(prompt, num_samples, sampling_params)
+
+    def __getattr__(self, name):
+        return getattr(self._sampler, name)
+
+
+class _RecordingTrainer:
+    """A TrainingClient that records the calls of one step at a time (``begin_step``)."""
+
+    def __init__(self, trainer):
+        self._trainer, self.updates, self.log = trainer, 0, _StepLog()
+
+    def begin_step(self) -> _StepLog:
+        self.log = _StepLog()
+        return self.log
+
+    def save_weights_and_get_sampling_client(self, name="sampler"):
+        self.log.samplers_made += 1
+        return _RecordingSampler(self._trainer.save_weights_and_get_sampling_client(name), self)
+
+    def forward_backward(self, datums, loss_fn, loss_fn_config=None, **kwargs):
+        future = self._trainer.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
+        self.log.forward_backward.append((list(datums), loss_fn, loss_fn_config, kwargs, future.result()))
+        return future
+
+    def optim_step(self, adam_params=None):
+        grads = [
+            q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q)
+            for q in self._trainer.trainable_parameters()
+        ]
+        future = self._trainer.optim_step(adam_params)
+        self.log.optim.append((adam_params, grads))
+        self.updates += 1
+        return future
+
+    async def forward_backward_async(self, datums, loss_fn, loss_fn_config=None, **kwargs):
+        return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
+
+    async def optim_step_async(self, adam_params=None):
+        return self.optim_step(adam_params)
+
+    def __getattr__(self, name):
+        return getattr(self._trainer, name)
+
+
+def _as_ints(prompt) -> list[int]:
+    return prompt.to_ints() if hasattr(prompt, "to_ints") else list(prompt)
+
+
+def _reference_grpo_step(config, trainer, renderer, task, step):
+    """The library's step (:func:`edurl.llm.grpo.grpo_step`) in the exercise's signature."""
+    from edurl.llm.grpo import grpo_step
+
+    return grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences())[0]
+
+
+def _step_setup(base=None, config=None):
+    """The checked steps' config, two recording trainers on the same weights, the renderer and the task."""
+    from edurl.llm.clients import ServiceClient
+    from edurl.llm.grpo import GRPOConfig
+    from edurl.llm.renderer import ChatMLRenderer
+    from edurl.llm.sft import load_or_train_sft
+
+    config = config or GRPOConfig(**STEP_CHECK)
+    if base is None:
+        model, tokenizer, _, _ = load_or_train_sft(config.sft, progress=False)  # Chapter 6's checkpoint, cached
+        base = (model, tokenizer)
+    service = ServiceClient(device="cpu")
+    trainers = [_RecordingTrainer(service.create_training_client(base, keep_reference=False)) for _ in range(2)]
+    return config, trainers, ChatMLRenderer(base[1]), config.sft.task()
+
+
+def _flat_samples(log: _StepLog) -> list[tuple[list[int], list[int], list[float]]]:
+    return [
+        (prompt, list(seq.tokens), list(seq.logprobs))
+        for prompts, responses, _ in log.samples
+        for prompt, response in zip(prompts, responses)
+        for seq in response.sequences
+    ]
+
+
+def _datums(log: _StepLog) -> list[Datum]:
+    return [d for datums, *_ in log.forward_backward for d in datums]
+
+
+def _rewards(log: _StepLog, config, renderer, task, step) -> torch.Tensor:
+    """The reference step's (P, G) rewards, recomputed from its samples (grading is deterministic)."""
+    from edurl.llm.grpo import problem_seed
+    from edurl.llm.rewards import grade
+
+    problems = task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
+    [(_, responses, _)] = log.samples
+    rewards = torch.zeros(config.batch_size, config.group_size)
+    for i, (problem, response) in enumerate(zip(problems, responses)):
+        for j, seq in enumerate(response.sequences):
+            message, complete = renderer.parse_response(seq.tokens)
+            rewards[i, j] = grade(message["content"], problem.answer, complete=complete).reward
+    return rewards
+
+
+def _check_sampling(got: _StepLog, ref: _StepLog, n: int) -> str | None:
+    if not got.samples:
+        return (
+            f"step {n}: nothing was sampled from a sampler made by this trainer in this step. Each step must draw its "
+            "completions from trainer.save_weights_and_get_sampling_client(...) called in that step: a sampler kept "
+            "from elsewhere samples from old weights (the stale-sampler mistake)."
+        )
+    stale = max(age for *_, age in got.samples)
+    if stale:
+        return (
+            f"step {n}: the completions came from a sampler made {stale} optimizer step(s) ago (a stale sampler): the "
+            "samples are no longer the policy's being trained, so the importance ratio drifts from 1 and the "
+            "advantages describe an older policy. Make a fresh sampler at the start of every step."
+        )
+    got_s, ref_s = _flat_samples(got), _flat_samples(ref)
+    if sorted(p for p, _, _ in got_s) != sorted(p for p, _, _ in ref_s):
+        return (
+            f"step {n}: your prompts are not this step's problems. Sample config.batch_size problems from the train "
+            "split with seed problem_seed(config.seed, step), and render each with "
+            "renderer.build_generation_prompt(problem.messages())."
+        )
+    if got_s != ref_s:
+        return (
+            f"step {n}: the prompts are right but the completions differ from the reference's draw. Sample all the "
+            "prompts in one sample_batch call, config.group_size completions each, with SamplingParams that take "
+            "max_tokens and temperature from the config, stop from the renderer, and seed=problem_seed(config.seed, "
+            "step)."
+        )
+    return None
+
+
+def _match(got: list[Datum], ref: list[Datum]) -> list[int] | None:
+    """For each learner datum, the index of a reference datum with the same model_input (None if one has none)."""
+    free: dict[tuple, list[int]] = {}
+    for i, d in enumerate(ref):
+        free.setdefault(tuple(d.model_input.to_ints()), []).append(i)
+    order = []
+    for d in got:
+        slots = free.get(tuple(d.model_input.to_ints()))
+        if not slots:
+            return None
+        order.append(slots.pop(0))
+    return order
+
+
+def _field(d: Datum, name: str) -> torch.Tensor:
+    return torch.as_tensor(d.loss_fn_inputs[name]).detach().double().cpu()
+
+
+def _check_layout(got: list[Datum], ref: list[Datum], order: list[int], n: int) -> str | None:
+    for k, (d, i) in enumerate(zip(got, order)):
+        r = ref[i]
+        missing = [f for f in DATUM_FIELDS if f not in d.loss_fn_inputs]
+        if missing:
+            return f"step {n}, datum {k}: loss_fn_inputs lacks {missing}; build each datum as in exercise 7.3."
+        if _field(d, "mask").shape != _field(r, "mask").shape:
+            return f"step {n}, datum {k}: its fields are not one value per position of model_input."
+        mask, ref_mask = _field(d, "mask"), _field(r, "mask")
+        prompt = int((ref_mask == 0).sum())  # len(prompt) - 1 positions predict a prompt token
+        if not torch.equal(mask, ref_mask):
+            if torch.equal(mask[1:], ref_mask[:-1]) or torch.equal(mask[:-1], ref_mask[1:]):
+                return (
+                    f"step {n}, datum {k}: off by one. The mask and the sampled log-probs sit one position away from "
+                    "the completion's tokens: the first sampled token is predicted at position len(prompt) - 1 (by the "
+                    "last prompt token), so the prompt contributes len(prompt) - 1 zeros."
+                )
+            if mask[:prompt].any():
+                return (
+                    f"step {n}, datum {k}: the prompt is not masked ({int(mask[:prompt].count_nonzero())} of its "
+                    f"{prompt} target positions have mask 1). The policy did not sample the prompt, so those "
+                    "positions need mask 0 and advantage 0; otherwise the update also pushes the prompt's tokens."
+                )
+            return f"step {n}, datum {k}: the mask must be 1 exactly where target_tokens is a sampled token."
+        if not torch.equal(_field(d, "target_tokens"), _field(r, "target_tokens")):
+            return f"step {n}, datum {k}: target_tokens must be the sequence shifted by one (tokens[1:])."
+        if not torch.allclose(_field(d, "logprobs") * mask, _field(r, "logprobs") * ref_mask, atol=1e-6):
+            return (
+                f"step {n}, datum {k}: the datum's logprobs are not the sampler's log-probs of the completion "
+                "(seq.logprobs), which the importance ratio divides by."
+            )
+    return None
+
+
+def _advantage_matrix(got: list[Datum], order: list[int], shape) -> torch.Tensor | None:
+    """The learner's advantage of each reference completion (P, G); None if one datum's advantage varies by token."""
+    out = torch.zeros(shape, dtype=torch.float64)
+    for d, i in zip(got, order):
+        mask = _field(d, "mask") > 0
+        values = _field(d, "advantages")[mask]
+        if len(values) and (values - values[0]).abs().max() > 1e-6:
+            return None
+        out.view(-1)[i] = values[0] if len(values) else 0.0
+    return out
+
+
+def _check_advantages(got: torch.Tensor | None, rewards: torch.Tensor, n: int) -> str | None:
+    rewards = rewards.double()
+    expected = rewards - rewards.mean(dim=1, keepdim=True)
+    if got is None:
+        return (
+            f"step {n}: a completion's advantage varies along its tokens. Every sampled token of completion (i, j) "
+            "carries the same advantage, A[i, j]."
+        )
+    if torch.allclose(got, expected, atol=1e-5):
+        return None
+    if torch.allclose(got, rewards, atol=1e-5):
+        return (
+            f"step {n}: the advantages are the raw rewards (uncentred): every completion of a group that all got "
+            "the same reward still gets pushed, and all of them the same way. Subtract each group's mean reward, "
+            "as your group_advantages does."
+        )
+    sums = got.sum(dim=1)
+    r, a = rewards.unsqueeze(2), got.unsqueeze(2)  # (P, G, 1) against (P, 1, G): every pair within a group
+    out_of_order = ((r == r.transpose(1, 2)) & ((a - a.transpose(1, 2)).abs() > 1e-5)) | (
+        (r > r.transpose(1, 2)) & (a <= a.transpose(1, 2))
+    )
+    if sums.abs().max() <= 1e-4 and out_of_order.any():
+        i = int(out_of_order.flatten(1).any(1).float().argmax())
+        return (
+            f"step {n}: within problem {i}'s group the advantages do not follow the rewards (rewards "
+            f"{[round(x, 3) for x in rewards[i].tolist()]}, advantages {[round(x, 3) for x in got[i].tolist()]}), so "
+            "a group mixed completions of different problems. Check that rewards[i, j] is the j-th completion of "
+            "problem i (the order of your loops, and the shape you view them in), and that datum (i, j) gets "
+            "advantages[i, j]."
+        )
+    if sums.abs().max() > 1e-4:
+        if torch.allclose(got, rewards - rewards.mean(), atol=1e-5):
+            return (
+                f"step {n}: the baseline is the whole batch's mean reward, not each group's: the completions of one "
+                "problem must be compared with each other."
+            )
+        i = int(sums.abs().argmax())
+        return (
+            f"step {n}: the advantages of problem {i}'s {rewards.shape[1]} completions sum to {float(sums[i]):+.3f}, "
+            "not 0, so a group mixed completions of different problems. Check that rewards[i, j] is the j-th "
+            "completion of problem i (the order of your loops, and .view(config.batch_size, config.group_size)), and "
+            "that datum (i, j) gets advantages[i, j]."
+        )
+    return (
+        f"step {n}: the advantages differ from rewards minus each group's mean (this config's advantage_scale is "
+        "'none': no division by the std)."
+    )
+
+
+def _tensor_list_close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.allclose(x, y, rtol=1e-4, atol=1e-7 + 1e-4 * float(y.abs().max()))
+        for x, y in zip(a, b)
+    )
+
+
+_FORWARD_BACKWARD_ARGS = (
+    ("loss_fn", lambda c: c.loss_fn),
+    ("loss_fn_config", lambda c: c.loss_fn_config()),
+    ("aggregation", lambda c: c.aggregation),
+    ("max_tokens", lambda c: c.max_tokens),
+    ("temperature", lambda c: c.temperature),
+)
+
+
+def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
+    if not got.optim:
+        return f"step {n}: the weights never changed. After forward_backward, take one trainer.optim_step(...)."
+    if len(got.optim) > 1:
+        return f"step {n}: {len(got.optim)} optimizer steps in one GRPO step; take exactly one (num_substeps is 1)."
+    (adam, grads), (ref_adam, ref_grads) = got.optim[0], ref.optim[0]
+    if not _tensor_list_close(grads, ref_grads):
+        calls = got.forward_backward
+        wrong = []
+        for name, value in _FORWARD_BACKWARD_ARGS:
+            for _, g_fn, g_cfg, g_kwargs, _ in calls:
+                used = {"loss_fn": g_fn, "loss_fn_config": g_cfg or {}}.get(name, g_kwargs.get(name, "its default"))
+                if used != value(config):
+                    wrong.append(f"{name}={used!r} where the config asks for {value(config)!r}")
+                    break
+        if wrong:
+            return (
+                f"step {n}: the datums are right but the gradient is not: forward_backward was called with "
+                f"{'; '.join(wrong)}. The config names the loss, its loss_fn_config(), the aggregation, the token "
+                "budget and the temperature: pass each of them."
+            )
+        if len(calls) > 1:
+            return (
+                f"step {n}: the datums are right but the gradient is not: forward_backward ran {len(calls)} times, "
+                f"and with aggregation={config.aggregation!r} each call averages over its own tokens. Call it once, "
+                "on the whole batch."
+            )
+        return f"step {n}: the datums are right but the gradient handed to optim_step differs from the reference's."
+    if adam is None or adam.learning_rate != ref_adam.learning_rate:
+        lr = "the default" if adam is None else adam.learning_rate
+        return (
+            f"step {n}: optim_step ran with learning rate {lr}; use AdamParams(learning_rate=config.learning_rate) "
+            f"({config.learning_rate})."
+        )
+    if adam != ref_adam:
+        return f"step {n}: optim_step ran with {adam}; use AdamParams(learning_rate=config.learning_rate) only."
+    return None
+
+
+def _check_row(row, ref_row, n: int) -> str | None:
+    if not isinstance(row, dict):
+        extra = " (did you forget the `return` statement?)" if row is None else ""
+        return f"step {n}: expected the step's metrics as a dict, got {type(row).__name__}{extra}."
+    for key in ("env/all/correct", "env/all/reward/total"):
+        if key not in row:
+            return f"step {n}: the metrics row lacks {key!r}, the batch's mean over all P x G completions."
+        if abs(float(row[key]) - ref_row[key]) > 1e-6:
+            return f"step {n}: row[{key!r}] is {float(row[key]):.4f}; the batch's mean over all P x G completions is {ref_row[key]:.4f}."
+    return None
+
+
+def _step_problem(log, row, ref_log, ref_row, config, renderer, task, step) -> str | None:
+    """What is wrong with one of the learner's steps, judged against the reference's records of the same step."""
+    n = step + 1
+    problem = _check_sampling(log, ref_log, n)
+    if problem is None and not log.forward_backward:
+        problem = f"step {n}: forward_backward was never called, so no gradient reached the weights."
+    if problem is None:
+        datums, ref_datums = _datums(log), _datums(ref_log)
+        order = _match(datums, ref_datums) if len(datums) == len(ref_datums) else None
+        if len(datums) != len(ref_datums):
+            problem = (
+                f"step {n}: {len(datums)} datums, expected one per completion: config.batch_size x "
+                f"config.group_size = {len(ref_datums)}."
+            )
+        elif order is None or sorted(order) != list(range(len(ref_datums))):
+            problem = (
+                f"step {n}: a datum's model_input is not a sampled sequence minus its last token "
+                "(prompt + completion)[:-1], as in exercise 7.3."
+            )
+        else:
+            problem = _check_layout(datums, ref_datums, order, n) or _check_advantages(
+                _advantage_matrix(datums, order, (config.batch_size, config.group_size)),
+                _rewards(ref_log, config, renderer, task, step),
+                n,
+            )
+    return problem or _check_update(log, ref_log, config, n) or _check_row(row, ref_row, n)
+
+
+def _same_weights(trainer, ref_trainer) -> bool:
+    return _tensor_list_close(
+        [q.detach() for q in trainer.trainable_parameters()], [q.detach() for q in ref_trainer.trainable_parameters()]
+    )
+
+
+def _sync(trainer, ref_trainer) -> None:
+    """Give the learner's trainer the reference's weights and Adam state, so float rounding from a different but
+    equivalent order of operations (e.g. the datums in another order) cannot change what the next step samples."""
+    with torch.no_grad():
+        for q, r in zip(trainer.trainable_parameters(), ref_trainer.trainable_parameters()):
+            q.copy_(r)
+    # a deep copy: load_state_dict keeps the very tensors it is given when their dtype and device already fit
+    trainer.optimizer.load_state_dict(copy.deepcopy(ref_trainer.optimizer.state_dict()))
+
+
+def _compare_steps(fn, base=None, config=None) -> Verdict:
+    name = "Exercise 7.4 grpo_step"
+    if not callable(fn):
+        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", _reference_grpo_step)
+    config, (ref_trainer, trainer), renderer, task = _step_setup(base, config)
+    for step in range(config.max_steps):
+        ref_log = ref_trainer.begin_step()
+        ref_row = _reference_grpo_step(config, ref_trainer, renderer, task, step)
+        log = trainer.begin_step()
+        try:
+            row = fn(config, trainer, renderer, task, step)
+        except NotImplementedError:
+            return Verdict(
+                name,
+                NOT_ATTEMPTED,
+                "Your function still raises NotImplementedError. Fill in the body and run this cell again; until then "
+                "the notebook trains with the library's grpo_step.",
+                _reference_grpo_step,
+            )
+        except Exception as err:  # a learner's bug is reported, never re-raised
+            return Verdict(
+                name,
+                FAILED,
+                f"step {step + 1}: your function raised {type(err).__name__}{_where_it_raised(err)}: {err}",
+                _reference_grpo_step,
+            )
+        problem = _step_problem(log, row, ref_log, ref_row, config, renderer, task, step)
+        if problem is None and not _same_weights(trainer, ref_trainer):
+            problem = (
+                f"step {step + 1}: every call matched, but the weights after the step differ from the reference's: "
+                "change them only through forward_backward and optim_step."
+            )
+        if problem:
+            return Verdict(name, FAILED, problem, _reference_grpo_step, case=f"step {step + 1}")
+        _sync(trainer, ref_trainer)
+    return Verdict(
+        name,
+        PASSED,
+        f"{config.max_steps} steps of {config.batch_size} problems x {config.group_size} completions: fresh samplers, "
+        "the same datums, loss and gradients as the library's grpo_step, and the same weights after each update. The "
+        "notebook now trains GRPO with your step.",
+        fn,
+    )
+
+
+_HINTS_GRPO_STEP = Hints(
+    idea=(
+        "One step is the walk-through of section 1 for a whole batch: sample a group for each of P problems from the "
+        "weights as they are now, grade every completion, compare each with its own group, turn each into a masked "
+        "datum, then one gradient step on all of them."
+    ),
+    formula=(
+        "sampler = trainer.save_weights_and_get_sampling_client(...); problems = task.sample(P, split='train', "
+        "seed=s) with s = problem_seed(config.seed, step); responses = sampler.sample_batch(prompts, G, "
+        "SamplingParams(..., seed=s)); rewards (P, G) from grade(); A = group_advantages(rewards); datums = "
+        "build_datums(prompt_i, completions_i, A[i]) for each i; forward_backward(datums, config.loss_fn, "
+        "config.loss_fn_config(), aggregation=..., max_tokens=..., temperature=...); optim_step(AdamParams("
+        "learning_rate=config.learning_rate)); return the mean reward and correctness."
+    ),
+    solution=_solutions.grpo_step,
+)
+
+
+@with_hints(_HINTS_GRPO_STEP)
+def check_grpo_step(fn, *, verbose: bool = True) -> Verdict:
+    """Run a learner's ``grpo_step(config, trainer, renderer, task, step) -> dict`` beside the library's for two steps
+    from Chapter 6's SFT checkpoint (8 problems x 4 completions) and compare the samplers, the datums, the loss's
+    gradients and the updates; the first difference is named from its effect."""
+    return finish(_compare_steps(fn), _HINTS_GRPO_STEP, verbose=verbose, on_failure=REFERENCE_TAKES_OVER_STEP)
+
+
+REFERENCE_TAKES_OVER_STEP = "The notebook trains with the library's grpo_step; fix yours and run this cell again."

@@ -47,6 +47,7 @@ from edurl.llm.clients import AdamParams, SamplingClient, ServiceClient, Trainin
 from edurl.llm.datum import Datum, ModelInput, build_datum, build_supervised_datum
 from edurl.llm.evaluation import EvalResult, evaluate, sequence_logprobs
 from edurl.llm.grpo import GRPOConfig, GRPOResult, grpo_step, train_grpo
+from edurl.llm.loop import problem_seed
 from edurl.llm.losses import aggregate, group_advantages, rl_objective
 from edurl.llm.model import TinyLMConfig, build_tiny_lm, num_parameters
 from edurl.llm.padding import pad
@@ -118,6 +119,7 @@ __all__ = [
     "continued_sft",
     "group_advantages",
     "grpo_step",
+    "problem_seed",
     "rl_objective",
     "train_grpo",
 ]

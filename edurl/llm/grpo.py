@@ -258,12 +258,41 @@ def grpo_step(
     return row, sampler
 
 
-def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
-    """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring."""
+def train_grpo(config: GRPOConfig | None = None, step_fn=None) -> GRPOResult:
+    """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring.
+
+    ``step_fn(config, trainer, renderer, task, step) -> dict`` replaces :func:`grpo_step` for every step: Chapter
+    7's capstone passes the learner's own. It returns the step's metrics row (``env/all/correct`` is shown on the
+    progress bar when present) and must do all of steps 1-6 itself, with a fresh sampler each step; the config
+    fields that only :func:`grpo_step` reads (``refresh_sampler``, the KL penalty, ...) are then the step's to honour.
+    """
     config = config or GRPOConfig()
+    if step_fn is not None:
+        if not callable(step_fn):
+            raise TypeError(
+                f"step_fn must be a function step_fn(config, trainer, renderer, task, step) -> dict of metrics, "
+                f"got {type(step_fn).__name__}"
+            )
+        if not config.refresh_sampler:
+            raise ValueError(
+                "refresh_sampler=False keeps grpo_step's stale sampler between steps, but a step_fn makes its own "
+                "sampler; leave refresh_sampler=True with step_fn."
+            )
+
+        def own_step(trainer, renderer, task, step):
+            row = step_fn(config, trainer, renderer, task, step)
+            if not isinstance(row, dict):
+                raise TypeError(
+                    f"step_fn returned {type(row).__name__}; it must return the step's metrics as a dict, e.g. "
+                    '{"env/all/correct": 0.5, "env/all/reward/total": 0.45}'
+                )
+            return dict(row)
+
+        return run_training_loop(config, own_step, "GRPO", postfix="env/all/correct")
+
     sampler = None  # the last step's sampler: reused only when config.refresh_sampler is False
 
-    def step_fn(trainer, renderer, task, step):
+    def library_step(trainer, renderer, task, step):
         nonlocal sampler
         row, sampler = grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler)
         return row
@@ -276,7 +305,7 @@ def train_grpo(config: GRPOConfig | None = None) -> GRPOResult:
         return None if config.refresh_sampler else sampler
 
     return run_training_loop(
-        config, step_fn, "GRPO", postfix="env/all/correct", on_resume=on_resume, sampler_to_save=sampler_to_save
+        config, library_step, "GRPO", postfix="env/all/correct", on_resume=on_resume, sampler_to_save=sampler_to_save
     )
 
 

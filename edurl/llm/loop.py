@@ -115,9 +115,8 @@ def run_training_loop(
             if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
                 ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
                 row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                bar.set_postfix(
-                    {postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}", "test": f"{ev.pass_at_1:.2f}"}, refresh=False
-                )
+                shown = {postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}"} if postfix in row else {}
+                bar.set_postfix({**shown, "test": f"{ev.pass_at_1:.2f}"}, refresh=False)
             if step == 0 and start_eval is not None:
                 row.update({"test/start_pass_at_1": start_eval.pass_at_1})
             logger.log(step, **row)

@@ -280,10 +280,12 @@ def test_solutions_are_registered_under_chapter_7():
         "group_advantages",
         "ppo_loss",
         "masked_datums",
+        "grpo_step",
     }
     assert "keepdim=True" in exercises.show_solution("group_advantages")
     assert "torch.min" in exercises.show_solution("ppo_loss")
     assert "build_datum(prompt_tokens" in exercises.show_solution("masked_datums")
+    assert "save_weights_and_get_sampling_client" in exercises.show_solution("grpo_step")
 
 
 def test_checkers_print_the_verdict_unless_quiet(capsys):

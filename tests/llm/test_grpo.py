@@ -230,3 +230,27 @@ def test_config_refuses_bad_values_and_a_conflicting_sft_seed(tmp_path):
     with pytest.raises(ValueError, match="lora_rank"):
         tiny(tmp_path, lora_rank=0)
     assert tiny(tmp_path, seed=3, sft=SFTConfig(seed=3)).seed == 3
+
+
+def test_a_step_fn_replaces_grpo_step(tmp_path):
+    """Chapter 7's capstone: train_grpo(step_fn=...) runs the learner's step; the worked solution repeats the
+    library's run (same problems, samples, rewards and held-out scores)."""
+    from edurl.exercises.solutions.ch07 import grpo_step as solution
+
+    library = train_grpo(tiny(tmp_path / "library"))
+    own = train_grpo(tiny(tmp_path / "own"), step_fn=solution)
+    for key in ("env/all/correct", "env/all/reward/total", "test/pass_at_1"):
+        assert own.metrics[key].tolist() == pytest.approx(library.metrics[key].tolist(), nan_ok=True), key
+    assert own.final.pass_at_1 == library.final.pass_at_1
+
+
+def test_a_step_fn_must_return_a_dict_and_make_its_own_sampler(tmp_path):
+    def forgot_return(config, trainer, renderer, task, step):
+        return None
+
+    with pytest.raises(TypeError, match="must return the step's metrics as a dict"):
+        train_grpo(tiny(tmp_path, max_steps=1), step_fn=forgot_return)
+    with pytest.raises(TypeError, match="step_fn must be a function"):
+        train_grpo(tiny(tmp_path), step_fn="grpo_step")
+    with pytest.raises(ValueError, match="refresh_sampler=True"):
+        train_grpo(tiny(tmp_path, refresh_sampler=False), step_fn=forgot_return)

@@ -1,5 +1,5 @@
 """Worked solutions for Chapter 7. Open them with ``edurl.exercises.show_solution(name)``, name one of
-"group_advantages", "ppo_loss" and "masked_datums"."""
+"group_advantages", "ppo_loss", "masked_datums" and "grpo_step"."""
 
 import torch
 
@@ -38,3 +38,46 @@ def build_datums(prompt_tokens, completions, advantages):
         build_datum(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
         for (completion_tokens, sampling_logprobs), advantage in zip(completions, advantages)
     ]
+
+
+def grpo_step(config, trainer, renderer, task, step):
+    """Exercise 7.4, the capstone: one GRPO iteration, built from exercises 7.1 and 7.3. Returns the metrics row."""
+    from edurl import llm
+    from edurl.llm.clients import AdamParams
+
+    seed = llm.problem_seed(config.seed, step)  # this step's problems and samples: a function of (seed, step)
+    # 1. a fresh sampler: the weights as they are now, after the last optim_step
+    sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
+    # 2. P problems, G completions each, in one batched call
+    problems = task.sample(config.batch_size, split="train", seed=seed)
+    prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+    params = llm.SamplingParams(
+        max_tokens=config.max_tokens, temperature=config.temperature, stop=renderer.get_stop_sequences(), seed=seed
+    )
+    responses = sampler.sample_batch(prompts, config.group_size, params)
+    # 3. grade: one row per problem, one column per completion of its group
+    rewards = torch.zeros(config.batch_size, config.group_size)
+    correct = torch.zeros(config.batch_size, config.group_size)
+    for i, (problem, response) in enumerate(zip(problems, responses)):
+        for j, seq in enumerate(response.sequences):
+            message, complete = renderer.parse_response(seq.tokens)
+            g = llm.grade(message["content"], problem.answer, complete=complete)
+            rewards[i, j], correct[i, j] = g.reward, float(g.correct)
+    # 4. each completion against its own group's mean (exercise 7.1)
+    advantages = group_advantages(rewards)
+    # 5. one masked datum per completion, group by group (exercise 7.3)
+    datums = []
+    for prompt, response, group_adv in zip(prompts, responses, advantages):
+        completions = [(s.tokens, s.logprobs) for s in response.sequences]
+        datums += build_datums(prompt, completions, group_adv.tolist())
+    # 6. the loss's gradient over the whole batch, then one optimizer step
+    out = trainer.forward_backward(
+        datums,
+        config.loss_fn,
+        config.loss_fn_config(),
+        aggregation=config.aggregation,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+    ).result()
+    trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+    return {"env/all/reward/total": float(rewards.mean()), "env/all/correct": float(correct.mean()), **out.metrics}

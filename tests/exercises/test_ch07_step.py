@@ -1,0 +1,185 @@
+"""Exercise 7.4, the capstone: the grpo_step checker passes the library's step and the worked solution, and names
+each realistic mistake from its effect."""
+
+import pytest
+import torch
+
+from edurl import llm
+from edurl.exercises import ch07
+from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unmasked_prompt
+from edurl.exercises.solutions import ch07 as solutions
+from edurl.llm.clients import AdamParams
+from edurl.llm.grpo import GRPOConfig
+from edurl.llm.sft import SFTConfig, load_or_train_sft
+
+from ..llm.conftest import SMALL
+from .conftest import assert_gives_nothing_away
+
+# a small warm start that answers in the right format most of the time, so its groups mix rewards 0 and -0.1
+WARM = SFTConfig(model=SMALL, max_steps=300, batch_size=32, warmup_steps=10, num_threads=1, target_pass_at_1=None)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    import os
+
+    old = os.environ.get("EDURL_CACHE")
+    os.environ["EDURL_CACHE"] = str(tmp_path_factory.mktemp("edurl-cache"))
+    try:
+        model, tokenizer, _, _ = load_or_train_sft(WARM, progress=False)
+    finally:
+        if old is None:
+            del os.environ["EDURL_CACHE"]
+        else:
+            os.environ["EDURL_CACHE"] = old
+    return model, tokenizer
+
+
+def check(fn, base):
+    return ch07._compare_steps(fn, base=base, config=GRPOConfig(sft=WARM, **ch07.STEP_CHECK))
+
+
+def buggy_step(bug: str):
+    """The worked solution with one realistic mistake."""
+    kept = {}
+
+    def step_fn(config, trainer, renderer, task, step):
+        seed = llm.problem_seed(config.seed, step)
+        if bug == "stale sampler":
+            kept.setdefault("sampler", trainer.save_weights_and_get_sampling_client("once"))
+            sampler = kept["sampler"]
+        else:
+            sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
+        problems = task.sample(config.batch_size, split="train", seed=step if bug == "seed" else seed)
+        prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+        params = llm.SamplingParams(
+            max_tokens=config.max_tokens, temperature=config.temperature, stop=renderer.get_stop_sequences(), seed=seed
+        )
+        if bug == "one call per prompt":
+            responses = [sampler.sample(p, config.group_size, params).result() for p in prompts]
+        else:
+            responses = sampler.sample_batch(prompts, config.group_size, params)
+        flat = []  # (reward, correct) of each completion
+        if bug == "mixed groups":  # sample-major order, then viewed as (P, G)
+            for j in range(config.group_size):
+                for problem, response in zip(problems, responses):
+                    message, ok = renderer.parse_response(response.sequences[j].tokens)
+                    g = llm.grade(message["content"], problem.answer, complete=ok)
+                    flat.append((g.reward, float(g.correct)))
+        else:
+            for problem, response in zip(problems, responses):
+                for seq in response.sequences:
+                    message, ok = renderer.parse_response(seq.tokens)
+                    g = llm.grade(message["content"], problem.answer, complete=ok)
+                    flat.append((g.reward, float(g.correct)))
+        rewards = torch.tensor([r for r, _ in flat]).view(config.batch_size, config.group_size)
+        correct = torch.tensor([c for _, c in flat]).view(config.batch_size, config.group_size)
+        if bug == "uncentred":
+            advantages = rewards.clone()
+        elif bug == "batch mean":
+            advantages = rewards - rewards.mean()
+        elif bug == "std":
+            advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)
+        else:
+            advantages = solutions.group_advantages(rewards)
+        one = {"unmasked prompt": datum_with_unmasked_prompt, "off by one": datum_shifted_by_prompt_length}.get(
+            bug, llm.build_datum
+        )
+        datums = [
+            one(prompt, seq.tokens, seq.logprobs, float(a))
+            for prompt, response, group in zip(prompts, responses, advantages)
+            for seq, a in zip(response.sequences, group)
+        ]
+        if bug == "reversed datums":
+            datums = datums[::-1]
+        kwargs = dict(aggregation=config.aggregation, max_tokens=config.max_tokens, temperature=config.temperature)
+        if bug == "aggregation":
+            del kwargs["aggregation"]
+        if bug == "one forward_backward per group":
+            G = config.group_size
+            for k in range(0, len(datums), G):
+                trainer.forward_backward(datums[k : k + G], config.loss_fn, config.loss_fn_config(), **kwargs)
+        elif bug != "no forward_backward":
+            trainer.forward_backward(datums, config.loss_fn, config.loss_fn_config(), **kwargs).result()
+        if bug != "no optim_step":
+            trainer.optim_step(AdamParams() if bug == "default lr" else AdamParams(config.learning_rate)).result()
+        if bug == "no return":
+            return None
+        return {"env/all/reward/total": float(rewards.mean()), "env/all/correct": float(correct.mean())}
+
+    return step_fn
+
+
+def test_passes_the_library_step_the_solution_and_a_reordered_batch(base):
+    for fn in (ch07._reference_grpo_step, solutions.grpo_step, buggy_step("none"), buggy_step("reversed datums")):
+        verdict = check(fn, base)
+        assert verdict.status == PASSED, verdict.message
+        assert verdict.implementation is fn
+
+
+def test_the_checked_batch_has_mixed_and_uniform_groups(base):
+    """Without both, uncentred rewards or a group laid out across problems could pass unseen."""
+    config, (trainer, _), renderer, task = ch07._step_setup(base, GRPOConfig(sft=WARM, **ch07.STEP_CHECK))
+    log = trainer.begin_step()
+    row = ch07._reference_grpo_step(config, trainer, renderer, task, 0)
+    rewards = ch07._rewards(log, config, renderer, task, 0)
+    uniform = rewards.max(1).values == rewards.min(1).values
+    assert uniform.any() and not uniform.all(), rewards
+    assert row["env/all/by_group/frac_mixed"] == float((~uniform).float().mean())
+
+
+@pytest.mark.parametrize(
+    "bug, message",
+    [
+        ("stale sampler", "a stale sampler"),
+        ("uncentred", "raw rewards (uncentred)"),
+        ("unmasked prompt", "the prompt is not masked"),
+        ("off by one", "off by one"),
+        ("mixed groups", "a group mixed completions of different problems"),
+        ("batch mean", "the whole batch's mean reward"),
+        ("std", "no division by the std"),
+        ("aggregation", "aggregation='its default' where the config asks for 'token_mean'"),
+        ("one forward_backward per group", "Call it once"),
+        ("no forward_backward", "call forward_backward first"),
+        ("no optim_step", "the weights never changed"),
+        ("default lr", "learning rate 0.0001"),
+        ("seed", "your prompts are not this step's problems"),
+        ("one call per prompt", "Sample all the prompts in one sample_batch call"),
+        ("no return", "did you forget the `return` statement?"),
+    ],
+)
+def test_names_each_bug(base, bug, message):
+    verdict = check(buggy_step(bug), base)
+    assert verdict.status == FAILED
+    assert message in verdict.message, verdict.message
+    assert verdict.implementation is ch07._reference_grpo_step
+    verdict.hints = ch07.check_grpo_step.hints
+    assert_gives_nothing_away(verdict)
+
+
+def test_a_sampler_made_outside_the_step_is_named(base):
+    """A learner who reuses section 1's sampler never samples through this trainer: named as the stale mistake."""
+    outside = llm.ServiceClient(device="cpu").create_training_client(base, keep_reference=False)
+    sampler = outside.save_weights_and_get_sampling_client("elsewhere")
+
+    def step_fn(config, trainer, renderer, task, step):
+        trainer.save_weights_and_get_sampling_client = lambda name: sampler  # noqa: ARG005
+        return solutions.grpo_step(config, trainer, renderer, task, step)
+
+    verdict = check(step_fn, base)
+    assert verdict.status == FAILED and "stale-sampler mistake" in verdict.message, verdict.message
+
+
+def test_stub_and_crash(base):
+    def stub(config, trainer, renderer, task, step):
+        raise NotImplementedError
+
+    def crash(config, trainer, renderer, task, step):
+        return trainer.forward_backward([], "no_such_loss")
+
+    assert check(stub, base).status == NOT_ATTEMPTED
+    verdict = check(crash, base)
+    assert verdict.status == FAILED and "ValueError" in verdict.message
+    assert 'trainer.forward_backward([], "no_such_loss")' in verdict.message  # the learner's own line
+    assert check("not a function", base).status == FAILED
