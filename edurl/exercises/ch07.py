@@ -1,6 +1,6 @@
-"""Checkers for Chapter 7's exercises: group advantages (7.1), the per-token PPO loss (7.2), one group's masked
-training datums (7.3) and the capstone, a whole GRPO step (7.4). Each compares the learner's function with the
-library's reference."""
+"""Checkers for Chapter 7's exercises: group advantages (7.1), one group's masked training datums (7.2), the
+per-token PPO loss (7.3) and the capstone, a whole GRPO step (7.4), which runs on the first two. Each compares the
+learner's function with the library's reference."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def check_group_advantages(fn, *, verbose: bool = True) -> Verdict:
     )
 
 
-# ================================================================ 7.2 ppo_loss
+# ================================================================ 7.3 ppo_loss
 
 
 def _reference_ppo(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
@@ -385,7 +385,7 @@ def check_ppo_loss(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's per-token ``ppo_loss(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8,
     clip_high_threshold=1.2)``: its values and its gradient with respect to ``train_logprobs``."""
     return run_checker(
-        "Exercise 7.2 ppo_loss",
+        "Exercise 7.3 ppo_loss",
         fn,
         _reference_ppo,
         _ppo_cases(),
@@ -397,7 +397,7 @@ def check_ppo_loss(fn, *, verbose: bool = True) -> Verdict:
     )
 
 
-# ================================================================ 7.3 build_datums
+# ================================================================ 7.2 build_datums
 
 _FIELDS = ("model_input", *DATUM_FIELDS)
 
@@ -575,7 +575,7 @@ def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``build_datums(prompt_tokens, completions, advantages)``: one masked Datum per completion
     of a group, ``completions`` being (tokens, sampling_logprobs) pairs and ``advantages`` one float each."""
     return run_checker(
-        "Exercise 7.3 build_datums",
+        "Exercise 7.2 build_datums",
         fn,
         _reference_build_datums,
         _datums_cases(),
@@ -777,7 +777,7 @@ def _check_layout(got: list[Datum], ref: list[Datum], order: list[int], n: int) 
         r = ref[i]
         missing = [f for f in DATUM_FIELDS if f not in d.loss_fn_inputs]
         if missing:
-            return f"step {n}, datum {k}: loss_fn_inputs lacks {missing}; build each datum as in exercise 7.3."
+            return f"step {n}, datum {k}: loss_fn_inputs lacks {missing}; build each datum as in exercise 7.2."
         if _field(d, "mask").shape != _field(r, "mask").shape:
             return f"step {n}, datum {k}: its fields are not one value per position of model_input."
         mask, ref_mask = _field(d, "mask"), _field(r, "mask")
@@ -951,7 +951,7 @@ def _step_problem(log, row, ref_log, ref_row, config, renderer, task, step) -> s
         elif order is None or sorted(order) != list(range(len(ref_datums))):
             problem = (
                 f"step {n}: a datum's model_input is not a sampled sequence minus its last token "
-                "(prompt + completion)[:-1], as in exercise 7.3."
+                "(prompt + completion)[:-1], as in exercise 7.2."
             )
         else:
             problem = _check_layout(datums, ref_datums, order, n) or _check_advantages(
@@ -1023,6 +1023,8 @@ def _compare_steps(fn, base=None, config=None) -> Verdict:
     )
 
 
+REFERENCE_TAKES_OVER_STEP = "The notebook trains with the library's grpo_step; fix yours and run this cell again."
+
 _HINTS_GRPO_STEP = Hints(
     idea=(
         "One step is the walk-through of section 1 for a whole batch: sample a group for each of P problems from the "
@@ -1047,6 +1049,3 @@ def check_grpo_step(fn, *, verbose: bool = True) -> Verdict:
     from Chapter 6's SFT checkpoint (8 problems x 4 completions) and compare the samplers, the datums, the loss's
     gradients and the updates; the first difference is named from its effect."""
     return finish(_compare_steps(fn), _HINTS_GRPO_STEP, verbose=verbose, on_failure=REFERENCE_TAKES_OVER_STEP)
-
-
-REFERENCE_TAKES_OVER_STEP = "The notebook trains with the library's grpo_step; fix yours and run this cell again."

@@ -87,7 +87,7 @@ def test_group_advantages_worked_example_and_zero_variance_group():
     assert verdict.status == FAILED and "got NaN" in verdict.message and "divided by the group's std" in verdict.message
 
 
-# ---------------------------------------------------------------- 7.2 ppo_loss
+# ---------------------------------------------------------------- 7.3 ppo_loss
 
 
 def ppo_max(lp, q, adv, clip_low_threshold=0.8, clip_high_threshold=1.2):
@@ -183,7 +183,7 @@ def test_ppo_loss_gradient_is_checked_not_only_values():
     assert_rejected(exercises.check_ppo_loss, straight_through, "d loss / d train_logprobs: values differ")
 
 
-# ---------------------------------------------------------------- 7.3 build_datums
+# ---------------------------------------------------------------- 7.2 build_datums (checked as masked_datums)
 
 
 def _datum(prompt, tokens, lps, adv, *, n_zeros=None, advs=None, mask=None, drop_last=False):

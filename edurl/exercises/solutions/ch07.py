@@ -18,7 +18,7 @@ def group_advantages(rewards):
 
 
 def ppo_loss(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0.8, clip_high_threshold=1.2):
-    """Exercise 7.2: the clipped surrogate, one loss per token; every input and the result share one shape.
+    """Exercise 7.3: the clipped surrogate, one loss per token; every input and the result share one shape.
 
     r = pi / pi_sampler, computed from log-probs as exp(lp - q) so the gradient flows into train_logprobs.
     min() is pessimistic: once r has left [clip_low_threshold, clip_high_threshold] in the direction A favours, the clipped
@@ -31,7 +31,7 @@ def ppo_loss(train_logprobs, sampling_logprobs, advantages, clip_low_threshold=0
 
 
 def build_datums(prompt_tokens, completions, advantages):
-    """Exercise 7.3: one masked Datum per completion of a group, each laid out by Exercise 6.1's build_datum
+    """Exercise 7.2: one masked Datum per completion of a group, each laid out by Exercise 6.1's build_datum
     (`show_solution("build_datum")` shows that layout)."""
     # completion i gets advantages[i]: the group's baseline already made them relative to each other
     return [
@@ -41,7 +41,7 @@ def build_datums(prompt_tokens, completions, advantages):
 
 
 def grpo_step(config, trainer, renderer, task, step):
-    """Exercise 7.4, the capstone: one GRPO iteration, built from exercises 7.1 and 7.3. Returns the metrics row."""
+    """Exercise 7.4, the capstone: one GRPO iteration, built from exercises 7.1 and 7.2. Returns the metrics row."""
     from edurl import llm
     from edurl.llm.clients import AdamParams
 
@@ -65,7 +65,7 @@ def grpo_step(config, trainer, renderer, task, step):
             rewards[i, j], correct[i, j] = g.reward, float(g.correct)
     # 4. each completion against its own group's mean (exercise 7.1)
     advantages = group_advantages(rewards)
-    # 5. one masked datum per completion, group by group (exercise 7.3)
+    # 5. one masked datum per completion, group by group (exercise 7.2)
     datums = []
     for prompt, response, group_adv in zip(prompts, responses, advantages):
         completions = [(s.tokens, s.logprobs) for s in response.sequences]
