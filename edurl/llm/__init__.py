@@ -19,6 +19,7 @@ Modules, in the order the chapters teach them:
 * ``clients``        -- Tinker-style ``ServiceClient`` / ``TrainingClient`` / ``SamplingClient``
 * ``loop``           -- the loop around a step: resume, evaluation, metrics.jsonl, checkpoints
 * ``grpo``           -- ``GRPOConfig``, ``grpo_step`` and ``train_grpo``
+* ``length_bias``    -- GRPO's length bias in a run on a three-logit policy (Chapter 7, section 4)
 
 The reader's path through GRPO is two files, read downwards: ``grpo.grpo_step`` then ``losses.rl_objective``.
 Every submodule is imported here, so ``llm.grpo.train_grpo`` works after ``from edurl import llm`` alone.
@@ -29,6 +30,7 @@ from edurl.llm import (
     datum,
     evaluation,
     grpo,
+    length_bias,
     loop,
     losses,
     model,
@@ -65,6 +67,7 @@ __all__ = [
     "datum",
     "evaluation",
     "grpo",
+    "length_bias",
     "loop",
     "losses",
     "model",
