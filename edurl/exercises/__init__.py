@@ -30,6 +30,7 @@ from edurl.exercises.ch07 import (
     check_masked_datums,
     check_ppo_loss,
 )
+from edurl.exercises.ch08 import check_bradley_terry_loss, check_dpo_loss, check_kl_shaped_rewards
 from edurl.exercises.solutions import ch01 as _ch01_solutions
 from edurl.exercises.solutions import ch02 as _ch02_solutions
 from edurl.exercises.solutions import ch03 as _ch03_solutions
@@ -37,6 +38,7 @@ from edurl.exercises.solutions import ch04 as _ch04_solutions
 from edurl.exercises.solutions import ch05 as _ch05_solutions
 from edurl.exercises.solutions import ch06 as _ch06_solutions
 from edurl.exercises.solutions import ch07 as _ch07_solutions
+from edurl.exercises.solutions import ch08 as _ch08_solutions
 
 #: exercise name -> (chapter, checker, worked solution)
 EXERCISES = {
@@ -54,6 +56,9 @@ EXERCISES = {
     "ppo_loss": (7, check_ppo_loss, _ch07_solutions.ppo_loss),
     "masked_datums": (7, check_masked_datums, _ch07_solutions.build_datums),
     "grpo_step": (7, check_grpo_step, _ch07_solutions.grpo_step),
+    "bradley_terry_loss": (8, check_bradley_terry_loss, _ch08_solutions.bradley_terry_loss),
+    "dpo_loss": (8, check_dpo_loss, _ch08_solutions.dpo_loss),
+    "kl_shaped_rewards": (8, check_kl_shaped_rewards, _ch08_solutions.kl_shaped_rewards),
 }
 
 
@@ -97,4 +102,7 @@ __all__ = [
     "check_ppo_loss",
     "check_grpo_step",
     "check_masked_datums",
+    "check_bradley_terry_loss",
+    "check_dpo_loss",
+    "check_kl_shaped_rewards",
 ]

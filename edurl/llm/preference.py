@@ -1,0 +1,488 @@
+"""Learning from preferences: simulated raters, the Bradley-Terry reward model, and DPO (Chapter 8).
+
+RLHF replaces Chapter 7's verifier with a reward *learned* from comparisons. This file holds the whole
+pipeline, read downwards:
+
+1. **Raters.** A hidden *gold* score defines what people prefer on the arithmetic task: how close a reply's
+   boxed answer is to the truth. A rater compares two replies and prefers ``a`` with probability
+   ``sigmoid((s(a) - s(b)) / temperature)``: the Bradley-Terry model (Bradley and Terry, 1952), which is how
+   InstructGPT and its successors model a labeller. Because the probabilities are known, the best pair
+   accuracy any reward model can reach on given pairs, the *ceiling*, is computed exactly:
+   ``mean(max(p, 1 - p))``. A *biased* rater also likes longer replies; its preferences are the data of the
+   over-optimisation experiment.
+2. **Losses** (pure functions, the public contract): :func:`bradley_terry_loss` and :func:`dpo_loss`.
+
+Shapes: every per-pair tensor is ``(B,)``, one entry per pair.
+
+    pair      prompt  chosen  rejected      the rater preferred chosen (the label is the order)
+    rewards   r_c     r_r                   a reward model's scalar for each reply
+    BT loss   mean -log sigmoid(r_c - r_r)
+    DPO loss  mean -log sigmoid(beta * ((log pi_c - log ref_c) - (log pi_r - log ref_r)))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+
+from edurl._checks import check_fields, check_same_shape, check_tensor
+from edurl.llm.rewards import extract_boxed, is_integer_answer
+from edurl.llm.sft import SFTConfig
+from edurl.utils import device as pick_device
+from edurl.utils import progress as progress_bar
+from edurl.utils import torch_threads
+
+# ---------------------------------------------------------------- raters
+
+UNPARSEABLE_SCORE = -4.0
+"""Gold score of a reply with no integer in a ``\\boxed{}``: below every parseable answer's."""
+
+
+def gold_score(reply: str, answer: str) -> float:
+    """What the simulated people want: ``-log(1 + |given - answer|)`` for a boxed integer answer (0 when
+    right, -0.69 when off by one, -2.4 when off by 10), and :data:`UNPARSEABLE_SCORE` otherwise.
+
+    A graded score, not a 0/1 verifier: people prefer a near miss to a wild guess, so pairs of two wrong
+    replies still carry information."""
+    given = extract_boxed(reply)
+    if given is None or not is_integer_answer(given) or not is_integer_answer(str(answer).strip()):
+        return UNPARSEABLE_SCORE
+    return -math.log1p(abs(int(given) - int(str(answer).strip())))
+
+
+@dataclass(frozen=True)
+class Rater:
+    """A simulated labeller: Bradley-Terry preferences on a score.
+
+    ``score = gold_score + length_bonus * len(reply)``; ``length_bonus = 0`` is the gold rater, > 0 the biased
+    one that also likes longer replies."""
+
+    temperature: float = 0.5
+    """Noise of the comparisons: P(a preferred) = sigmoid((s(a) - s(b)) / temperature)."""
+    length_bonus: float = 0.0
+    """Score added per character of the reply (0: the gold rater)."""
+
+    def __post_init__(self) -> None:
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if not (self.length_bonus >= 0 and math.isfinite(self.length_bonus)):
+            raise ValueError(f"length_bonus must be a finite number >= 0, got {self.length_bonus!r}")
+
+    def score(self, reply: str, answer: str) -> float:
+        """The rater's hidden score of one reply."""
+        return gold_score(reply, answer) + self.length_bonus * len(reply)
+
+    def prefer_probability(self, reply_a: str, reply_b: str, answer: str) -> float:
+        """P(the rater prefers ``reply_a`` to ``reply_b``)."""
+        return 1.0 / (1.0 + math.exp(-(self.score(reply_a, answer) - self.score(reply_b, answer)) / self.temperature))
+
+
+def ceiling(prefer_probabilities: torch.Tensor | Sequence[float]) -> float:
+    """The best expected pair accuracy on pairs whose preference probabilities are given: a predictor that
+    knows each probability ``p`` picks the likelier reply and is right with probability ``max(p, 1 - p)``.
+    By hand: ``ceiling([0.9, 0.5, 0.2]) = (0.9 + 0.5 + 0.8) / 3 = 0.7333``."""
+    p = torch.as_tensor(prefer_probabilities, dtype=torch.float64)
+    if p.numel() == 0 or ((p < 0) | (p > 1)).any():
+        raise ValueError("prefer_probabilities must be a non-empty list of probabilities in [0, 1]")
+    return float(torch.maximum(p, 1 - p).mean())
+
+
+# ---------------------------------------------------------------- losses
+
+
+def _check_pairs(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
+    check_tensor(a, name_a, ndim=(1,), floating=True)
+    check_tensor(b, name_b, ndim=(1,), floating=True)
+    check_same_shape(a, b, name_a, name_b)
+
+
+def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
+    """``mean(-log sigmoid(r_c - r_r))`` over pairs: the negative log-likelihood of the labels under
+    Bradley-Terry. Inputs ``(B,)``, a scalar out. ``logsigmoid`` keeps it finite for any margin.
+
+    By hand: equal rewards give ``log 2 = 0.6931``; a margin of ``log 3`` gives ``-log(3/4) = 0.2877``."""
+    _check_pairs(chosen_rewards, rejected_rewards, "chosen_rewards", "rejected_rewards")
+    return -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """DPO (Rafailov et al., 2023): Bradley-Terry on the implicit reward ``beta * (log pi - log ref)``.
+
+    ``mean(-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))))`` with summed sequence log-probs of shape
+    ``(B,)``; a scalar out. At ``pi = ref`` it is ``log 2`` whatever ``beta``."""
+    for name, value in (("policy_rejected_logps", policy_rejected_logps), ("ref_chosen_logps", ref_chosen_logps)):
+        _check_pairs(policy_chosen_logps, value, "policy_chosen_logps", name)
+    _check_pairs(policy_chosen_logps, ref_rejected_logps, "policy_chosen_logps", "ref_rejected_logps")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (beta > 0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a finite number > 0 (DPO's KL strength, e.g. 0.1), got {beta!r}")
+    chosen = policy_chosen_logps - ref_chosen_logps  # (B,): log pi/ref of the chosen reply
+    rejected = policy_rejected_logps - ref_rejected_logps  # (B,)
+    return -F.logsigmoid(beta * (chosen - rejected)).mean()
+
+
+def implicit_rewards(policy_logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> torch.Tensor:
+    """DPO's implicit reward of each reply, ``beta * (log pi - log ref)``: ``(B,)``."""
+    return beta * (policy_logps - ref_logps)
+
+
+def kl_shaped_rewards(
+    rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+) -> torch.Tensor:
+    """The classic RLHF reward (Ziegler et al., 2019; InstructGPT): the reward model's score minus
+    ``kl_coef`` times the sampled reply's log-ratio to the reference policy, summed over its tokens.
+
+    ====================  ==========  =====================================================
+    argument              shape       meaning
+    ====================  ==========  =====================================================
+    rewards               (B,)        the reward model's score of each reply
+    logprobs              (B, T)      the sampling policy's log-prob of each reply token
+    ref_logprobs          (B, T)      the reference (SFT) policy's log-prob of the same tokens
+    mask                  (B, T)      1 on the reply's tokens, 0 on prompt and padding
+    ====================  ==========  =====================================================
+
+    Returns ``rewards - kl_coef * sum_t mask * (logprobs - ref_logprobs)``, shape ``(B,)``: the sum is the
+    single-sample (k1) estimate of KL(pi || ref) for that reply. By hand: reward 1, two reply tokens with
+    log-ratios 0.5 and 0.25, ``kl_coef = 0.4``: ``1 - 0.4 * 0.75 = 0.7``.
+    """
+    check_tensor(rewards, "rewards", ndim=(1,), floating=True)
+    for name, value in (("logprobs", logprobs), ("ref_logprobs", ref_logprobs)):
+        check_tensor(value, name, ndim=(2,), floating=True)
+    check_same_shape(logprobs, ref_logprobs, "logprobs", "ref_logprobs")
+    check_same_shape(logprobs, mask, "logprobs", "mask")
+    if logprobs.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            f"rewards has {rewards.shape[0]} replies but logprobs has {logprobs.shape[0]} rows; one reward per reply"
+        )
+    if not (kl_coef >= 0 and math.isfinite(kl_coef)):
+        raise ValueError(f"kl_coef must be a finite number >= 0 (0: no penalty), got {kl_coef!r}")
+    keep = mask != 0
+    log_ratio = torch.where(keep, logprobs - ref_logprobs, torch.zeros_like(logprobs))  # (B, T)
+    return rewards - kl_coef * log_ratio.sum(dim=1)
+
+
+# ---------------------------------------------------------------- pairs
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """Two replies to one prompt and a rater's verdict on them."""
+
+    prompt: tuple[int, ...]
+    """The rendered generation prompt's token ids."""
+    reply_a: tuple[int, ...]
+    """The first reply's token ids (ending with the stop token when it stopped)."""
+    reply_b: tuple[int, ...]
+    """The second reply's token ids."""
+    text_a: str
+    """The first reply's text, as the rater read it."""
+    text_b: str
+    """The second reply's text."""
+    answer: str
+    """The problem's reference answer (for the gold score; never shown to a reward model)."""
+    p_a: float
+    """The rater's probability of preferring reply a: known exactly, so the ceiling is too."""
+    a_preferred: bool
+    """The label: drawn once from Bernoulli(p_a)."""
+
+    @property
+    def chosen(self) -> tuple[int, ...]:
+        return self.reply_a if self.a_preferred else self.reply_b
+
+    @property
+    def rejected(self) -> tuple[int, ...]:
+        return self.reply_b if self.a_preferred else self.reply_a
+
+    @property
+    def p_chosen(self) -> float:
+        """The rater's probability of the label it gave."""
+        return self.p_a if self.a_preferred else 1.0 - self.p_a
+
+
+@torch.no_grad()
+def sample_pairs(
+    model,
+    renderer,
+    problems: Sequence,
+    rater: Rater,
+    seed: int = 0,
+    temperature: float = 1.0,
+    max_tokens: int = 16,
+    samples_per_problem: int = 4,
+) -> list[PreferencePair]:
+    """Sample ``samples_per_problem`` replies per problem from ``model``, keep the first two whose texts
+    differ (a problem whose replies all agree gives no pair), and let ``rater`` label them."""
+    from edurl.llm.sampling import SamplingParams, sample
+
+    if samples_per_problem < 2:
+        raise ValueError(f"samples_per_problem must be >= 2 to form a pair, got {samples_per_problem}")
+    prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(), seed=seed
+    )
+    completions = sample(model, prompts, samples_per_problem, params, pad_token_id=renderer.tokenizer.pad_token_id)
+    generator = torch.Generator().manual_seed(seed)
+    pairs = []
+    for i, problem in enumerate(problems):
+        group = completions[i * samples_per_problem : (i + 1) * samples_per_problem]
+        texts = [renderer.parse_response(c.tokens)[0]["content"] for c in group]
+        j = next((j for j in range(1, len(group)) if texts[j] != texts[0]), None)
+        if j is None:
+            continue
+        p_a = rater.prefer_probability(texts[0], texts[j], problem.answer)
+        pairs.append(
+            PreferencePair(
+                prompt=tuple(prompts[i]),
+                reply_a=tuple(group[0].tokens),
+                reply_b=tuple(group[j].tokens),
+                text_a=texts[0],
+                text_b=texts[j],
+                answer=problem.answer,
+                p_a=p_a,
+                a_preferred=bool(torch.rand((), generator=generator, dtype=torch.float64) < p_a),
+            )
+        )
+    return pairs
+
+
+# ---------------------------------------------------------------- the reward model
+
+
+def load_reward_model(path, seed: int = 0):
+    """A sequence-classification model with one scalar output (``AutoModelForSequenceClassification``,
+    ``num_labels=1``) on the weights of the causal LM at ``path``: its transformer is the LM's, and only the
+    scalar head ``score`` is new (initialised from ``seed``). Works for the course's SFT checkpoint and for any
+    local Hugging Face folder, e.g. Qwen2.5-0.5B-Instruct's."""
+    import transformers
+    from transformers import AutoModelForSequenceClassification
+
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the load report lists the new head, which is expected
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    if model.config.pad_token_id is None:
+        raise ValueError(
+            f"the model at {path} has no pad_token_id in its config; the reward model needs it to find each "
+            "sequence's last token. Set config.pad_token_id (e.g. to the tokenizer's pad or eos id) and save again."
+        )
+    return model
+
+
+def score_sequences(reward_model, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The reward model's scalar for each ``prompt + reply``: shape ``(B,)``, with gradient.
+
+    Rows are right-padded with the model's pad id; the classification head reads the last non-pad token
+    (the reply's stop token), as transformers' ``*ForSequenceClassification`` models do."""
+    from edurl.llm.padding import pad
+
+    pad_id = reward_model.config.pad_token_id
+    rows = [list(p) + list(r) for p, r in zip(prompts, replies)]
+    ids, mask = pad(rows, pad_id, device=reward_model.device)
+    return reward_model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()  # (B,)
+
+
+@torch.no_grad()
+def pair_metrics(reward_model, pairs: Sequence[PreferencePair], batch_size: int = 256) -> dict[str, float]:
+    """How well a reward model agrees with the raters on ``pairs``.
+
+    * ``accuracy``: share of pairs where the chosen reply scores higher (ties count half), against the
+      sampled labels;
+    * ``expected_accuracy``: the same against the rater's probabilities, ``mean(p_a if r_a > r_b else
+      1 - p_a)``, free of label noise and directly comparable with
+    * ``ceiling``: the best expected accuracy (:func:`ceiling`);
+    * ``margin``: mean of ``r_chosen - r_rejected``; ``loss``: the Bradley-Terry loss.
+    """
+    if not pairs:
+        raise ValueError("pairs is empty")
+    was_training = reward_model.training
+    reward_model.eval()
+    r_a, r_b = [], []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        prompts = [p.prompt for p in chunk]
+        r_a.append(score_sequences(reward_model, prompts, [p.reply_a for p in chunk]).cpu())
+        r_b.append(score_sequences(reward_model, prompts, [p.reply_b for p in chunk]).cpu())
+    reward_model.train(was_training)
+    r_a, r_b = torch.cat(r_a).double(), torch.cat(r_b).double()
+    p_a = torch.tensor([p.p_a for p in pairs], dtype=torch.float64)
+    a_preferred = torch.tensor([p.a_preferred for p in pairs])
+    sign = torch.where(a_preferred, 1.0, -1.0).double()
+    margin = sign * (r_a - r_b)  # (B,): r_chosen - r_rejected
+    picks_a = torch.where(r_a > r_b, 1.0, torch.where(r_a < r_b, 0.0, 0.5)).double()
+    return {
+        "accuracy": float(torch.where(margin > 0, 1.0, torch.where(margin < 0, 0.0, 0.5)).mean()),
+        "expected_accuracy": float((picks_a * p_a + (1 - picks_a) * (1 - p_a)).mean()),
+        "ceiling": ceiling(p_a),
+        "margin": float(margin.mean()),
+        "loss": float(bradley_terry_loss(margin, torch.zeros_like(margin))),
+    }
+
+
+@dataclass
+class RewardModelConfig:
+    """Pairs from the SFT policy, labelled by a simulated rater, and a Bradley-Terry reward model on them."""
+
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The policy that writes the replies (Chapter 6's warm start, cached); its weights also start the RM."""
+    rater_temperature: float = 0.5
+    """The rater's noise: P(a preferred) = sigmoid((s(a) - s(b)) / rater_temperature)."""
+    length_bonus: float = 0.0
+    """0: the gold rater; > 0: a rater that also likes longer replies, by this much per character."""
+    num_train_problems: int = 2048
+    """Training problems; each gives a pair unless all its sampled replies agree."""
+    num_test_problems: int = 512
+    """Held-out problems (the test split) for the pair accuracy."""
+    sample_temperature: float = 1.0
+    """Temperature of the policy that writes the replies: higher, more varied pairs."""
+    batch_size: int = 64
+    """Pairs per optimizer step."""
+    epochs: int = 3
+    """Passes over the training pairs."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate (constant)."""
+    eval_every: int = 20
+    """Steps between held-out evaluations (also at the start and the end)."""
+    seed: int = 0
+    """Seeds the problems, the sampled replies, the labels, the head and the batch order."""
+    num_threads: int = 2
+    """torch CPU threads."""
+    device: str | None = None
+    """Where the reward model trains; None picks with edurl.device()."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            positive_int=("num_train_problems", "num_test_problems", "batch_size", "epochs", "eval_every"),
+            positive=("rater_temperature", "sample_temperature", "learning_rate"),
+            nonneg=("length_bonus",),
+            nonneg_int=("seed",),
+        )
+
+    def rater(self) -> Rater:
+        return Rater(temperature=self.rater_temperature, length_bonus=self.length_bonus)
+
+
+@dataclass
+class RewardModelResult:
+    """A trained reward model, the data it saw, and its learning curve."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    history: list[dict]
+    """One row per evaluation: step, train loss, and :func:`pair_metrics` on the held-out pairs (``test/...``)."""
+    train_pairs: list[PreferencePair]
+    test_pairs: list[PreferencePair]
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1]
+
+
+def fit_reward_model(
+    reward_model,
+    train_pairs: Sequence[PreferencePair],
+    test_pairs: Sequence[PreferencePair],
+    *,
+    batch_size: int = 64,
+    epochs: int = 3,
+    learning_rate: float = 3e-4,
+    eval_every: int = 20,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict]:
+    """Minimise :func:`bradley_terry_loss` over ``train_pairs`` with AdamW; evaluate on ``test_pairs``.
+    Returns the history (see :class:`RewardModelResult`)."""
+    if not train_pairs or not test_pairs:
+        raise ValueError(
+            f"need training and held-out pairs, got {len(train_pairs)} and {len(test_pairs)}; a problem gives no "
+            "pair when all its sampled replies agree, so raise the problem counts or the sampling temperature"
+        )
+    optimizer = torch.optim.AdamW(reward_model.parameters(), lr=learning_rate, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(len(train_pairs) / batch_size)
+    total = epochs * steps_per_epoch
+    history = [{"step": 0, "train/loss": float("nan"), **_prefixed(pair_metrics(reward_model, test_pairs))}]
+    bar = progress_bar(total=total, desc="reward model", disable=not progress)
+    step = 0
+    for _ in range(epochs):
+        order = torch.randperm(len(train_pairs), generator=generator).tolist()
+        for start in range(0, len(order), batch_size):
+            batch = [train_pairs[i] for i in order[start : start + batch_size]]
+            reward_model.train()
+            prompts = [p.prompt for p in batch]
+            r = score_sequences(
+                reward_model, prompts + prompts, [p.chosen for p in batch] + [p.rejected for p in batch]
+            )
+            loss = bradley_terry_loss(r[: len(batch)], r[len(batch) :])  # one forward for both halves
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(reward_model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            bar.update(1)
+            if step % eval_every == 0 or step == total:
+                row = {"step": step, "train/loss": loss.item(), **_prefixed(pair_metrics(reward_model, test_pairs))}
+                history.append(row)
+                bar.set_postfix(test_acc=f"{row['test/expected_accuracy']:.3f}", refresh=False)
+    bar.close()
+    reward_model.eval()
+    return history
+
+
+def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
+    return {f"test/{k}": v for k, v in metrics.items()}
+
+
+def train_reward_model(config: RewardModelConfig | None = None) -> RewardModelResult:
+    """Sample pairs from the SFT policy, label them with ``config.rater()``, and fit a reward model that
+    starts from the SFT weights (:func:`load_reward_model`)."""
+    from edurl.llm.renderer import ChatMLRenderer
+    from edurl.llm.sft import load_or_train_sft
+
+    config = config or RewardModelConfig()
+    rater = config.rater()
+    dev = pick_device(config.device)
+    with torch_threads(config.num_threads, config.device):
+        policy, tokenizer, _, path = load_or_train_sft(
+            replace(config.sft, device=config.device), progress=config.progress
+        )
+        renderer = ChatMLRenderer(tokenizer)
+        task = config.sft.task()
+        pairs = {}
+        for split, n in (("train", config.num_train_problems), ("test", config.num_test_problems)):
+            problems = task.sample(n, split=split, seed=config.seed)
+            pairs[split] = sample_pairs(
+                policy, renderer, problems, rater, seed=config.seed, temperature=config.sample_temperature
+            )
+        reward_model = load_reward_model(path, seed=config.seed).to(dev)
+        history = fit_reward_model(
+            reward_model,
+            pairs["train"],
+            pairs["test"],
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            learning_rate=config.learning_rate,
+            eval_every=config.eval_every,
+            seed=config.seed,
+            progress=config.progress,
+        )
+    return RewardModelResult(reward_model, tokenizer, history, pairs["train"], pairs["test"])

@@ -1,0 +1,229 @@
+import math
+import random
+
+import pytest
+import torch
+
+from edurl.llm.preference import (
+    UNPARSEABLE_SCORE,
+    PreferencePair,
+    Rater,
+    RewardModelConfig,
+    bradley_terry_loss,
+    ceiling,
+    dpo_loss,
+    fit_reward_model,
+    gold_score,
+    implicit_rewards,
+    kl_shaped_rewards,
+    load_reward_model,
+    pair_metrics,
+    sample_pairs,
+    score_sequences,
+)
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.tasks import ArithmeticTask
+
+# ---------------------------------------------------------------- losses, by hand
+
+
+def test_bradley_terry_loss_by_hand():
+    assert bradley_terry_loss(torch.zeros(4), torch.zeros(4)).item() == pytest.approx(math.log(2))
+    # margin log 3: sigmoid = 3/4
+    assert bradley_terry_loss(torch.tensor([math.log(3)]), torch.zeros(1)).item() == pytest.approx(-math.log(0.75))
+    # the mean over pairs, not the sum
+    two = bradley_terry_loss(torch.tensor([math.log(3), 0.0]), torch.tensor([0.0, 0.0]))
+    assert two.item() == pytest.approx((-math.log(0.75) + math.log(2)) / 2)
+    # stable at huge margins, with the right gradient: d/dr_c = -(1 - sigmoid(margin)) / B
+    r_c = torch.tensor([60.0, -60.0], requires_grad=True)
+    loss = bradley_terry_loss(r_c, torch.zeros(2))
+    loss.backward()
+    assert loss.item() == pytest.approx(60 / 2, rel=1e-6) and torch.isfinite(r_c.grad).all()
+    assert r_c.grad.tolist() == pytest.approx([0.0, -0.5], abs=1e-6)
+
+
+def test_dpo_loss_by_hand():
+    zeros = torch.zeros(3)
+    assert dpo_loss(zeros, zeros, zeros, zeros, beta=0.1).item() == pytest.approx(math.log(2))
+    # policy = reference: log 2 whatever the log-probs and beta
+    lp_c, lp_r = torch.tensor([-3.0, -1.0]), torch.tensor([-2.0, -5.0])
+    assert dpo_loss(lp_c, lp_r, lp_c, lp_r, beta=0.5).item() == pytest.approx(math.log(2))
+    # beta * ((pi_c - ref_c) - (pi_r - ref_r)) = 0.5 * ((-1 - -3) - (-4 - -2)) = 0.5 * 4 = 2
+    loss = dpo_loss(torch.tensor([-1.0]), torch.tensor([-4.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), beta=0.5)
+    assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-2))))
+    assert implicit_rewards(torch.tensor([-1.0]), torch.tensor([-3.0]), 0.5).item() == pytest.approx(1.0)
+    # DPO is Bradley-Terry on the implicit rewards
+    pc, pr, rc, rr = (torch.randn(5, generator=torch.Generator().manual_seed(i)) for i in range(4))
+    bt = bradley_terry_loss(implicit_rewards(pc, rc, 0.3), implicit_rewards(pr, rr, 0.3))
+    assert dpo_loss(pc, pr, rc, rr, 0.3).item() == pytest.approx(bt.item())
+
+
+def test_kl_shaped_rewards_by_hand():
+    logprobs = torch.tensor([[9.0, -1.0, -2.0, 7.0]])  # 9 and 7 sit on masked positions (prompt, padding)
+    ref = torch.tensor([[0.0, -1.5, -2.25, 0.0]])
+    mask = torch.tensor([[0, 1, 1, 0]])
+    out = kl_shaped_rewards(torch.tensor([1.0]), logprobs, ref, mask, kl_coef=0.4)
+    assert out.tolist() == pytest.approx([1 - 0.4 * (0.5 + 0.25)])
+    assert kl_shaped_rewards(torch.tensor([1.0]), logprobs, ref, mask.bool(), 0.0).tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: bradley_terry_loss(torch.zeros(3), torch.zeros(2)), "same shape"),
+        (lambda: bradley_terry_loss([0.0], [1.0]), "torch.Tensor"),
+        (lambda: bradley_terry_loss(torch.zeros(2, 2), torch.zeros(2, 2)), "1-D"),
+        (lambda: dpo_loss(*[torch.zeros(2)] * 4, beta=0.0), "beta must be"),
+        (lambda: dpo_loss(torch.zeros(2), torch.zeros(2), torch.zeros(3), torch.zeros(2), beta=0.1), "same shape"),
+        (
+            lambda: kl_shaped_rewards(torch.zeros(2), torch.zeros(3, 4), torch.zeros(3, 4), torch.ones(3, 4), 0.1),
+            "one reward per reply",
+        ),
+        (
+            lambda: kl_shaped_rewards(torch.zeros(1), torch.zeros(1, 4), torch.zeros(1, 4), torch.ones(1, 4), -1.0),
+            "kl_coef",
+        ),
+    ],
+)
+def test_bad_inputs_say_what_is_wrong(call, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        call()
+
+
+# ---------------------------------------------------------------- raters and the ceiling
+
+
+def test_gold_score_and_raters():
+    assert gold_score("\\boxed{57}", "57") == 0.0
+    assert gold_score("\\boxed{58}", "57") == pytest.approx(-math.log(2))
+    assert gold_score("the answer is \\boxed{47}", "57") == pytest.approx(-math.log(11))
+    assert gold_score("57", "57") == UNPARSEABLE_SCORE == gold_score("\\boxed{5x}", "57")
+    gold = Rater(temperature=0.5)
+    assert gold.prefer_probability("\\boxed{57}", "\\boxed{58}", "57") == pytest.approx(
+        1 / (1 + math.exp(-2 * math.log(2)))
+    )
+    assert gold.prefer_probability("\\boxed{1}", "\\boxed{1}", "57") == 0.5
+    # the biased rater likes length: a longer wrong reply can beat a right one
+    biased = Rater(temperature=0.5, length_bonus=0.2)
+    assert biased.score("\\boxed{57}", "57") == pytest.approx(0.2 * len("\\boxed{57}"))
+    assert biased.score("\\boxed{57}xxxxxxxxxx", "57") > gold.score("\\boxed{57}", "57")
+    with pytest.raises(ValueError, match="temperature"):
+        Rater(temperature=0.0)
+    with pytest.raises(ValueError, match="length_bonus"):
+        Rater(length_bonus=-1.0)
+
+
+def test_ceiling_by_hand_and_by_simulation():
+    assert ceiling([0.9, 0.5, 0.2]) == pytest.approx((0.9 + 0.5 + 0.8) / 3)
+    assert ceiling([1.0, 0.0]) == 1.0
+    # simulated labels: the predictor that knows p reaches the ceiling, up to sampling noise
+    rng = random.Random(0)
+    p = [rng.random() for _ in range(20_000)]
+    hits = [(rng.random() < q) == (q > 0.5) for q in p]
+    assert sum(hits) / len(hits) == pytest.approx(ceiling(p), abs=0.01)
+    with pytest.raises(ValueError, match="probabilities"):
+        ceiling([1.5])
+
+
+# ---------------------------------------------------------------- pairs and the reward model
+
+
+def _pair(prompt, a, b, p_a, a_preferred):
+    return PreferencePair(tuple(prompt), tuple(a), tuple(b), "", "", "0", p_a, a_preferred)
+
+
+class SumOfTokensRM(torch.nn.Module):
+    """A stand-in reward model whose score is known: the sum of a sequence's non-pad token ids."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("C", (), {"pad_token_id": 0})()
+        self.device = torch.device("cpu")
+
+    def forward(self, input_ids, attention_mask):
+        return type("Out", (), {"logits": (input_ids * attention_mask).sum(1, keepdim=True).float()})()
+
+
+def test_score_sequences_and_pair_metrics_by_hand():
+    rm = SumOfTokensRM()
+    scores = score_sequences(rm, [[1, 2], [3]], [[4], [5, 6, 7]])
+    assert scores.tolist() == [7.0, 21.0]
+    pairs = [
+        _pair([1], [5], [2], p_a=0.9, a_preferred=True),  # r_a 6 > r_b 3: right; margin +3
+        _pair([1], [5], [2], p_a=0.9, a_preferred=False),  # label against the odds: wrong; margin -3
+        _pair([1], [2], [2], p_a=0.5, a_preferred=True),  # a tie counts half
+        _pair([1], [1], [4], p_a=0.2, a_preferred=False),  # r_b higher, b chosen: right; margin +3
+    ]
+    m = pair_metrics(rm, pairs, batch_size=3)
+    assert m["accuracy"] == pytest.approx((1 + 0 + 0.5 + 1) / 4)
+    assert m["expected_accuracy"] == pytest.approx((0.9 + 0.9 + 0.5 + 0.8) / 4)
+    assert m["ceiling"] == pytest.approx((0.9 + 0.9 + 0.5 + 0.8) / 4)
+    assert m["margin"] == pytest.approx((3 - 3 + 0 + 3) / 4)
+    with pytest.raises(ValueError, match="empty"):
+        pair_metrics(rm, [])
+
+
+@pytest.fixture(scope="module")
+def saved_lm(tmp_path_factory, char_tokenizer, small_model):
+    """A randomly initialised tiny causal LM saved as a Hugging Face folder, as a real checkpoint would be."""
+    path = tmp_path_factory.mktemp("lm")
+    small_model.save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    return path
+
+
+def test_load_reward_model_keeps_the_lm_weights_and_adds_a_scalar_head(saved_lm, small_model):
+    rm = load_reward_model(saved_lm, seed=0)
+    assert type(rm).__name__.endswith("ForSequenceClassification") and rm.config.num_labels == 1
+    assert torch.equal(rm.model.embed_tokens.weight, small_model.model.embed_tokens.weight)
+    assert torch.equal(load_reward_model(saved_lm, seed=0).score.weight, rm.score.weight)  # the head is seeded
+    scores = score_sequences(rm, [[5, 6], [5]], [[7, 8], [7, 8, 9]])
+    assert scores.shape == (2,) and scores.requires_grad
+    # right padding does not change a row's score: the head reads the last real token
+    alone = score_sequences(rm, [[5, 6]], [[7, 8]])
+    assert alone.item() == pytest.approx(scores[0].item(), abs=1e-5)
+
+
+def test_fit_reward_model_learns_a_learnable_rater(saved_lm, char_tokenizer):
+    """Replies that differ only in length, labelled by a rater that likes length: the reward model must get
+    close to the exact ceiling in a few dozen steps."""
+    renderer = ChatMLRenderer(char_tokenizer)
+    rater = Rater(temperature=0.5, length_bonus=0.5)
+    rng = random.Random(0)
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": "1 + 1=?"}])
+    stop = renderer.get_stop_sequences()
+    pairs = []
+    for _ in range(384):
+        la, lb = rng.sample(range(1, 9), 2)
+        ta, tb = "x" * la, "x" * lb
+        p_a = rater.prefer_probability(ta, tb, "2")
+        enc = lambda t: char_tokenizer.encode(t, add_special_tokens=False) + list(stop)  # noqa: E731
+        pairs.append(
+            PreferencePair(tuple(prompt), tuple(enc(ta)), tuple(enc(tb)), ta, tb, "2", p_a, rng.random() < p_a)
+        )
+    rm = load_reward_model(saved_lm, seed=0)
+    history = fit_reward_model(
+        rm, pairs[:320], pairs[320:], batch_size=32, epochs=4, learning_rate=3e-3, eval_every=10, progress=False
+    )
+    first, last = history[0], history[-1]
+    assert last["test/expected_accuracy"] > first["test/expected_accuracy"] + 0.2
+    assert last["test/expected_accuracy"] >= 0.9 * last["test/ceiling"]
+    assert last["test/margin"] > 0 and last["train/loss"] < math.log(2)
+
+
+def test_sample_pairs_labels_distinct_replies(small_model, char_tokenizer):
+    renderer = ChatMLRenderer(char_tokenizer)
+    problems = ArithmeticTask(1).sample(8, seed=0)
+    pairs = sample_pairs(small_model, renderer, problems, Rater(), seed=0, max_tokens=6)
+    assert pairs and all(p.text_a != p.text_b for p in pairs)
+    assert all(0.0 <= p.p_a <= 1.0 and p.chosen in (p.reply_a, p.reply_b) for p in pairs)
+    assert sample_pairs(small_model, renderer, problems, Rater(), seed=0, max_tokens=6) == pairs  # seeded
+    with pytest.raises(ValueError, match="samples_per_problem"):
+        sample_pairs(small_model, renderer, problems, Rater(), samples_per_problem=1)
+
+
+def test_reward_model_config_rejects_bad_fields():
+    with pytest.raises(ValueError, match="RewardModelConfig.batch_size"):
+        RewardModelConfig(batch_size=0)
+    with pytest.raises(ValueError, match="RewardModelConfig.length_bonus"):
+        RewardModelConfig(length_bonus=-0.1)
