@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,12 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
 from edurl.llm.sft import SFTConfig
+
+RewardFn = Callable[[list, list[list[int]], list[list[list[int]]]], "torch.Tensor | tuple[torch.Tensor, dict]"]
+"""A reward in place of the verifier's: ``reward_fn(problems, prompts, completions)`` with the step's P problems,
+their P rendered prompts (token ids) and the G completions of each (token ids, ending with the stop token when they
+stopped) returns the rewards, shape (P, G), or ``(rewards, metrics)`` where ``metrics`` is a dict of floats logged
+with the step (e.g. ``env/all/reward/gold``). See :class:`edurl.llm.preference.RewardModelReward`."""
 
 
 @dataclass
@@ -178,9 +185,13 @@ def grpo_step(
     step: int,
     stop,
     sampler: SamplingClient | None = None,
+    reward_fn: RewardFn | None = None,
 ) -> tuple[dict[str, float], SamplingClient]:
     """One iteration (steps 1-6 of the module docstring). Returns the metrics row and the sampler it used
-    (pass that sampler back in to keep it, the stale-sampler mistake, with ``refresh_sampler=False``)."""
+    (pass that sampler back in to keep it, the stale-sampler mistake, with ``refresh_sampler=False``).
+
+    ``reward_fn`` replaces the verifier's reward in step 3 (see :data:`RewardFn`): Chapter 8 passes a learned
+    reward model. The verifier still grades every completion for the ``env/all/correct`` and ``format`` metrics."""
     t0 = time.perf_counter()
     # 1. a sampler over the current weights (or the old one, for the stale-sampler demonstration)
     if sampler is None or config.refresh_sampler:
@@ -201,6 +212,9 @@ def grpo_step(
             grades.append(grade(message["content"], problem.answer, complete=ok))
     P, G = config.batch_size, config.group_size
     rewards = torch.tensor([g.reward for g in grades], device="cpu").view(P, G)
+    reward_row = {}
+    if reward_fn is not None:
+        rewards, reward_row = _call_reward_fn(reward_fn, problems, prompts, responses, (P, G))
     correct = torch.tensor([g.correct for g in grades], device="cpu").view(P, G)
     # 4. advantages
     adv = L.group_advantages(rewards, config.advantage_scale) if config.center_advantages else rewards.clone()
@@ -247,6 +261,7 @@ def grpo_step(
         "env/all/by_group/frac_mixed": float((~uniform).float().mean()),
         "env/all/by_group/frac_all_good": float((correct.min(1).values == 1).float().mean()),
         "env/all/by_group/frac_all_bad": float((correct.max(1).values == 0).float().mean()),
+        **reward_row,
         **kl_row,
         "time/sample": t1 - t0,
         "time/train": t2 - t1,
@@ -258,8 +273,10 @@ def grpo_step(
     return row, sampler
 
 
-def train_grpo(config: GRPOConfig | None = None, step_fn=None) -> GRPOResult:
+def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: RewardFn | None = None) -> GRPOResult:
     """Run GRPO; write ``log_dir/metrics.jsonl`` (and checkpoints). See the module docstring.
+
+    ``reward_fn`` replaces the verifier's reward at every step (see :data:`RewardFn`; Chapter 8's reward model).
 
     ``step_fn(config, trainer, renderer, task, step) -> dict`` replaces :func:`grpo_step` for every step: Chapter
     7's capstone passes the learner's own. It returns the step's metrics row (``env/all/correct`` is shown on the
@@ -272,6 +289,10 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None) -> GRPOResult:
             raise TypeError(
                 f"step_fn must be a function step_fn(config, trainer, renderer, task, step) -> dict of metrics, "
                 f"got {type(step_fn).__name__}"
+            )
+        if reward_fn is not None:
+            raise ValueError(
+                "step_fn computes its own rewards, so reward_fn cannot be used with it; pass one or the other"
             )
         if not config.refresh_sampler:
             raise ValueError(
@@ -294,7 +315,9 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None) -> GRPOResult:
 
     def library_step(trainer, renderer, task, step):
         nonlocal sampler
-        row, sampler = grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler)
+        row, sampler = grpo_step(
+            config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler, reward_fn=reward_fn
+        )
         return row
 
     def on_resume(trainer, checkpoint):
@@ -312,6 +335,21 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None) -> GRPOResult:
 # ---------------------------------------------------------------- helpers
 
 
+def _call_reward_fn(reward_fn, problems, prompts, responses, shape) -> tuple[torch.Tensor, dict[str, float]]:
+    """``reward_fn``'s rewards as a float32 (P, G) tensor on the CPU, and its metrics, checked."""
+    out = reward_fn(problems, prompts, [[list(seq.tokens) for seq in r.sequences] for r in responses])
+    rewards, metrics = out if isinstance(out, tuple) else (out, {})
+    rewards = torch.as_tensor(rewards, dtype=torch.float32).detach().cpu()
+    if tuple(rewards.shape) != shape:
+        raise ValueError(
+            f"reward_fn returned rewards of shape {tuple(rewards.shape)}; it must return one per completion, "
+            f"shape (batch_size, group_size) = {shape}"
+        )
+    if not torch.isfinite(rewards).all():
+        raise ValueError("reward_fn returned a NaN or infinite reward; every reward must be a finite number")
+    return rewards, {k: float(v) for k, v in dict(metrics).items()}
+
+
 def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfig) -> tuple[list, float]:
     """Tinker's KL penalty: each action token's advantage gets kl_coef * (mean k1 - k1), k1 = log q - log p_ref
     (see :func:`edurl.llm.losses.kl_penalty_advantages`). Returns new datums and the batch's mean k1."""
@@ -325,4 +363,4 @@ def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfi
     return [Datum(d.model_input, {**d.loss_fn_inputs, "advantages": a}) for d, a in zip(datums, pieces)], float(mean_k)
 
 
-__all__ = ["GRPOConfig", "GRPOResult", "grpo_step", "make_training_client", "problem_seed", "train_grpo"]
+__all__ = ["GRPOConfig", "GRPOResult", "RewardFn", "grpo_step", "make_training_client", "problem_seed", "train_grpo"]

@@ -320,7 +320,11 @@ def pair_metrics(reward_model, pairs: Sequence[PreferencePair], batch_size: int 
         r_a.append(score_sequences(reward_model, prompts, [p.reply_a for p in chunk]).cpu())
         r_b.append(score_sequences(reward_model, prompts, [p.reply_b for p in chunk]).cpu())
     reward_model.train(was_training)
-    r_a, r_b = torch.cat(r_a).double(), torch.cat(r_b).double()
+    return _rank_metrics(torch.cat(r_a).double(), torch.cat(r_b).double(), pairs)
+
+
+def _rank_metrics(r_a: torch.Tensor, r_b: torch.Tensor, pairs: Sequence[PreferencePair]) -> dict[str, float]:
+    """:func:`pair_metrics` from the scores ``r_a``, ``r_b`` (B,) of each pair's two replies."""
     p_a = torch.tensor([p.p_a for p in pairs], dtype=torch.float64)
     a_preferred = torch.tensor([p.a_preferred for p in pairs])
     sign = torch.where(a_preferred, 1.0, -1.0).double()
@@ -452,15 +456,29 @@ def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
     return {f"test/{k}": v for k, v in metrics.items()}
 
 
-def train_reward_model(config: RewardModelConfig | None = None) -> RewardModelResult:
-    """Sample pairs from the SFT policy, label them with ``config.rater()``, and fit a reward model that
-    starts from the SFT weights (:func:`load_reward_model`)."""
+@dataclass
+class PreferenceData:
+    """The SFT policy and the labelled pairs it wrote: what the reward model and DPO both learn from."""
+
+    policy: torch.nn.Module
+    """The SFT policy (Chapter 6's cached warm start) that wrote the replies."""
+    tokenizer: object
+    path: str
+    """The SFT checkpoint's folder: the reward model and DPO's policy and reference start from it."""
+    rater: Rater
+    train_pairs: list[PreferencePair]
+    test_pairs: list[PreferencePair]
+    """Pairs on held-out (test-split) problems."""
+
+
+def preference_data(config: RewardModelConfig | None = None) -> PreferenceData:
+    """Load (or train once) the SFT policy, sample two replies per problem from it and let ``config.rater()``
+    label them, on ``num_train_problems`` training and ``num_test_problems`` held-out problems."""
     from edurl.llm.renderer import ChatMLRenderer
     from edurl.llm.sft import load_or_train_sft
 
     config = config or RewardModelConfig()
     rater = config.rater()
-    dev = pick_device(config.device)
     with torch_threads(config.num_threads, config.device):
         policy, tokenizer, _, path = load_or_train_sft(
             replace(config.sft, device=config.device), progress=config.progress
@@ -473,11 +491,22 @@ def train_reward_model(config: RewardModelConfig | None = None) -> RewardModelRe
             pairs[split] = sample_pairs(
                 policy, renderer, problems, rater, seed=config.seed, temperature=config.sample_temperature
             )
-        reward_model = load_reward_model(path, seed=config.seed).to(dev)
+    return PreferenceData(policy, tokenizer, str(path), rater, pairs["train"], pairs["test"])
+
+
+def train_reward_model(
+    config: RewardModelConfig | None = None, data: PreferenceData | None = None
+) -> RewardModelResult:
+    """Fit a Bradley-Terry reward model that starts from the SFT weights (:func:`load_reward_model`) on
+    ``data``'s pairs, or on pairs made by :func:`preference_data` from ``config`` when ``data`` is None."""
+    config = config or RewardModelConfig()
+    data = data or preference_data(config)
+    with torch_threads(config.num_threads, config.device):
+        reward_model = load_reward_model(data.path, seed=config.seed).to(pick_device(config.device))
         history = fit_reward_model(
             reward_model,
-            pairs["train"],
-            pairs["test"],
+            data.train_pairs,
+            data.test_pairs,
             batch_size=config.batch_size,
             epochs=config.epochs,
             learning_rate=config.learning_rate,
@@ -485,4 +514,214 @@ def train_reward_model(config: RewardModelConfig | None = None) -> RewardModelRe
             seed=config.seed,
             progress=config.progress,
         )
-    return RewardModelResult(reward_model, tokenizer, history, pairs["train"], pairs["test"])
+    return RewardModelResult(reward_model, data.tokenizer, history, data.train_pairs, data.test_pairs)
+
+
+# ---------------------------------------------------------------- the reward model as RL's reward
+
+
+class RewardModelReward:
+    """A reward model as the reward of :func:`edurl.llm.grpo.train_grpo` (its ``reward_fn``): each completion's
+    reward is the model's scalar for ``prompt + completion``. It also logs what the simulated people think of
+    the same completions, which RL never sees:
+
+    * ``env/all/reward/proxy``: the mean reward-model score (what RL maximises);
+    * ``env/all/reward/gold``: the mean :func:`gold_score` (what people want);
+    * ``env/all/reward/rater``: the mean score of ``rater`` (the rater whose labels trained the model);
+    * ``env/all/reply_chars``: the mean reply length in characters.
+    """
+
+    def __init__(self, reward_model, renderer, rater: Rater | None = None, batch_size: int = 512):
+        self.reward_model = reward_model
+        self.renderer = renderer
+        self.rater = rater or Rater()
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def __call__(self, problems, prompts, completions) -> tuple[torch.Tensor, dict[str, float]]:
+        P, G = len(completions), len(completions[0])
+        flat_prompts = [prompts[i] for i in range(P) for _ in range(G)]
+        flat = [c for group in completions for c in group]
+        was_training = self.reward_model.training
+        self.reward_model.eval()
+        scores = torch.cat(
+            [
+                score_sequences(self.reward_model, flat_prompts[k : k + self.batch_size], flat[k : k + self.batch_size])
+                for k in range(0, len(flat), self.batch_size)
+            ]
+        ).cpu()
+        self.reward_model.train(was_training)
+        texts = [self.renderer.parse_response(c)[0]["content"] for c in flat]
+        answers = [problems[i].answer for i in range(P) for _ in range(G)]
+        return scores.view(P, G), {
+            "env/all/reward/proxy": float(scores.mean()),
+            "env/all/reward/gold": sum(map(gold_score, texts, answers)) / len(texts),
+            "env/all/reward/rater": sum(map(self.rater.score, texts, answers)) / len(texts),
+            "env/all/reply_chars": sum(map(len, texts)) / len(texts),
+        }
+
+
+# ---------------------------------------------------------------- DPO
+
+
+def reply_logprobs(model, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad_id: int):
+    """``log pi(reply | prompt)`` summed over each reply's tokens: shape ``(B,)``, with gradient.
+
+    Row ``prompt + reply`` is right-padded; position ``t`` of :func:`edurl.llm.evaluation.sequence_logprobs`
+    scores token ``t + 1``, so the reply's tokens sit at positions ``len(prompt) - 1`` to
+    ``len(prompt) + len(reply) - 2``."""
+    from edurl.llm.evaluation import sequence_logprobs
+    from edurl.llm.padding import pad
+
+    ids, attn = pad([list(p) + list(r) for p, r in zip(prompts, replies)], pad_id, device=model.device)
+    logp = sequence_logprobs(model, ids, attn)  # (B, T-1)
+    col = torch.arange(logp.shape[1], device=logp.device)[None]  # (1, T-1)
+    start = torch.tensor([len(p) - 1 for p in prompts], device=logp.device)[:, None]
+    end = start + torch.tensor([len(r) for r in replies], device=logp.device)[:, None]
+    return torch.where((col >= start) & (col < end), logp, torch.zeros_like(logp)).sum(1)
+
+
+@dataclass
+class DPOConfig:
+    """DPO on labelled pairs: the policy and its frozen reference both start from the SFT weights."""
+
+    beta: float = 0.1
+    """Strength of the implicit KL tie to the reference (DPO's beta)."""
+    batch_size: int = 64
+    """Pairs per optimizer step."""
+    epochs: int = 3
+    """Passes over the training pairs."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate (constant)."""
+    eval_every: int = 20
+    """Steps between held-out evaluations (also at the start and the end)."""
+    seed: int = 0
+    """Seeds the batch order."""
+    num_threads: int = 2
+    """torch CPU threads."""
+    device: str | None = None
+    """Where the policy trains; None picks with edurl.device()."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            positive_int=("batch_size", "epochs", "eval_every"),
+            positive=("beta", "learning_rate"),
+            nonneg_int=("seed",),
+        )
+
+
+@dataclass
+class DPOResult:
+    """The DPO policy and its learning curve."""
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module
+    history: list[dict]
+    """One row per evaluation: ``step``, ``train/loss`` and, on the held-out pairs, ``test/expected_accuracy``,
+    ``test/accuracy`` and ``test/ceiling`` of the implicit reward, ``test/loss``, and the mean change of the
+    chosen and rejected replies' log-probs from the reference (``test/chosen_logp_change``, ...)."""
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1]
+
+
+@torch.no_grad()
+def dpo_metrics(policy, reference, pairs: Sequence[PreferencePair], beta: float, pad_id: int, batch_size: int = 256):
+    """DPO's implicit reward ``beta * log(pi / ref)`` judged as a reward model on ``pairs`` (the keys of
+    :func:`pair_metrics`), and how far the chosen and rejected replies' log-probs moved from the reference."""
+    was_training = policy.training
+    policy.eval()
+    cols = {"pi_a": [], "pi_b": [], "ref_a": [], "ref_b": []}
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        prompts = [p.prompt for p in chunk]
+        for who, model in (("pi", policy), ("ref", reference)):
+            cols[f"{who}_a"].append(reply_logprobs(model, prompts, [p.reply_a for p in chunk], pad_id).cpu())
+            cols[f"{who}_b"].append(reply_logprobs(model, prompts, [p.reply_b for p in chunk], pad_id).cpu())
+    policy.train(was_training)
+    c = {k: torch.cat(v).double() for k, v in cols.items()}
+    r_a, r_b = implicit_rewards(c["pi_a"], c["ref_a"], beta), implicit_rewards(c["pi_b"], c["ref_b"], beta)
+    metrics = _rank_metrics(r_a, r_b, pairs)
+    a_preferred = torch.tensor([p.a_preferred for p in pairs])
+    change_a, change_b = c["pi_a"] - c["ref_a"], c["pi_b"] - c["ref_b"]
+    metrics["chosen_logp_change"] = float(torch.where(a_preferred, change_a, change_b).mean())
+    metrics["rejected_logp_change"] = float(torch.where(a_preferred, change_b, change_a).mean())
+    return metrics
+
+
+def train_dpo(data: PreferenceData, config: DPOConfig | None = None) -> DPOResult:
+    """Minimise :func:`dpo_loss` over ``data.train_pairs`` with AdamW, from the SFT weights; evaluate the
+    implicit reward on ``data.test_pairs`` every ``eval_every`` steps."""
+    from transformers import AutoModelForCausalLM
+
+    from edurl.llm.clients import disable_dropout
+
+    config = config or DPOConfig()
+    pairs, test_pairs = data.train_pairs, data.test_pairs
+    if not pairs or not test_pairs:
+        raise ValueError(f"need training and held-out pairs, got {len(pairs)} and {len(test_pairs)}")
+    pad_id = data.tokenizer.pad_token_id
+    dev = pick_device(config.device)
+    with torch_threads(config.num_threads, config.device):
+        policy = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path).to(dev))
+        reference = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path).to(dev)).eval()
+        reference.requires_grad_(False)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
+        generator = torch.Generator().manual_seed(config.seed)
+        total = config.epochs * math.ceil(len(pairs) / config.batch_size)
+
+        def evaluation(step: int, loss: float) -> dict:
+            metrics = dpo_metrics(policy, reference, test_pairs, config.beta, pad_id)
+            return {"step": step, "train/loss": loss, **_prefixed(metrics)}
+
+        history = [evaluation(0, float("nan"))]
+        bar = progress_bar(total=total, desc="DPO", disable=not config.progress)
+        step = 0
+        for _ in range(config.epochs):
+            order = torch.randperm(len(pairs), generator=generator).tolist()
+            for start in range(0, len(order), config.batch_size):
+                batch = [pairs[i] for i in order[start : start + config.batch_size]]
+                prompts = [p.prompt for p in batch] * 2
+                replies = [p.chosen for p in batch] + [p.rejected for p in batch]
+                policy.train()
+                logp = reply_logprobs(policy, prompts, replies, pad_id)  # (2B,): chosen then rejected
+                with torch.no_grad():
+                    ref = reply_logprobs(reference, prompts, replies, pad_id)
+                B = len(batch)
+                loss = dpo_loss(logp[:B], logp[B:], ref[:B], ref[B:], config.beta)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+                optimizer.step()
+                step += 1
+                bar.update(1)
+                if step % config.eval_every == 0 or step == total:
+                    history.append(evaluation(step, loss.item()))
+                    bar.set_postfix(test_acc=f"{history[-1]['test/expected_accuracy']:.3f}", refresh=False)
+        bar.close()
+        policy.eval()
+    return DPOResult(policy, reference, history)
+
+
+@torch.no_grad()
+def mean_gold_score(
+    model, renderer, problems: Sequence, seed: int = 0, temperature: float = 1.0, max_tokens: int = 16, samples: int = 4
+) -> float:
+    """The simulated people's verdict on a policy: the mean :func:`gold_score` of ``samples`` replies per problem,
+    sampled at ``temperature``. Compares any two policies (SFT, RL against a reward model, DPO) on one scale."""
+    from edurl.llm.sampling import SamplingParams, sample
+
+    prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(), seed=seed
+    )
+    completions = sample(model, prompts, samples, params, pad_token_id=renderer.tokenizer.pad_token_id)
+    scores = [
+        gold_score(renderer.parse_response(c.tokens)[0]["content"], problems[k // samples].answer)
+        for k, c in enumerate(completions)
+    ]
+    return sum(scores) / len(scores)

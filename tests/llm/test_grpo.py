@@ -1,6 +1,7 @@
 from dataclasses import replace
 
 import pytest
+import torch
 
 from edurl.llm import losses as L
 from edurl.llm.grpo import GRPOConfig, problem_seed, train_grpo
@@ -254,3 +255,50 @@ def test_a_step_fn_must_return_a_dict_and_make_its_own_sampler(tmp_path):
         train_grpo(tiny(tmp_path), step_fn="grpo_step")
     with pytest.raises(ValueError, match="refresh_sampler=True"):
         train_grpo(tiny(tmp_path, refresh_sampler=False), step_fn=forgot_return)
+
+
+def test_a_reward_fn_replaces_the_verifiers_reward(tmp_path):
+    """Chapter 8: train_grpo(reward_fn=...) trains on another reward; the verifier still grades for the metrics.
+    A reward that is the verifier's own, returned through reward_fn, repeats the library's run exactly."""
+    from edurl.llm.rewards import grade
+
+    calls = []
+
+    def verifier_again(problems, prompts, completions):
+        renderer = ChatMLRenderer(load_or_train_sft(TINY_SFT, progress=False)[1])
+        calls.append((len(problems), len(prompts), [len(g) for g in completions]))
+        rewards = [
+            [grade(*_content_and_ok(renderer, c), problems[i].answer) for c in group]
+            for i, group in enumerate(completions)
+        ]
+        return [[g.reward for g in row] for row in rewards], {"env/all/reward/mine": 1.5}
+
+    library = train_grpo(tiny(tmp_path / "library"))
+    mine = train_grpo(tiny(tmp_path / "mine"), reward_fn=verifier_again)
+    assert calls[0] == (4, 4, [4, 4, 4, 4]) and len(calls) == 6
+    for key in ("env/all/correct", "env/all/reward/total", "optim/loss", "test/pass_at_1"):
+        assert mine.metrics[key].tolist() == pytest.approx(library.metrics[key].tolist(), nan_ok=True), key
+    assert (mine.metrics["env/all/reward/mine"] == 1.5).all()
+
+    # a reward that prefers shorter completions changes what is learned, but not the verifier's metrics' meaning
+    def shorter(problems, prompts, completions):
+        return torch.tensor([[-float(len(c)) for c in group] for group in completions])
+
+    short = train_grpo(tiny(tmp_path / "short"), reward_fn=shorter)
+    assert short.metrics["env/all/reward/total"].tolist() == pytest.approx(
+        (-short.metrics["env/all/ac_tokens_per_turn"]).tolist()
+    )
+
+
+def _content_and_ok(renderer, tokens):
+    message, ok = renderer.parse_response(tokens)
+    return message["content"], ok
+
+
+def test_a_bad_reward_fn_says_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match=r"shape \(4, 3\); it must return one per completion, shape \(batch_size"):
+        train_grpo(tiny(tmp_path, max_steps=1), reward_fn=lambda pr, p, c: torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        train_grpo(tiny(tmp_path, max_steps=1), reward_fn=lambda pr, p, c: torch.full((4, 4), float("nan")))
+    with pytest.raises(ValueError, match="pass one or the other"):
+        train_grpo(tiny(tmp_path), step_fn=lambda *a: {}, reward_fn=lambda pr, p, c: torch.zeros(4, 4))

@@ -6,9 +6,12 @@ import torch
 
 from edurl.llm.preference import (
     UNPARSEABLE_SCORE,
+    DPOConfig,
+    PreferenceData,
     PreferencePair,
     Rater,
     RewardModelConfig,
+    RewardModelReward,
     bradley_terry_loss,
     ceiling,
     dpo_loss,
@@ -17,9 +20,12 @@ from edurl.llm.preference import (
     implicit_rewards,
     kl_shaped_rewards,
     load_reward_model,
+    mean_gold_score,
     pair_metrics,
+    reply_logprobs,
     sample_pairs,
     score_sequences,
+    train_dpo,
 )
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.tasks import ArithmeticTask
@@ -187,20 +193,7 @@ def test_load_reward_model_keeps_the_lm_weights_and_adds_a_scalar_head(saved_lm,
 def test_fit_reward_model_learns_a_learnable_rater(saved_lm, char_tokenizer):
     """Replies that differ only in length, labelled by a rater that likes length: the reward model must get
     close to the exact ceiling in a few dozen steps."""
-    renderer = ChatMLRenderer(char_tokenizer)
-    rater = Rater(temperature=0.5, length_bonus=0.5)
-    rng = random.Random(0)
-    prompt = renderer.build_generation_prompt([{"role": "user", "content": "1 + 1=?"}])
-    stop = renderer.get_stop_sequences()
-    pairs = []
-    for _ in range(384):
-        la, lb = rng.sample(range(1, 9), 2)
-        ta, tb = "x" * la, "x" * lb
-        p_a = rater.prefer_probability(ta, tb, "2")
-        enc = lambda t: char_tokenizer.encode(t, add_special_tokens=False) + list(stop)  # noqa: E731
-        pairs.append(
-            PreferencePair(tuple(prompt), tuple(enc(ta)), tuple(enc(tb)), ta, tb, "2", p_a, rng.random() < p_a)
-        )
+    pairs = _length_pairs(char_tokenizer, 384)
     rm = load_reward_model(saved_lm, seed=0)
     history = fit_reward_model(
         rm, pairs[:320], pairs[320:], batch_size=32, epochs=4, learning_rate=3e-3, eval_every=10, progress=False
@@ -227,3 +220,92 @@ def test_reward_model_config_rejects_bad_fields():
         RewardModelConfig(batch_size=0)
     with pytest.raises(ValueError, match="RewardModelConfig.length_bonus"):
         RewardModelConfig(length_bonus=-0.1)
+
+
+# ---------------------------------------------------------------- the reward model as RL's reward
+
+
+def test_reward_model_reward_scores_each_completion_and_logs_gold(saved_lm, char_tokenizer):
+    renderer = ChatMLRenderer(char_tokenizer)
+    rm = load_reward_model(saved_lm, seed=0)
+    problems = ArithmeticTask(1).sample(2, seed=0)
+    prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+    stop = list(renderer.get_stop_sequences())
+    enc = lambda t: char_tokenizer.encode(t, add_special_tokens=False) + stop  # noqa: E731
+    replies = [[f"\\boxed{{{problems[0].answer}}}", "no box"], ["\\boxed{-5}", f"\\boxed{{{problems[1].answer}}}"]]
+    completions = [[enc(t) for t in group] for group in replies]
+    rater = Rater(length_bonus=0.25)
+    rewards, metrics = RewardModelReward(rm, renderer, rater=rater, batch_size=3)(problems, prompts, completions)
+    assert rewards.shape == (2, 2) and not rewards.requires_grad
+    one_by_one = [score_sequences(rm, [prompts[i]], [c]).item() for i, g in enumerate(completions) for c in g]
+    assert rewards.flatten().tolist() == pytest.approx(one_by_one, abs=1e-5)
+    gold = [0.0, UNPARSEABLE_SCORE, -math.log1p(abs(-5 - int(problems[1].answer))), 0.0]
+    assert metrics["env/all/reward/gold"] == pytest.approx(sum(gold) / 4)
+    texts = [t for g in replies for t in g]
+    assert metrics["env/all/reward/rater"] == pytest.approx((sum(gold) + 0.25 * sum(map(len, texts))) / 4)
+    assert metrics["env/all/reward/proxy"] == pytest.approx(sum(one_by_one) / 4, abs=1e-5)
+    assert metrics["env/all/reply_chars"] == pytest.approx(sum(map(len, texts)) / 4)
+
+
+# ---------------------------------------------------------------- DPO
+
+
+def test_reply_logprobs_equals_a_token_by_token_reference(small_model):
+    prompts, replies = [[5, 6, 7], [8]], [[9, 10], [11, 12, 13, 14]]
+    got = reply_logprobs(small_model, prompts, replies, pad_id=0)
+    with torch.no_grad():
+        for b, (p, r) in enumerate(zip(prompts, replies)):
+            total = 0.0
+            for k, token in enumerate(r):  # log p(r_k | p + r_<k), each from its own unpadded forward pass
+                logits = small_model(input_ids=torch.tensor([p + r[:k]])).logits[0, -1]
+                total += torch.log_softmax(logits.double(), -1)[token].item()
+            assert got[b].item() == pytest.approx(total, abs=1e-4)
+    assert got.requires_grad
+
+
+def _length_pairs(char_tokenizer, n: int, seed: int = 0) -> list[PreferencePair]:
+    """Pairs of replies that differ only in length, labelled by a rater that likes length."""
+    renderer = ChatMLRenderer(char_tokenizer)
+    rater = Rater(temperature=0.5, length_bonus=0.5)
+    rng = random.Random(seed)
+    prompt = renderer.build_generation_prompt([{"role": "user", "content": "1 + 1=?"}])
+    stop = list(renderer.get_stop_sequences())
+    enc = lambda t: tuple(char_tokenizer.encode(t, add_special_tokens=False) + stop)  # noqa: E731
+    pairs = []
+    for _ in range(n):
+        la, lb = rng.sample(range(1, 9), 2)
+        ta, tb = "x" * la, "x" * lb
+        p_a = rater.prefer_probability(ta, tb, "2")
+        pairs.append(PreferencePair(tuple(prompt), enc(ta), enc(tb), ta, tb, "2", p_a, rng.random() < p_a))
+    return pairs
+
+
+def test_train_dpo_learns_the_raters_preference(saved_lm, char_tokenizer):
+    pairs = _length_pairs(char_tokenizer, 320)
+    data = PreferenceData(None, char_tokenizer, str(saved_lm), Rater(length_bonus=0.5), pairs[:256], pairs[256:])
+    config = DPOConfig(beta=0.5, batch_size=32, epochs=3, learning_rate=3e-3, eval_every=8, progress=False)
+    result = train_dpo(data, config)
+    first, last = result.history[0], result.final
+    # at the start the policy is the reference: every implicit reward is 0, the loss log 2, ties count half
+    assert first["test/loss"] == pytest.approx(math.log(2), abs=1e-6) and first["test/expected_accuracy"] == 0.5
+    assert first["test/chosen_logp_change"] == 0.0
+    assert last["test/expected_accuracy"] >= 0.9 * last["test/ceiling"]
+    assert last["test/margin"] > 0 and last["train/loss"] < math.log(2)
+    # the frozen reference did not move
+    from transformers import AutoModelForCausalLM
+
+    fresh = AutoModelForCausalLM.from_pretrained(saved_lm)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), result.reference.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(fresh.parameters(), result.policy.parameters()))
+    with pytest.raises(ValueError, match="DPOConfig.beta"):
+        DPOConfig(beta=0.0)
+    with pytest.raises(ValueError, match="need training and held-out pairs"):
+        train_dpo(PreferenceData(None, char_tokenizer, str(saved_lm), Rater(), pairs, []), config)
+
+
+def test_mean_gold_score_is_the_mean_over_sampled_replies(small_model, char_tokenizer):
+    renderer = ChatMLRenderer(char_tokenizer)
+    problems = ArithmeticTask(1).sample(3, seed=0)
+    score = mean_gold_score(small_model, renderer, problems, seed=0, max_tokens=6, samples=2)
+    # an untrained model writes no boxed answer: every reply is unparseable
+    assert score == pytest.approx(UNPARSEABLE_SCORE)
