@@ -4,7 +4,7 @@ One iteration is the seven steps of the reference loop::
 
     1. sampler = trainer.save_weights_and_get_sampling_client(...)   fresh weights every step
     2. sample G completions for each of P problems                   (P*G sequences, with log-probs)
-    3. grade them: reward = correct + 0.1 * (format - 1)             rewards (P, G)
+    3. grade them: reward = correct + 0.1 * (format - 1)             rewards (P, G) (or reward_fn's, Chapter 8)
     4. advantages = rewards - group mean                             (P, G); 0 for a uniform group
     5. one Datum per completion (prompt masked, advantage on every action token)
     6. forward_backward(datums, loss_fn) then optim_step, num_substeps times over slices of the batch
