@@ -23,6 +23,7 @@ Shapes: every per-pair tensor is ``(B,)``, one entry per pair.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -258,6 +259,28 @@ def sample_pairs(
     return pairs
 
 
+def length_pairs(renderer, n: int, rater: Rater, seed: int = 0, max_chars: int = 8) -> list[PreferencePair]:
+    """``n`` synthetic pairs whose replies differ only in length (1 to ``max_chars`` x's, no answer), labelled by
+    ``rater`` (give it a ``length_bonus``): a preference a reward model can read off the reply itself. A control
+    for the pipeline: a reward model that cannot learn these has a bug, not a hard task."""
+    import random
+
+    if max_chars < 2:
+        raise ValueError(f"max_chars must be >= 2 so that two replies can differ, got {max_chars}")
+    rng = random.Random(seed)
+    prompt = tuple(renderer.build_generation_prompt([{"role": "user", "content": "1 + 1=?"}]))
+    stop = list(renderer.get_stop_sequences())
+    encode = lambda text: tuple(renderer.tokenizer.encode(text, add_special_tokens=False) + stop)  # noqa: E731
+    pairs = []
+    for _ in range(n):
+        text_a, text_b = ("x" * k for k in rng.sample(range(1, max_chars + 1), 2))
+        p_a = rater.prefer_probability(text_a, text_b, "2")
+        pairs.append(
+            PreferencePair(prompt, encode(text_a), encode(text_b), text_a, text_b, "2", p_a, rng.random() < p_a)
+        )
+    return pairs
+
+
 # ---------------------------------------------------------------- the reward model
 
 
@@ -401,6 +424,55 @@ class RewardModelResult:
         return self.history[-1]
 
 
+def train_on_pairs(
+    model: torch.nn.Module,
+    pairs: Sequence[PreferencePair],
+    loss_on,
+    evaluate,
+    *,
+    batch_size: int,
+    epochs: int,
+    learning_rate: float,
+    eval_every: int,
+    seed: int,
+    progress: bool,
+    desc: str,
+) -> list[dict]:
+    """The loop that the reward model and DPO share: ``epochs`` shuffled passes over ``pairs`` in batches,
+    ``loss_on(batch)`` minimised with AdamW (constant ``learning_rate``, no weight decay, gradient norm clipped
+    at 1), and ``evaluate() -> dict`` at the start, every ``eval_every`` steps and at the end.
+
+    Returns the history: one row per evaluation with ``step``, ``train/loss`` (the last batch's), ``time/train``
+    (seconds spent in training steps so far, evaluations excluded) and ``evaluate()``'s keys."""
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.0
+    )
+    generator = torch.Generator().manual_seed(seed)
+    total = epochs * math.ceil(len(pairs) / batch_size)
+    history = [{"step": 0, "train/loss": float("nan"), "time/train": 0.0, **evaluate()}]
+    bar = progress_bar(total=total, desc=desc, disable=not progress)
+    step, seconds = 0, 0.0
+    for _ in range(epochs):
+        order = torch.randperm(len(pairs), generator=generator).tolist()
+        for start in range(0, len(order), batch_size):
+            t0 = time.perf_counter()
+            model.train()
+            loss = loss_on([pairs[i] for i in order[start : start + batch_size]])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            seconds += time.perf_counter() - t0
+            step += 1
+            bar.update(1)
+            if step % eval_every == 0 or step == total:
+                history.append({"step": step, "train/loss": loss.item(), "time/train": seconds, **evaluate()})
+                bar.set_postfix(test_acc=f"{history[-1]['test/expected_accuracy']:.3f}", refresh=False)
+    bar.close()
+    model.eval()
+    return history
+
+
 def fit_reward_model(
     reward_model,
     train_pairs: Sequence[PreferencePair],
@@ -420,35 +492,25 @@ def fit_reward_model(
             f"need training and held-out pairs, got {len(train_pairs)} and {len(test_pairs)}; a problem gives no "
             "pair when all its sampled replies agree, so raise the problem counts or the sampling temperature"
         )
-    optimizer = torch.optim.AdamW(reward_model.parameters(), lr=learning_rate, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
-    steps_per_epoch = math.ceil(len(train_pairs) / batch_size)
-    total = epochs * steps_per_epoch
-    history = [{"step": 0, "train/loss": float("nan"), **_prefixed(pair_metrics(reward_model, test_pairs))}]
-    bar = progress_bar(total=total, desc="reward model", disable=not progress)
-    step = 0
-    for _ in range(epochs):
-        order = torch.randperm(len(train_pairs), generator=generator).tolist()
-        for start in range(0, len(order), batch_size):
-            batch = [train_pairs[i] for i in order[start : start + batch_size]]
-            reward_model.train()
-            prompts = [p.prompt for p in batch]
-            r = score_sequences(
-                reward_model, prompts + prompts, [p.chosen for p in batch] + [p.rejected for p in batch]
-            )
-            loss = bradley_terry_loss(r[: len(batch)], r[len(batch) :])  # one forward for both halves
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(reward_model.parameters(), 1.0)
-            optimizer.step()
-            step += 1
-            bar.update(1)
-            if step % eval_every == 0 or step == total:
-                row = {"step": step, "train/loss": loss.item(), **_prefixed(pair_metrics(reward_model, test_pairs))}
-                history.append(row)
-                bar.set_postfix(test_acc=f"{row['test/expected_accuracy']:.3f}", refresh=False)
-    bar.close()
-    reward_model.eval()
+
+    def loss_on(batch: list[PreferencePair]) -> torch.Tensor:
+        prompts = [p.prompt for p in batch]
+        r = score_sequences(reward_model, prompts + prompts, [p.chosen for p in batch] + [p.rejected for p in batch])
+        return bradley_terry_loss(r[: len(batch)], r[len(batch) :])  # one forward for both halves
+
+    history = train_on_pairs(
+        reward_model,
+        train_pairs,
+        loss_on,
+        lambda: _prefixed(pair_metrics(reward_model, test_pairs)),
+        batch_size=batch_size,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        eval_every=eval_every,
+        seed=seed,
+        progress=progress,
+        desc="reward model",
+    )
     return history
 
 
@@ -670,40 +732,29 @@ def train_dpo(data: PreferenceData, config: DPOConfig | None = None) -> DPOResul
         policy = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path).to(dev))
         reference = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path).to(dev)).eval()
         reference.requires_grad_(False)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate, weight_decay=0.0)
-        generator = torch.Generator().manual_seed(config.seed)
-        total = config.epochs * math.ceil(len(pairs) / config.batch_size)
 
-        def evaluation(step: int, loss: float) -> dict:
-            metrics = dpo_metrics(policy, reference, test_pairs, config.beta, pad_id)
-            return {"step": step, "train/loss": loss, **_prefixed(metrics)}
+        def loss_on(batch: list[PreferencePair]) -> torch.Tensor:
+            prompts = [p.prompt for p in batch] * 2
+            replies = [p.chosen for p in batch] + [p.rejected for p in batch]
+            logp = reply_logprobs(policy, prompts, replies, pad_id)  # (2B,): chosen then rejected
+            with torch.no_grad():
+                ref = reply_logprobs(reference, prompts, replies, pad_id)
+            B = len(batch)
+            return dpo_loss(logp[:B], logp[B:], ref[:B], ref[B:], config.beta)
 
-        history = [evaluation(0, float("nan"))]
-        bar = progress_bar(total=total, desc="DPO", disable=not config.progress)
-        step = 0
-        for _ in range(config.epochs):
-            order = torch.randperm(len(pairs), generator=generator).tolist()
-            for start in range(0, len(order), config.batch_size):
-                batch = [pairs[i] for i in order[start : start + config.batch_size]]
-                prompts = [p.prompt for p in batch] * 2
-                replies = [p.chosen for p in batch] + [p.rejected for p in batch]
-                policy.train()
-                logp = reply_logprobs(policy, prompts, replies, pad_id)  # (2B,): chosen then rejected
-                with torch.no_grad():
-                    ref = reply_logprobs(reference, prompts, replies, pad_id)
-                B = len(batch)
-                loss = dpo_loss(logp[:B], logp[B:], ref[:B], ref[B:], config.beta)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-                optimizer.step()
-                step += 1
-                bar.update(1)
-                if step % config.eval_every == 0 or step == total:
-                    history.append(evaluation(step, loss.item()))
-                    bar.set_postfix(test_acc=f"{history[-1]['test/expected_accuracy']:.3f}", refresh=False)
-        bar.close()
-        policy.eval()
+        history = train_on_pairs(
+            policy,
+            pairs,
+            loss_on,
+            lambda: _prefixed(dpo_metrics(policy, reference, test_pairs, config.beta, pad_id)),
+            batch_size=config.batch_size,
+            epochs=config.epochs,
+            learning_rate=config.learning_rate,
+            eval_every=config.eval_every,
+            seed=config.seed,
+            progress=config.progress,
+            desc="DPO",
+        )
     return DPOResult(policy, reference, history)
 
 

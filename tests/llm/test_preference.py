@@ -19,6 +19,7 @@ from edurl.llm.preference import (
     gold_score,
     implicit_rewards,
     kl_shaped_rewards,
+    length_pairs,
     load_reward_model,
     mean_gold_score,
     pair_metrics,
@@ -264,20 +265,7 @@ def test_reply_logprobs_equals_a_token_by_token_reference(small_model):
 
 
 def _length_pairs(char_tokenizer, n: int, seed: int = 0) -> list[PreferencePair]:
-    """Pairs of replies that differ only in length, labelled by a rater that likes length."""
-    renderer = ChatMLRenderer(char_tokenizer)
-    rater = Rater(temperature=0.5, length_bonus=0.5)
-    rng = random.Random(seed)
-    prompt = renderer.build_generation_prompt([{"role": "user", "content": "1 + 1=?"}])
-    stop = list(renderer.get_stop_sequences())
-    enc = lambda t: tuple(char_tokenizer.encode(t, add_special_tokens=False) + stop)  # noqa: E731
-    pairs = []
-    for _ in range(n):
-        la, lb = rng.sample(range(1, 9), 2)
-        ta, tb = "x" * la, "x" * lb
-        p_a = rater.prefer_probability(ta, tb, "2")
-        pairs.append(PreferencePair(tuple(prompt), enc(ta), enc(tb), ta, tb, "2", p_a, rng.random() < p_a))
-    return pairs
+    return length_pairs(ChatMLRenderer(char_tokenizer), n, Rater(temperature=0.5, length_bonus=0.5), seed=seed)
 
 
 def test_train_dpo_learns_the_raters_preference(saved_lm, char_tokenizer):
@@ -291,6 +279,9 @@ def test_train_dpo_learns_the_raters_preference(saved_lm, char_tokenizer):
     assert first["test/chosen_logp_change"] == 0.0
     assert last["test/expected_accuracy"] >= 0.9 * last["test/ceiling"]
     assert last["test/margin"] > 0 and last["train/loss"] < math.log(2)
+    seconds = [row["time/train"] for row in result.history]  # training time so far, evaluations excluded
+    assert seconds[0] == 0.0 and seconds[-1] > 0 and seconds == sorted(seconds)
+    assert [row["step"] for row in result.history] == [0, 8, 16, 24]  # 256 pairs / 32 = 8 steps an epoch
     # the frozen reference did not move
     from transformers import AutoModelForCausalLM
 
@@ -309,3 +300,18 @@ def test_mean_gold_score_is_the_mean_over_sampled_replies(small_model, char_toke
     score = mean_gold_score(small_model, renderer, problems, seed=0, max_tokens=6, samples=2)
     # an untrained model writes no boxed answer: every reply is unparseable
     assert score == pytest.approx(UNPARSEABLE_SCORE)
+
+
+def test_length_pairs_differ_only_in_length_and_follow_the_rater(char_tokenizer):
+    pairs = _length_pairs(char_tokenizer, 2000)
+    assert all(set(p.text_a) == set(p.text_b) == {"x"} and p.text_a != p.text_b for p in pairs)
+    rater = Rater(temperature=0.5, length_bonus=0.5)
+    # by hand: 3 x's against 1 is a score gap of 1.0, so P(a preferred) = sigmoid(1.0 / 0.5) = 0.8808
+    three_one = next(p for p in pairs if (p.text_a, p.text_b) == ("xxx", "x"))
+    assert three_one.p_a == pytest.approx(1 / (1 + math.exp(-2.0))) == rater.prefer_probability("xxx", "x", "2")
+    # labels are drawn from the rater's probabilities: their mean matches within 4 standard errors
+    p = torch.tensor([q.p_a for q in pairs], dtype=torch.float64)
+    drawn = torch.tensor([q.a_preferred for q in pairs], dtype=torch.float64)
+    assert abs(drawn.mean() - p.mean()) < 4 * math.sqrt(float((p * (1 - p)).sum())) / len(pairs)
+    with pytest.raises(ValueError, match="max_chars"):
+        length_pairs(ChatMLRenderer(char_tokenizer), 3, rater, max_chars=1)
