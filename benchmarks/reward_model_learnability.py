@@ -28,16 +28,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from edurl.llm.preference import (
-    PreferenceData,
-    Rater,
-    RewardModelConfig,
-    length_pairs,
-    preference_data,
-    train_reward_model,
-)
-from edurl.llm.renderer import ChatMLRenderer
-from edurl.llm.sft import SFTConfig, load_or_train_sft
+from edurl.llm.preference import RewardModelConfig, length_preference_data, preference_data, train_reward_model
+from edurl.llm.sft import SFTConfig
 
 SETTINGS = {
     "gold, 2-digit": RewardModelConfig(),
@@ -45,18 +37,6 @@ SETTINGS = {
     "length-biased, 2-digit": RewardModelConfig(length_bonus=0.5),
     "control: visible length": RewardModelConfig(length_bonus=0.5),
 }
-
-
-def pairs_for(name: str, config: RewardModelConfig) -> PreferenceData:
-    """The setting's pairs: sampled from the SFT policy, or the synthetic length pairs of the control."""
-    if not name.startswith("control"):
-        return preference_data(config)
-    policy, tokenizer, _, path = load_or_train_sft(config.sft, progress=False)
-    rater = Rater(temperature=config.rater_temperature, length_bonus=config.length_bonus)
-    renderer = ChatMLRenderer(tokenizer)
-    train = length_pairs(renderer, config.num_train_problems, rater, seed=config.seed)
-    test = length_pairs(renderer, config.num_test_problems, rater, seed=config.seed + 10_000)
-    return PreferenceData(policy, tokenizer, str(path), rater, train, test)
 
 
 def main() -> None:
@@ -80,7 +60,8 @@ def main() -> None:
                 progress=False,
             )
             t0 = time.perf_counter()
-            result = train_reward_model(config, pairs_for(name, config))
+            pairs = length_preference_data if name.startswith("control") else preference_data
+            result = train_reward_model(config, pairs(config))
             end = result.final
             rows.append(
                 {

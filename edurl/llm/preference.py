@@ -259,24 +259,25 @@ def sample_pairs(
     return pairs
 
 
-def length_pairs(renderer, n: int, rater: Rater, seed: int = 0, max_chars: int = 8) -> list[PreferencePair]:
-    """``n`` synthetic pairs whose replies differ only in length (1 to ``max_chars`` x's, no answer), labelled by
-    ``rater`` (give it a ``length_bonus``): a preference a reward model can read off the reply itself. A control
-    for the pipeline: a reward model that cannot learn these has a bug, not a hard task."""
+def length_pairs(renderer, problems: Sequence, rater: Rater, seed: int = 0, max_chars: int = 8) -> list[PreferencePair]:
+    """One synthetic pair per problem whose two replies differ only in length (1 to ``max_chars`` x's, no answer),
+    labelled by ``rater`` (give it a ``length_bonus``): a preference a reward model can read off the reply itself.
+    A control for the pipeline: a reward model that cannot learn these has a bug, not a hard task."""
     import random
 
     if max_chars < 2:
         raise ValueError(f"max_chars must be >= 2 so that two replies can differ, got {max_chars}")
     rng = random.Random(seed)
-    prompt = tuple(renderer.build_generation_prompt([{"role": "user", "content": "1 + 1=?"}]))
     stop = list(renderer.get_stop_sequences())
     encode = lambda text: tuple(renderer.tokenizer.encode(text, add_special_tokens=False) + stop)  # noqa: E731
     pairs = []
-    for _ in range(n):
+    for problem in problems:
+        prompt = tuple(renderer.build_generation_prompt(problem.messages()))
         text_a, text_b = ("x" * k for k in rng.sample(range(1, max_chars + 1), 2))
-        p_a = rater.prefer_probability(text_a, text_b, "2")
+        p_a = rater.prefer_probability(text_a, text_b, problem.answer)
+        a_preferred = rng.random() < p_a
         pairs.append(
-            PreferencePair(prompt, encode(text_a), encode(text_b), text_a, text_b, "2", p_a, rng.random() < p_a)
+            PreferencePair(prompt, encode(text_a), encode(text_b), text_a, text_b, problem.answer, p_a, a_preferred)
         )
     return pairs
 
@@ -556,6 +557,23 @@ def preference_data(config: RewardModelConfig | None = None) -> PreferenceData:
     return PreferenceData(policy, tokenizer, str(path), rater, pairs["train"], pairs["test"])
 
 
+def length_preference_data(config: RewardModelConfig | None = None) -> PreferenceData:
+    """:func:`preference_data`'s control: the same SFT checkpoint and problems, but :func:`length_pairs` labelled
+    by ``config.rater()`` (give the config a ``length_bonus``), a preference visible in the reply itself."""
+    from edurl.llm.renderer import ChatMLRenderer
+    from edurl.llm.sft import load_or_train_sft
+
+    config = config or RewardModelConfig(length_bonus=0.5)
+    rater = config.rater()
+    policy, tokenizer, _, path = load_or_train_sft(replace(config.sft, device=config.device), progress=config.progress)
+    renderer, task = ChatMLRenderer(tokenizer), config.sft.task()
+    pairs = {
+        split: length_pairs(renderer, task.sample(n, split=split, seed=config.seed), rater, seed=config.seed + k)
+        for k, (split, n) in enumerate((("train", config.num_train_problems), ("test", config.num_test_problems)))
+    }
+    return PreferenceData(policy, tokenizer, str(path), rater, pairs["train"], pairs["test"])
+
+
 def train_reward_model(
     config: RewardModelConfig | None = None, data: PreferenceData | None = None
 ) -> RewardModelResult:
@@ -626,21 +644,32 @@ class RewardModelReward:
 # ---------------------------------------------------------------- DPO
 
 
-def reply_logprobs(model, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], pad_id: int):
+def reply_logprobs(
+    model,
+    prompts: Sequence[Sequence[int]],
+    replies: Sequence[Sequence[int]],
+    pad_id: int,
+    share_prompts: bool = True,
+) -> torch.Tensor:
     """``log pi(reply | prompt)`` summed over each reply's tokens: shape ``(B,)``, with gradient.
 
-    Row ``prompt + reply`` is right-padded; position ``t`` of :func:`edurl.llm.evaluation.sequence_logprobs`
-    scores token ``t + 1``, so the reply's tokens sit at positions ``len(prompt) - 1`` to
-    ``len(prompt) + len(reply) - 2``."""
-    from edurl.llm.evaluation import sequence_logprobs
+    The rows are laid out as Chapter 7's datums (input ``prompt + reply`` without its last token, targets shifted
+    by one, mask 1 on the reply's targets) and scored by :func:`edurl.llm.shared_prefix.token_logprobs`. A pair's
+    chosen and rejected replies share their prompt, so with ``share_prompts`` each distinct prompt runs through the
+    model once and its replies read its KV cache: the same log-probs and gradients (a test checks both), for
+    less compute."""
     from edurl.llm.padding import pad
+    from edurl.llm.shared_prefix import token_logprobs
 
-    ids, attn = pad([list(p) + list(r) for p, r in zip(prompts, replies)], pad_id, device=model.device)
-    logp = sequence_logprobs(model, ids, attn)  # (B, T-1)
-    col = torch.arange(logp.shape[1], device=logp.device)[None]  # (1, T-1)
-    start = torch.tensor([len(p) - 1 for p in prompts], device=logp.device)[:, None]
-    end = start + torch.tensor([len(r) for r in replies], device=logp.device)[:, None]
-    return torch.where((col >= start) & (col < end), logp, torch.zeros_like(logp)).sum(1)
+    rows = [list(p) + list(r) for p, r in zip(prompts, replies)]
+    ids, attn = pad([row[:-1] for row in rows], pad_id, device=model.device)  # (B, T)
+    targets, _ = pad([row[1:] for row in rows], 0, device=model.device)  # (B, T)
+    masks = [[0.0] * (len(p) - 1) + [1.0] * len(r) for p, r in zip(prompts, replies)]
+    mask, _ = pad(masks, 0, dtype=torch.float32, device=model.device)  # (B, T): 1 on the reply's targets
+    logp, _ = token_logprobs(
+        model, ids, attn, targets, mask, share_prompts=share_prompts, pad_token_id=pad_id, model_config=model.config
+    )
+    return torch.where(mask.bool(), logp, torch.zeros_like(logp)).sum(1)
 
 
 @dataclass

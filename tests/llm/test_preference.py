@@ -264,8 +264,25 @@ def test_reply_logprobs_equals_a_token_by_token_reference(small_model):
     assert got.requires_grad
 
 
+def test_reply_logprobs_with_shared_prompts_equals_whole_rows(small_model):
+    """A pair's two replies share their prompt: the shared-prefix pass gives the same log-probs and gradients."""
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [9, 10, 11]]
+    replies = [[12, 13], [14, 15, 16], [17], [18, 19, 20, 21]]
+    results = []
+    for share in (True, False):
+        small_model.zero_grad(set_to_none=True)
+        lp = reply_logprobs(small_model, prompts, replies, pad_id=0, share_prompts=share)
+        lp.sum().backward()
+        results.append((lp.detach(), [p.grad.clone() for p in small_model.parameters()]))
+    small_model.zero_grad(set_to_none=True)
+    (shared, shared_grads), (whole, whole_grads) = results
+    assert torch.allclose(shared, whole, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(shared_grads, whole_grads))
+
+
 def _length_pairs(char_tokenizer, n: int, seed: int = 0) -> list[PreferencePair]:
-    return length_pairs(ChatMLRenderer(char_tokenizer), n, Rater(temperature=0.5, length_bonus=0.5), seed=seed)
+    problems = ArithmeticTask(2).sample(n, seed=seed)
+    return length_pairs(ChatMLRenderer(char_tokenizer), problems, Rater(temperature=0.5, length_bonus=0.5), seed=seed)
 
 
 def test_train_dpo_learns_the_raters_preference(saved_lm, char_tokenizer):
@@ -305,6 +322,7 @@ def test_mean_gold_score_is_the_mean_over_sampled_replies(small_model, char_toke
 def test_length_pairs_differ_only_in_length_and_follow_the_rater(char_tokenizer):
     pairs = _length_pairs(char_tokenizer, 2000)
     assert all(set(p.text_a) == set(p.text_b) == {"x"} and p.text_a != p.text_b for p in pairs)
+    assert len({p.prompt for p in pairs}) > 100  # one pair per problem, so the prompts vary
     rater = Rater(temperature=0.5, length_bonus=0.5)
     # by hand: 3 x's against 1 is a score gap of 1.0, so P(a preferred) = sigmoid(1.0 / 0.5) = 0.8808
     three_one = next(p for p in pairs if (p.text_a, p.text_b) == ("xxx", "x"))
@@ -314,4 +332,20 @@ def test_length_pairs_differ_only_in_length_and_follow_the_rater(char_tokenizer)
     drawn = torch.tensor([q.a_preferred for q in pairs], dtype=torch.float64)
     assert abs(drawn.mean() - p.mean()) < 4 * math.sqrt(float((p * (1 - p)).sum())) / len(pairs)
     with pytest.raises(ValueError, match="max_chars"):
-        length_pairs(ChatMLRenderer(char_tokenizer), 3, rater, max_chars=1)
+        length_pairs(ChatMLRenderer(char_tokenizer), ArithmeticTask(1).sample(3), rater, max_chars=1)
+
+
+def test_length_preference_data_is_the_control_on_the_sft_checkpoint(tmp_path, monkeypatch):
+    from edurl.llm.preference import length_preference_data
+    from edurl.llm.sft import SFTConfig
+
+    from .conftest import SMALL
+
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path))
+    sft = SFTConfig(model=SMALL, max_steps=2, batch_size=4, warmup_steps=1, num_threads=1, target_pass_at_1=None)
+    config = RewardModelConfig(sft=sft, length_bonus=0.5, num_train_problems=16, num_test_problems=8, progress=False)
+    data = length_preference_data(config)
+    assert len(data.train_pairs) == 16 and len(data.test_pairs) == 8
+    assert data.rater == Rater(temperature=0.5, length_bonus=0.5)
+    assert all(set(p.text_a) == {"x"} for p in data.train_pairs + data.test_pairs)
+    assert (tmp_path / "sft").is_dir() and str(tmp_path) in data.path  # the cached SFT checkpoint starts both
