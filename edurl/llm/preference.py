@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
 from edurl._checks import check_fields, check_same_shape, check_tensor
 from edurl.llm.rewards import extract_boxed, is_integer_answer
@@ -309,14 +310,30 @@ def load_reward_model(path, seed: int = 0):
     return model
 
 
-def score_sequences(reward_model, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]]) -> torch.Tensor:
+def score_sequences(
+    reward_model, prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], share_prompts: bool = True
+) -> torch.Tensor:
     """The reward model's scalar for each ``prompt + reply``: shape ``(B,)``, with gradient.
 
     Rows are right-padded with the model's pad id; the classification head reads the last non-pad token
-    (the reply's stop token), as transformers' ``*ForSequenceClassification`` models do."""
+    (the reply's stop token), as transformers' ``*ForSequenceClassification`` models do. A pair's two replies
+    (and RL's G completions) share their prompt; with ``share_prompts``, when at most half the rows have distinct
+    prompts, each prompt runs once and its replies read its KV cache (:mod:`edurl.llm.shared_prefix`): the same
+    scores and gradients as whole rows (a test checks both)."""
     from edurl.llm.padding import pad
+    from edurl.llm.shared_prefix import run_continuations, run_prompts
 
     pad_id = reward_model.config.pad_token_id
+    distinct: dict[tuple[int, ...], int] = {}
+    u = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    shareable = isinstance(reward_model, PreTrainedModel) and all(len(r) > 0 for r in replies)  # has a KV cache
+    if share_prompts and shareable and 2 * len(distinct) <= len(u):
+        dev = reward_model.device
+        prefix = run_prompts(reward_model, list(distinct), pad_id, reward_model.config, dev)
+        if prefix is not None:
+            rest_ids, rest_mask = pad([list(r) for r in replies], pad_id, device=dev)  # (B, Lr)
+            out = run_continuations(reward_model, prefix, torch.tensor(u, device=dev), rest_ids, rest_mask)
+            return out.logits.squeeze(-1).float()  # (B,): the head read each reply's last non-pad token
     rows = [list(p) + list(r) for p, r in zip(prompts, replies)]
     ids, mask = pad(rows, pad_id, device=reward_model.device)
     return reward_model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()  # (B,)
@@ -341,8 +358,9 @@ def pair_metrics(reward_model, pairs: Sequence[PreferencePair], batch_size: int 
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         prompts = [p.prompt for p in chunk]
-        r_a.append(score_sequences(reward_model, prompts, [p.reply_a for p in chunk]).cpu())
-        r_b.append(score_sequences(reward_model, prompts, [p.reply_b for p in chunk]).cpu())
+        both = score_sequences(reward_model, prompts + prompts, [p.reply_a for p in chunk] + [p.reply_b for p in chunk])
+        r_a.append(both[: len(chunk)].cpu())  # one call for both replies, so each pair's prompt runs once
+        r_b.append(both[len(chunk) :].cpu())
     reward_model.train(was_training)
     return _rank_metrics(torch.cat(r_a).double(), torch.cat(r_b).double(), pairs)
 
@@ -730,9 +748,11 @@ def dpo_metrics(policy, reference, pairs: Sequence[PreferencePair], beta: float,
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         prompts = [p.prompt for p in chunk]
+        replies = [p.reply_a for p in chunk] + [p.reply_b for p in chunk]
         for who, model in (("pi", policy), ("ref", reference)):
-            cols[f"{who}_a"].append(reply_logprobs(model, prompts, [p.reply_a for p in chunk], pad_id).cpu())
-            cols[f"{who}_b"].append(reply_logprobs(model, prompts, [p.reply_b for p in chunk], pad_id).cpu())
+            both = reply_logprobs(model, prompts + prompts, replies, pad_id).cpu()  # each prompt runs once
+            cols[f"{who}_a"].append(both[: len(chunk)])
+            cols[f"{who}_b"].append(both[len(chunk) :])
     policy.train(was_training)
     c = {k: torch.cat(v).double() for k, v in cols.items()}
     r_a, r_b = implicit_rewards(c["pi_a"], c["ref_a"], beta), implicit_rewards(c["pi_b"], c["ref_b"], beta)

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from edurl.llm.padding import pad
 from edurl.objectives import entropy
 
-__all__ = ["scaled_log_softmax", "token_logprobs"]
+__all__ = ["run_continuations", "run_prompts", "scaled_log_softmax", "token_logprobs"]
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -72,16 +72,12 @@ def token_logprobs(
     dev = ids.device
     u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
     # ---- each distinct prompt once, left-padded so that all of them end in the last column
-    pids, pmask = pad([list(p) for p in prompts], pad_token_id, side="left", device=dev)  # (U, Lp)
-    U, Lp = pids.shape
-    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model_config)
-    logp_p = scaled_log_softmax(
-        forward(input_ids=pids, attention_mask=pmask, position_ids=ppos, past_key_values=cache, use_cache=True).logits,
-        temperature,
-    )
-    if cache.get_seq_length() != Lp:  # a model that ignored the cache: fall back rather than drop the prompt
+    prefix = run_prompts(forward, list(prompts), pad_token_id, model_config, dev)
+    if prefix is None:  # a model that ignored the cache: fall back rather than drop the prompt
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
+    out_p, _, pmask, _ = prefix
+    logp_p = scaled_log_softmax(out_p.logits, temperature)
+    Lp = pmask.shape[1]
     V = logp_p.shape[-1]
     col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
     f = first[:, None]
@@ -99,14 +95,7 @@ def token_logprobs(
         j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
         rmask = (j < rest[:, None]).long()
         rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
-        cache.reorder_cache(u)  # copies rows: a differentiable index_select
-        out = forward(
-            input_ids=rids,
-            attention_mask=torch.cat([pmask[u], rmask], 1),
-            position_ids=ppos[u, -1:] + 1 + j,
-            past_key_values=cache,
-            use_cache=True,
-        )
+        out = run_continuations(forward, prefix, u, rids, rmask)
         logp_r = scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
         in_rest = (col > f) & (col < lengths[:, None])
         rcol = (col - f - 1).clamp(0, Lr - 1)
@@ -115,6 +104,35 @@ def token_logprobs(
         if with_entropy:
             ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
     return lp, ent
+
+
+def run_prompts(forward, prompts: list, pad_token_id: int, model_config, device):
+    """Run each of the U distinct ``prompts`` once, left-padded so that all of them end in the last column, and
+    keep their KV cache. Returns ``(out, cache, pmask, ppos)``: the forward's output, the cache, the (U, Lp)
+    attention mask and position ids; or None when the model ignored the cache (the caller scores rows whole)."""
+    pids, pmask = pad([list(p) for p in prompts], pad_token_id, side="left", device=device)  # (U, Lp)
+    ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model_config)
+    out = forward(input_ids=pids, attention_mask=pmask, position_ids=ppos, past_key_values=cache, use_cache=True)
+    if cache.get_seq_length() != pids.shape[1]:
+        return None
+    return out, cache, pmask, ppos
+
+
+def run_continuations(forward, prefix, u: torch.Tensor, rest_ids: torch.Tensor, rest_mask: torch.Tensor):
+    """Run each row's continuation ``rest_ids`` (B, Lr), right-padded with mask ``rest_mask``, against the cache
+    of its prompt ``u[b]`` from :func:`run_prompts` (``prefix``). The cache's rows are copied by a differentiable
+    ``index_select``, so the gradient reaches the prompt's keys and values. Returns the forward's output."""
+    _, cache, pmask, ppos = prefix
+    cache.reorder_cache(u)
+    j = torch.arange(rest_ids.shape[1], device=rest_ids.device)[None]  # (1, Lr)
+    return forward(
+        input_ids=rest_ids,
+        attention_mask=torch.cat([pmask[u], rest_mask], 1),
+        position_ids=ppos[u, -1:] + 1 + j,
+        past_key_values=cache,
+        use_cache=True,
+    )
 
 
 def _whole_rows(forward, ids, attn, targets, with_entropy: bool, temperature: float):

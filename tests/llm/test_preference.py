@@ -191,6 +191,25 @@ def test_load_reward_model_keeps_the_lm_weights_and_adds_a_scalar_head(saved_lm,
     assert alone.item() == pytest.approx(scores[0].item(), abs=1e-5)
 
 
+def test_score_sequences_with_shared_prompts_equals_whole_rows(saved_lm):
+    """Replies that share a prompt (a pair, or RL's group): one prompt pass, the same scores and gradients."""
+    rm = load_reward_model(saved_lm, seed=0)
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11], [9, 10, 11], [9, 10, 11]]
+    replies = [[12, 13], [14, 15, 16], [17], [18, 19, 20, 21], [22, 23]]
+    results = []
+    for share in (True, False):
+        rm.zero_grad(set_to_none=True)
+        scores = score_sequences(rm, prompts, replies, share_prompts=share)
+        (scores * torch.arange(1.0, 6.0)).sum().backward()
+        results.append((scores.detach(), [p.grad.clone() for p in rm.parameters()]))
+    (shared, shared_grads), (whole, whole_grads) = results
+    assert torch.allclose(shared, whole, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(shared_grads, whole_grads))
+    # each row's score is its own: scoring a row alone (no sharing possible) gives the same number
+    alone = score_sequences(rm, [prompts[3]], [replies[3]])
+    assert alone.item() == pytest.approx(shared[3].item(), abs=1e-5)
+
+
 def test_fit_reward_model_learns_a_learnable_rater(saved_lm, char_tokenizer):
     """Replies that differ only in length, labelled by a rater that likes length: the reward model must get
     close to the exact ceiling in a few dozen steps."""
