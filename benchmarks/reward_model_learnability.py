@@ -1,7 +1,7 @@
 """Can the course's reward model learn the simulated people's preferences? Chapter 8's first question, measured.
 
     python benchmarks/reward_model_learnability.py                    # seeds 0-2, the three settings below
-    python benchmarks/reward_model_learnability.py --seeds 0 --epochs 20
+    python benchmarks/reward_model_learnability.py --seeds 0 --epochs 20 --settings "1-digit gold"
 
 For each setting and seed: sample pairs from the cached SFT policy (`preference_data`), label them with the
 setting's rater, fit a Bradley-Terry reward model on the SFT weights (`train_reward_model`), and print its
@@ -9,11 +9,11 @@ held-out expected pair accuracy beside the exact ceiling (`ceiling`); Chapter 8'
 
 Settings:
 
-* `gold, 2-digit`: the gold rater (closeness of the boxed answer) on Chapter 6's 2-digit addition;
-* `gold, 1-digit`: the same on 1-digit addition (its own SFT warm start, trained once and cached);
-* `length-biased, 2-digit`: the rater that also likes longer replies (`length_bonus` per character), whose
+* `2-digit gold`: the gold rater (closeness of the boxed answer) on Chapter 6's 2-digit addition;
+* `1-digit gold`: the same on 1-digit addition (its own SFT warm start, trained once and cached);
+* `2-digit length-biased`: the rater that also likes longer replies (`length_bonus` per character), whose
   preferences are partly visible in the reply itself;
-* `control: visible length`: synthetic replies that differ only in length (`length_pairs`), labelled by a
+* `control`: synthetic replies that differ only in length (`length_pairs`), labelled by a
   length-liking rater, on the same SFT weights: a preference the reward model can read off the reply. If the
   control fails too, the pipeline has a bug; if only the others fail, the task's preference is what is hard.
 
@@ -32,10 +32,10 @@ from edurl.llm.preference import RewardModelConfig, length_preference_data, pref
 from edurl.llm.sft import SFTConfig
 
 SETTINGS = {
-    "gold, 2-digit": RewardModelConfig(),
-    "gold, 1-digit": RewardModelConfig(sft=SFTConfig(num_digits=1)),
-    "length-biased, 2-digit": RewardModelConfig(length_bonus=0.5),
-    "control: visible length": RewardModelConfig(length_bonus=0.5),
+    "2-digit gold": RewardModelConfig(),
+    "1-digit gold": RewardModelConfig(sft=SFTConfig(num_digits=1)),
+    "2-digit length-biased": RewardModelConfig(length_bonus=0.5),
+    "control": RewardModelConfig(length_bonus=0.5),
 }
 
 
@@ -45,9 +45,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training pairs")
     parser.add_argument("--train-problems", type=int, default=1024, help="training problems (about one pair each)")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated names from SETTINGS")
     args = parser.parse_args()
+    chosen = [name.strip() for name in args.settings.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
     rows = []
-    for name, base in SETTINGS.items():
+    for name in chosen:
+        base = SETTINGS[name]
         for seed in (int(s) for s in args.seeds.split(",")):
             config = replace(
                 base,
