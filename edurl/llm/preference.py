@@ -382,7 +382,34 @@ def _rank_metrics(r_a: torch.Tensor, r_b: torch.Tensor, pairs: Sequence[Preferen
 
 
 @dataclass
-class RewardModelConfig:
+class PairTrainingConfig:
+    """How the reward model and DPO train on pairs (:func:`train_on_pairs`): the fields they share."""
+
+    batch_size: int = 64
+    """Pairs per optimizer step."""
+    epochs: int = 3
+    """Passes over the training pairs."""
+    learning_rate: float = 3e-4
+    """AdamW learning rate (constant)."""
+    eval_every: int = 20
+    """Steps between held-out evaluations (also at the start and the end)."""
+    seed: int = 0
+    """Seeds the batch order (and, in RewardModelConfig, the problems, replies, labels and head)."""
+    num_threads: int = 2
+    """torch CPU threads."""
+    device: str | None = None
+    """Where the model trains; None picks with edurl.device()."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self, positive_int=("batch_size", "epochs", "eval_every"), positive=("learning_rate",), nonneg_int=("seed",)
+        )
+
+
+@dataclass
+class RewardModelConfig(PairTrainingConfig):
     """Pairs from the SFT policy, labelled by a simulated rater, and a Bradley-Terry reward model on them."""
 
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -397,30 +424,14 @@ class RewardModelConfig:
     """Held-out problems (the test split) for the pair accuracy."""
     sample_temperature: float = 1.0
     """Temperature of the policy that writes the replies: higher, more varied pairs."""
-    batch_size: int = 64
-    """Pairs per optimizer step."""
-    epochs: int = 3
-    """Passes over the training pairs."""
-    learning_rate: float = 3e-4
-    """AdamW learning rate (constant)."""
-    eval_every: int = 20
-    """Steps between held-out evaluations (also at the start and the end)."""
-    seed: int = 0
-    """Seeds the problems, the sampled replies, the labels, the head and the batch order."""
-    num_threads: int = 2
-    """torch CPU threads."""
-    device: str | None = None
-    """Where the reward model trains; None picks with edurl.device()."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_fields(
             self,
-            positive_int=("num_train_problems", "num_test_problems", "batch_size", "epochs", "eval_every"),
-            positive=("rater_temperature", "sample_temperature", "learning_rate"),
+            positive_int=("num_train_problems", "num_test_problems"),
+            positive=("rater_temperature", "sample_temperature"),
             nonneg=("length_bonus",),
-            nonneg_int=("seed",),
         )
 
     def rater(self) -> Rater:
@@ -444,34 +455,23 @@ class RewardModelResult:
 
 
 def train_on_pairs(
-    model: torch.nn.Module,
-    pairs: Sequence[PreferencePair],
-    loss_on,
-    evaluate,
-    *,
-    batch_size: int,
-    epochs: int,
-    learning_rate: float,
-    eval_every: int,
-    seed: int,
-    progress: bool,
-    desc: str,
+    model: torch.nn.Module, pairs: Sequence[PreferencePair], loss_on, evaluate, config: PairTrainingConfig, desc: str
 ) -> list[dict]:
-    """The loop that the reward model and DPO share: ``epochs`` shuffled passes over ``pairs`` in batches,
-    ``loss_on(batch)`` minimised with AdamW (constant ``learning_rate``, no weight decay, gradient norm clipped
-    at 1), and ``evaluate() -> dict`` at the start, every ``eval_every`` steps and at the end.
+    """The loop that the reward model and DPO share: ``config.epochs`` shuffled passes over ``pairs`` in batches,
+    ``loss_on(batch)`` minimised with AdamW (constant learning rate, no weight decay, gradient norm clipped at 1),
+    and ``evaluate() -> dict`` at the start, every ``config.eval_every`` steps and at the end.
 
     Returns the history: one row per evaluation with ``step``, ``train/loss`` (the last batch's), ``time/train``
     (seconds spent in training steps so far, evaluations excluded) and ``evaluate()``'s keys."""
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.0
-    )
-    generator = torch.Generator().manual_seed(seed)
-    total = epochs * math.ceil(len(pairs) / batch_size)
+    batch_size = config.batch_size
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(config.seed)
+    total = config.epochs * math.ceil(len(pairs) / batch_size)
     history = [{"step": 0, "train/loss": float("nan"), "time/train": 0.0, **evaluate()}]
-    bar = progress_bar(total=total, desc=desc, disable=not progress)
+    bar = progress_bar(total=total, desc=desc, disable=not config.progress)
     step, seconds = 0, 0.0
-    for _ in range(epochs):
+    for _ in range(config.epochs):
         order = torch.randperm(len(pairs), generator=generator).tolist()
         for start in range(0, len(order), batch_size):
             t0 = time.perf_counter()
@@ -484,7 +484,7 @@ def train_on_pairs(
             seconds += time.perf_counter() - t0
             step += 1
             bar.update(1)
-            if step % eval_every == 0 or step == total:
+            if step % config.eval_every == 0 or step == total:
                 history.append({"step": step, "train/loss": loss.item(), "time/train": seconds, **evaluate()})
                 bar.set_postfix(test_acc=f"{history[-1]['test/expected_accuracy']:.3f}", refresh=False)
     bar.close()
@@ -517,20 +517,9 @@ def fit_reward_model(
         r = score_sequences(reward_model, prompts + prompts, [p.chosen for p in batch] + [p.rejected for p in batch])
         return bradley_terry_loss(r[: len(batch)], r[len(batch) :])  # one forward for both halves
 
-    history = train_on_pairs(
-        reward_model,
-        train_pairs,
-        loss_on,
-        lambda: _prefixed(pair_metrics(reward_model, test_pairs)),
-        batch_size=batch_size,
-        epochs=epochs,
-        learning_rate=learning_rate,
-        eval_every=eval_every,
-        seed=seed,
-        progress=progress,
-        desc="reward model",
-    )
-    return history
+    evaluate = lambda: _prefixed(pair_metrics(reward_model, test_pairs))  # noqa: E731
+    config = PairTrainingConfig(batch_size, epochs, learning_rate, eval_every, seed, progress=progress)
+    return train_on_pairs(reward_model, train_pairs, loss_on, evaluate, config, "reward model")
 
 
 def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
@@ -691,35 +680,17 @@ def reply_logprobs(
 
 
 @dataclass
-class DPOConfig:
+class DPOConfig(PairTrainingConfig):
     """DPO on labelled pairs: the policy and its frozen reference both start from the SFT weights."""
 
     beta: float = 0.1
     """Strength of the implicit KL tie to the reference (DPO's beta)."""
-    batch_size: int = 64
-    """Pairs per optimizer step."""
-    epochs: int = 3
-    """Passes over the training pairs."""
     learning_rate: float = 1e-4
     """AdamW learning rate (constant)."""
-    eval_every: int = 20
-    """Steps between held-out evaluations (also at the start and the end)."""
-    seed: int = 0
-    """Seeds the batch order."""
-    num_threads: int = 2
-    """torch CPU threads."""
-    device: str | None = None
-    """Where the policy trains; None picks with edurl.device()."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        check_fields(
-            self,
-            positive_int=("batch_size", "epochs", "eval_every"),
-            positive=("beta", "learning_rate"),
-            nonneg_int=("seed",),
-        )
+        super().__post_init__()
+        check_fields(self, positive=("beta",))
 
 
 @dataclass
@@ -791,19 +762,8 @@ def train_dpo(data: PreferenceData, config: DPOConfig | None = None) -> DPOResul
             B = len(batch)
             return dpo_loss(logp[:B], logp[B:], ref[:B], ref[B:], config.beta)
 
-        history = train_on_pairs(
-            policy,
-            pairs,
-            loss_on,
-            lambda: _prefixed(dpo_metrics(policy, reference, test_pairs, config.beta, pad_id)),
-            batch_size=config.batch_size,
-            epochs=config.epochs,
-            learning_rate=config.learning_rate,
-            eval_every=config.eval_every,
-            seed=config.seed,
-            progress=config.progress,
-            desc="DPO",
-        )
+        evaluate = lambda: _prefixed(dpo_metrics(policy, reference, test_pairs, config.beta, pad_id))  # noqa: E731
+        history = train_on_pairs(policy, pairs, loss_on, evaluate, config, "DPO")
     return DPOResult(policy, reference, history)
 
 
