@@ -10,7 +10,14 @@ pipeline, read downwards:
    accuracy any reward model can reach on given pairs, the *ceiling*, is computed exactly:
    ``mean(max(p, 1 - p))``. A *biased* rater also likes longer replies; its preferences are the data of the
    over-optimisation experiment.
-2. **Losses** (pure functions, the public contract): :func:`bradley_terry_loss` and :func:`dpo_loss`.
+2. **Losses** (pure functions, the public contract): :func:`bradley_terry_loss` and :func:`dpo_loss`, and the
+   classic KL-shaped RLHF reward, :func:`kl_shaped_rewards`.
+3. **Pairs**: :func:`sample_pairs` (two replies of the SFT policy, labelled by a rater), :func:`preference_data`,
+   and the control :func:`length_preference_data`, whose preference is visible in the reply itself.
+4. **The reward model**: a ``*ForSequenceClassification`` head on the SFT weights (:func:`load_reward_model`),
+   trained by :func:`train_reward_model` with the loop that DPO shares (:func:`train_on_pairs`);
+   :class:`RewardModelReward` makes it the reward of Chapter 7's loop (``train_grpo(config, reward_fn=...)``).
+5. **DPO**: :func:`train_dpo`, and its implicit reward judged like a reward model (:func:`dpo_metrics`).
 
 Shapes: every per-pair tensor is ``(B,)``, one entry per pair.
 
