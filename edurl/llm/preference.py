@@ -30,6 +30,7 @@ Shapes: every per-pair tensor is ``(B,)``, one entry per pair.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -271,8 +272,6 @@ def length_pairs(renderer, problems: Sequence, rater: Rater, seed: int = 0, max_
     """One synthetic pair per problem whose two replies differ only in length (1 to ``max_chars`` x's, no answer),
     labelled by ``rater`` (give it a ``length_bonus``): a preference a reward model can read off the reply itself.
     A control for the pipeline: a reward model that cannot learn these has a bug, not a hard task."""
-    import random
-
     if max_chars < 2:
         raise ValueError(f"max_chars must be >= 2 so that two replies can differ, got {max_chars}")
     rng = random.Random(seed)
@@ -525,7 +524,14 @@ def fit_reward_model(
         return bradley_terry_loss(r[: len(batch)], r[len(batch) :])  # one forward for both halves
 
     evaluate = lambda: _prefixed(pair_metrics(reward_model, test_pairs))  # noqa: E731
-    config = PairTrainingConfig(batch_size, epochs, learning_rate, eval_every, seed, progress=progress)
+    config = PairTrainingConfig(
+        batch_size=batch_size,
+        epochs=epochs,
+        learning_rate=learning_rate,
+        eval_every=eval_every,
+        seed=seed,
+        progress=progress,
+    )
     return train_on_pairs(reward_model, train_pairs, loss_on, evaluate, config, "reward model")
 
 
