@@ -1,4 +1,4 @@
-"""The measured asserts of notebooks 06 and 07, as experiments for ``assert_margins.py``.
+"""The measured asserts of notebooks 06, 07 and 08, as experiments for ``assert_margins.py``.
 
 Study seed k is the notebook's run with ``seed=k`` everywhere (the SFT warm start, the GRPO problems and
 samples) and every other fixed seed of a cell shifted by k * OFFSET, so k = 0 is the notebook's own run.
@@ -136,10 +136,110 @@ def grpo_full(seed: int, threads: int) -> dict:
     }
 
 
+BIASED_LENGTH_BONUS = 0.2  # notebook 08's biased rater
+RLHF_STEPS = 80
+
+
+def rlhf(seed: int, threads: int) -> dict:
+    """Notebook 08: the reward models (gold and biased rater), GRPO against them, DPO, and the gold scores."""
+    from edurl import llm
+    from edurl.llm import preference as P
+    from edurl.llm.grpo import GRPOConfig, train_grpo
+
+    off = seed * OFFSET
+    sft = P.rlhf_sft_config(seed=seed, num_threads=threads)
+    policy, tokenizer, _, _ = llm.load_or_train_sft(sft, progress=False)
+    renderer, task = llm.ChatMLRenderer(tokenizer), sft.task()
+    rm_config = P.RewardModelConfig(
+        sft=sft,
+        num_train_problems=1024,
+        num_test_problems=256,
+        epochs=5,
+        learning_rate=1e-3,
+        eval_every=16,
+        seed=seed,
+        num_threads=threads,
+        progress=False,
+    )
+    data = P.preference_data(rm_config)
+    biased_data = data.relabel(P.Rater(length_bonus=BIASED_LENGTH_BONUS), seed=1 + off)
+    rms = {name: P.train_reward_model(rm_config, d) for name, d in (("gold", data), ("biased", biased_data))}
+    raters = {"gold": data.rater, "biased": biased_data.rater}
+    held_out = task.sample(128, split="test", seed=2 + off)
+
+    def gold_of(model) -> float:
+        return P.mean_gold_score(model, renderer, held_out, seed=3 + off, max_tokens=40)
+
+    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+
+    def rl(name: str, kl_coef: float):
+        config = GRPOConfig(
+            sft=sft,
+            seed=seed,
+            max_steps=RLHF_STEPS,
+            batch_size=16,
+            group_size=8,
+            max_tokens=40,
+            learning_rate=3e-4,
+            kl_coef=kl_coef,
+            eval_every=10**6,
+            num_eval=50,
+            num_threads=threads,
+            progress=False,
+            log_dir=str(root / f"{name}_{kl_coef}"),
+        )
+        reward = P.RewardModelReward(rms[name].model, renderer, rater=raters[name])
+        return train_grpo(config, reward_fn=reward)
+
+    main = rl("gold", 0.2)
+    free, leashed = rl("biased", 0.0), rl("biased", 0.2)
+    dpo = P.train_dpo(data, P.DPOConfig(beta=0.1, seed=seed, num_threads=threads, progress=False))
+    dpo_fast = P.train_dpo(
+        data, P.DPOConfig(beta=0.1, learning_rate=5e-4, seed=seed, num_threads=threads, progress=False)
+    )
+    smooth = {k: r.metrics["env/all/reward/gold"].rolling(10).mean() for k, r in (("free", free), ("leashed", leashed))}
+    proxy = free.metrics["env/all/reward/proxy"].rolling(10).mean()
+    ratio = lambda h: h["test/expected_accuracy"] / h["test/ceiling"]  # noqa: E731
+    main_gold = main.metrics["env/all/reward/gold"].rolling(10).mean()
+    return {
+        "rm_gold_of_ceiling": ratio(rms["gold"].final),
+        "rm_biased_of_ceiling": ratio(rms["biased"].final),
+        "sft_gold": gold_of(policy),
+        "rl_gold": gold_of(main.trainer.model),
+        "rl_train_gold_rise": float(main_gold.iloc[-1] - main_gold.iloc[9]),
+        "free_gold_peak_minus_end": float(smooth["free"].max() - smooth["free"].iloc[-1]),
+        "free_gold_peak_step": int(smooth["free"].idxmax()),
+        "free_proxy_rise": float(proxy.iloc[-1] - proxy.iloc[9]),
+        "leashed_minus_free_end_gold": float(smooth["leashed"].iloc[-1] - smooth["free"].iloc[-1]),
+        "dpo_of_ceiling": ratio(dpo.final),
+        "dpo_chosen_logp_change": dpo.final["test/chosen_logp_change"],
+        "dpo_rejected_logp_change": dpo.final["test/rejected_logp_change"],
+        "dpo_gold": gold_of(dpo.policy),
+        "dpo_seconds": dpo.final["time/train"],
+        "dpo_fast_of_ceiling": ratio(dpo_fast.final),
+        "dpo_fast_chosen_logp_change": dpo_fast.final["test/chosen_logp_change"],
+        "dpo_fast_gold": gold_of(dpo_fast.policy),
+        "free_gold_start": float(smooth["free"].iloc[9]),
+        "free_gold_end": float(smooth["free"].iloc[-1]),
+        "leashed_gold_end": float(smooth["leashed"].iloc[-1]),
+        "leashed_proxy_rise": float(
+            leashed.metrics["env/all/reward/proxy"].rolling(10).mean().iloc[-1]
+            - leashed.metrics["env/all/reward/proxy"].rolling(10).mean().iloc[9]
+        ),
+        "rl_correct_first10": float(main.metrics["env/all/correct"].iloc[:10].mean()),
+        "rl_correct_last10": float(main.metrics["env/all/correct"].iloc[-10:].mean()),
+        "rl_held_out_pass_start": main.start.pass_at_1,
+        "rl_held_out_pass_end": main.final.pass_at_1,
+        "rm_seconds": rms["gold"].final["time/train"],
+        "rl_seconds": float(main.metrics["time/total"].iloc[-1]),
+    }
+
+
 EXPERIMENTS = {
     "sft_warm_start": (sft_warm_start, True),
     "grpo_short_runs": (grpo_short_runs, True),
     "grpo_full": (grpo_full, True),
+    "rlhf": (rlhf, True),
 }
 
 

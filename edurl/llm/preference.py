@@ -3,8 +3,8 @@
 RLHF replaces Chapter 7's verifier with a reward *learned* from comparisons. This file holds the whole
 pipeline, read downwards:
 
-1. **Raters.** A hidden *gold* score defines what people prefer on the arithmetic task: how close a reply's
-   boxed answer is to the truth. A rater compares two replies and prefers ``a`` with probability
+1. **Raters.** A hidden *gold* score defines what people prefer on the arithmetic task: a reply's manner (a
+   full sentence is liked, padding is not) and, less, how close its boxed answer is to the truth. A rater compares two replies and prefers ``a`` with probability
    ``sigmoid((s(a) - s(b)) / temperature)``: the Bradley-Terry model (Bradley and Terry, 1952), which is how
    InstructGPT and its successors model a labeller. Because the probabilities are known, the best pair
    accuracy any reward model can reach on given pairs, the *ceiling*, is computed exactly:
@@ -42,6 +42,7 @@ from transformers import PreTrainedModel
 from edurl._checks import check_fields, check_same_shape, check_tensor
 from edurl.llm.rewards import extract_boxed, is_integer_answer
 from edurl.llm.sft import SFTConfig
+from edurl.llm.tasks import FILLER
 from edurl.utils import device as pick_device
 from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
@@ -52,16 +53,38 @@ UNPARSEABLE_SCORE = -4.0
 """Gold score of a reply with no integer in a ``\\boxed{}``: below every parseable answer's."""
 
 
-def gold_score(reply: str, answer: str) -> float:
-    """What the simulated people want: ``-log(1 + |given - answer|)`` for a boxed integer answer (0 when
-    right, -0.69 when off by one, -2.4 when off by 10), and :data:`UNPARSEABLE_SCORE` otherwise.
+GOLD_OPENING = "The answer is "
+"""The opening the simulated people like: a reply that starts with it gets :data:`GOLD_OPENING_BONUS`."""
+GOLD_OPENING_BONUS = 1.0
+GOLD_FILLER_PENALTY = 0.5
+"""Gold score lost per :data:`edurl.llm.tasks.FILLER` in a reply: people dislike padding."""
+GOLD_ACCURACY_WEIGHT = 0.3
+"""Weight of the answer's closeness, ``-log(1 + |error|)``, in the gold score."""
 
-    A graded score, not a 0/1 verifier: people prefer a near miss to a wild guess, so pairs of two wrong
-    replies still carry information."""
+
+def gold_score(reply: str, answer: str) -> float:
+    """What the simulated people want, a hidden score the reward model never sees::
+
+        GOLD_OPENING_BONUS  * (reply starts with "The answer is ")     +1.0
+      - GOLD_FILLER_PENALTY * (number of " ok" fillers)                 -0.5 each
+      - GOLD_ACCURACY_WEIGHT * log(1 + |given - answer|)               0 when right, -0.21 off by one, -0.72 off by 10
+
+    and :data:`UNPARSEABLE_SCORE` for a reply with no boxed integer. People judge manner at a glance and check
+    the sum only roughly: a near miss beats a wild guess, so pairs of two wrong replies still carry information.
+    The manner is visible in the reply; closeness needs arithmetic, which a reward model learns poorly from a
+    thousand pairs (``benchmarks/reward_model_learnability.py``)."""
     given = extract_boxed(reply)
     if given is None or not is_integer_answer(given) or not is_integer_answer(str(answer).strip()):
         return UNPARSEABLE_SCORE
-    return -math.log1p(abs(int(given) - int(str(answer).strip())))
+    manner = GOLD_OPENING_BONUS * reply.startswith(GOLD_OPENING) - GOLD_FILLER_PENALTY * reply.count(FILLER)
+    return manner - GOLD_ACCURACY_WEIGHT * math.log1p(abs(int(given) - int(str(answer).strip())))
+
+
+def rlhf_sft_config(**overrides) -> SFTConfig:
+    """Chapter 8's warm start: Chapter 6's tiny LM trained on *styled* demonstrations (an opening and 0-3
+    fillers drawn per problem, :class:`edurl.llm.tasks.StyledProblem`) for 600 steps with no early stop, so its
+    replies vary in manner as well as in the answer. Cached like Chapter 6's; ``overrides`` set other fields."""
+    return SFTConfig(**{"styled": True, "target_pass_at_1": None, "max_steps": 600, **overrides})
 
 
 @dataclass(frozen=True)
@@ -268,6 +291,18 @@ def sample_pairs(
     return pairs
 
 
+def relabel(pairs: Sequence[PreferencePair], rater: Rater, seed: int = 0) -> list[PreferencePair]:
+    """The same replies, labelled afresh by ``rater``: new preference probabilities and new labels drawn from
+    them. Two raters' data sets then differ only in their verdicts, never in the replies."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for p in pairs:
+        p_a = rater.prefer_probability(p.text_a, p.text_b, p.answer)
+        a_preferred = bool(torch.rand((), generator=generator, dtype=torch.float64) < p_a)
+        out.append(replace(p, p_a=p_a, a_preferred=a_preferred))
+    return out
+
+
 def length_pairs(renderer, problems: Sequence, rater: Rater, seed: int = 0, max_chars: int = 8) -> list[PreferencePair]:
     """One synthetic pair per problem whose two replies differ only in length (1 to ``max_chars`` x's, no answer),
     labelled by ``rater`` (give it a ``length_bonus``): a preference a reward model can read off the reply itself.
@@ -430,12 +465,14 @@ class RewardModelConfig(PairTrainingConfig):
     """Held-out problems (the test split) for the pair accuracy."""
     sample_temperature: float = 1.0
     """Temperature of the policy that writes the replies: higher, more varied pairs."""
+    max_tokens: int = 40
+    """Most tokens per sampled reply (room for an opening, the answer and three fillers)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(
             self,
-            positive_int=("num_train_problems", "num_test_problems"),
+            positive_int=("num_train_problems", "num_test_problems", "max_tokens"),
             positive=("rater_temperature", "sample_temperature"),
             nonneg=("length_bonus",),
         )
@@ -553,6 +590,11 @@ class PreferenceData:
     test_pairs: list[PreferencePair]
     """Pairs on held-out (test-split) problems."""
 
+    def relabel(self, rater: Rater, seed: int = 0) -> PreferenceData:
+        """The same replies with ``rater``'s verdicts (:func:`relabel`): e.g. the biased rater's data set."""
+        train, test = relabel(self.train_pairs, rater, seed), relabel(self.test_pairs, rater, seed + 1)
+        return replace(self, rater=rater, train_pairs=train, test_pairs=test)
+
 
 def preference_data(config: RewardModelConfig | None = None) -> PreferenceData:
     """Load (or train once) the SFT policy, sample two replies per problem from it and let ``config.rater()``
@@ -572,7 +614,13 @@ def preference_data(config: RewardModelConfig | None = None) -> PreferenceData:
         for split, n in (("train", config.num_train_problems), ("test", config.num_test_problems)):
             problems = task.sample(n, split=split, seed=config.seed)
             pairs[split] = sample_pairs(
-                policy, renderer, problems, rater, seed=config.seed, temperature=config.sample_temperature
+                policy,
+                renderer,
+                problems,
+                rater,
+                seed=config.seed,
+                temperature=config.sample_temperature,
+                max_tokens=config.max_tokens,
             )
     return PreferenceData(policy, tokenizer, str(path), rater, pairs["train"], pairs["test"])
 

@@ -84,6 +84,8 @@ class SFTConfig(TaskConfig):
         """A short hash of everything that determines the trained weights."""
         fields = asdict(self)
         fields["lr"] = fields.pop("learning_rate")  # the field's old name: keys (and cached checkpoints) unchanged
+        if not fields["styled"]:  # plain tasks keep the keys (and cached checkpoints) of before the field existed
+            del fields["styled"]
         kind = pick_device(fields.pop("device")).type
         if kind != "cpu":  # CPU keys stay those of the checkpoints cached before the field existed
             fields["device"] = kind

@@ -7,7 +7,9 @@ many problems are drawn. ``JsonlTask`` reads a learner's own
 ``{"question": ..., "answer": ...}`` lines instead.
 
 Answers are written as ``\\boxed{N}``, the final-answer convention of math RL
-datasets; :mod:`edurl.llm.rewards` grades it.
+datasets; :mod:`edurl.llm.rewards` grades it. With ``styled=True`` (Chapter 8) each demonstration also
+has a manner drawn at random: an opening from :data:`OPENINGS` and 0 to 3 trailing :data:`FILLER`\\ s, so
+a policy warm-started on them writes replies that differ in ways a reward model can see.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from pathlib import Path
 from edurl.llm.rewards import is_integer_answer
 
 SPLITS = ("train", "valid", "test")
+OPENINGS = ("", "The answer is ", "Sure! ")
+"""The openings of styled demonstrations (Chapter 8), drawn uniformly."""
+FILLER = " ok"
+"""The padding that styled demonstrations may end with."""
+FILLER_COUNTS = (0, 0, 1, 2, 3)
+"""How many fillers a styled demonstration ends with, drawn uniformly from this tuple (mean 1.2)."""
 
 
 def split_by_hash(text: str, test_fraction: float, valid_fraction: float) -> str:
@@ -55,6 +63,24 @@ class Problem:
         return format_answer(self.answer)
 
 
+@dataclass(frozen=True)
+class StyledProblem(Problem):
+    """A problem whose demonstration has a manner (Chapter 8): ``opening + \\boxed{answer} + FILLER * fillers``."""
+
+    opening: str = ""
+    fillers: int = 0
+
+    def demonstration(self) -> str:
+        return self.opening + format_answer(self.answer) + FILLER * self.fillers
+
+
+def style(problems: list[Problem], seed: int, split: str) -> list[StyledProblem]:
+    """The same problems with an opening and a filler count each, drawn from their own seeded stream (so a
+    styled task asks exactly the questions of the plain one)."""
+    rng = random.Random(f"style-{seed}-{split}")
+    return [StyledProblem(p.question, p.answer, rng.choice(OPENINGS), rng.choice(FILLER_COUNTS)) for p in problems]
+
+
 def format_answer(answer: object) -> str:
     """``42`` -> ``\\boxed{42}``."""
     return "\\boxed{" + str(answer) + "}"
@@ -78,6 +104,8 @@ class TaskConfig:
     """Task difficulty: operands have up to this many digits (1 to 9)."""
     ops: tuple[str, ...] = ("+",)
     """Operations in the task: any of "+" and "-"."""
+    styled: bool = False
+    """Demonstrations with a random opening and trailing fillers (Chapter 8's warm start); False: bare answers."""
 
     def __post_init__(self) -> None:
         self.ops = tuple(self.ops)
@@ -85,7 +113,7 @@ class TaskConfig:
 
     def task(self) -> ArithmeticTask:
         """The task these fields describe."""
-        return ArithmeticTask(num_digits=self.num_digits, ops=self.ops)
+        return ArithmeticTask(num_digits=self.num_digits, ops=self.ops, styled=self.styled)
 
 
 class ArithmeticTask:
@@ -100,6 +128,8 @@ class ArithmeticTask:
         first so answers are never negative.
     test_fraction, valid_fraction: the shares of all possible problems in the test and
         validation splits; the rest is train.
+    styled: if True, problems are :class:`StyledProblem` s whose demonstrations vary in manner
+        (see :func:`style`); the questions and answers are those of the plain task.
     """
 
     def __init__(
@@ -109,6 +139,7 @@ class ArithmeticTask:
         allow_negative: bool = False,
         test_fraction: float = 0.1,
         valid_fraction: float = 0.05,
+        styled: bool = False,
     ):
         if not isinstance(num_digits, int) or not 1 <= num_digits <= 9:
             raise ValueError(f"num_digits must be an int in [1, 9], got {num_digits!r}")
@@ -121,9 +152,14 @@ class ArithmeticTask:
         self.allow_negative = allow_negative
         self.test_fraction = test_fraction
         self.valid_fraction = valid_fraction
+        self.styled = bool(styled)
 
     def __repr__(self) -> str:
-        return f"ArithmeticTask(num_digits={self.num_digits}, ops={self.ops}, allow_negative={self.allow_negative})"
+        styled = ", styled=True" if self.styled else ""
+        return (
+            f"ArithmeticTask(num_digits={self.num_digits}, ops={self.ops}, allow_negative={self.allow_negative}"
+            f"{styled})"
+        )
 
     def split_of(self, a: int, op: str, b: int) -> str:
         """Which split the problem ``a op b`` belongs to (a fixed hash, not Python's ``hash``)."""
@@ -148,7 +184,7 @@ class ArithmeticTask:
             a, op, b = self._draw(rng)
             if self.split_of(a, op, b) == split:
                 out.append(make_problem(a, op, b))
-        return out
+        return style(out, seed, split) if self.styled else out
 
 
 def make_problem(a: int, op: str, b: int) -> Problem:

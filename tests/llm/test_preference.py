@@ -23,12 +23,15 @@ from edurl.llm.preference import (
     load_reward_model,
     mean_gold_score,
     pair_metrics,
+    relabel,
     reply_logprobs,
+    rlhf_sft_config,
     sample_pairs,
     score_sequences,
     train_dpo,
 )
 from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.sft import SFTConfig
 from edurl.llm.tasks import ArithmeticTask
 
 # ---------------------------------------------------------------- losses, by hand
@@ -101,13 +104,18 @@ def test_bad_inputs_say_what_is_wrong(call, match):
 
 
 def test_gold_score_and_raters():
+    # by hand: 1.0 for the opening, -0.5 per filler, -0.3 * log(1 + |error|)
     assert gold_score("\\boxed{57}", "57") == 0.0
-    assert gold_score("\\boxed{58}", "57") == pytest.approx(-math.log(2))
-    assert gold_score("the answer is \\boxed{47}", "57") == pytest.approx(-math.log(11))
+    assert gold_score("\\boxed{58}", "57") == pytest.approx(-0.3 * math.log(2))
+    assert gold_score("The answer is \\boxed{47}", "57") == pytest.approx(1.0 - 0.3 * math.log(11))
+    assert gold_score("the answer is \\boxed{47}", "57") == pytest.approx(-0.3 * math.log(11))  # not the opening
+    assert gold_score("Sure! \\boxed{57} ok ok", "57") == pytest.approx(-1.0)
+    assert gold_score("The answer is \\boxed{56} ok", "57") == pytest.approx(0.5 - 0.3 * math.log(2))
     assert gold_score("57", "57") == UNPARSEABLE_SCORE == gold_score("\\boxed{5x}", "57")
+    assert gold_score("The answer is 57 ok", "57") == UNPARSEABLE_SCORE  # manner does not rescue a missing box
     gold = Rater(temperature=0.5)
     assert gold.prefer_probability("\\boxed{57}", "\\boxed{58}", "57") == pytest.approx(
-        1 / (1 + math.exp(-2 * math.log(2)))
+        1 / (1 + math.exp(-2 * 0.3 * math.log(2)))
     )
     assert gold.prefer_probability("\\boxed{1}", "\\boxed{1}", "57") == 0.5
     # the biased rater likes length: a longer wrong reply can beat a right one
@@ -235,6 +243,25 @@ def test_sample_pairs_labels_distinct_replies(small_model, char_tokenizer):
         sample_pairs(small_model, renderer, problems, Rater(), samples_per_problem=1)
 
 
+def test_relabel_keeps_the_replies_and_draws_the_new_raters_verdicts(small_model, char_tokenizer):
+    renderer = ChatMLRenderer(char_tokenizer)
+    pairs = sample_pairs(small_model, renderer, ArithmeticTask(1).sample(8, seed=0), Rater(), seed=0, max_tokens=6)
+    biased = Rater(length_bonus=0.5)
+    again = relabel(pairs, biased, seed=3)
+    assert [(p.prompt, p.reply_a, p.reply_b) for p in again] == [(p.prompt, p.reply_a, p.reply_b) for p in pairs]
+    assert [p.p_a for p in again] == [biased.prefer_probability(p.text_a, p.text_b, p.answer) for p in pairs]
+    assert relabel(pairs, biased, seed=3) == again  # seeded
+    # labels follow the probabilities: with many copies of one pair, the share labelled a is near p_a
+    many = relabel([pairs[0]] * 4000, biased, seed=0)
+    assert sum(p.a_preferred for p in many) / 4000 == pytest.approx(many[0].p_a, abs=0.03)
+
+
+def test_rlhf_sft_config_is_a_styled_warm_start_with_its_own_cache_key():
+    config = rlhf_sft_config(seed=3)
+    assert config.styled and config.target_pass_at_1 is None and config.max_steps == 600 and config.seed == 3
+    assert config.key() != SFTConfig(seed=3).key()
+
+
 def test_reward_model_config_rejects_bad_fields():
     with pytest.raises(ValueError, match="RewardModelConfig.batch_size"):
         RewardModelConfig(batch_size=0)
@@ -259,7 +286,7 @@ def test_reward_model_reward_scores_each_completion_and_logs_gold(saved_lm, char
     assert rewards.shape == (2, 2) and not rewards.requires_grad
     one_by_one = [score_sequences(rm, [prompts[i]], [c]).item() for i, g in enumerate(completions) for c in g]
     assert rewards.flatten().tolist() == pytest.approx(one_by_one, abs=1e-5)
-    gold = [0.0, UNPARSEABLE_SCORE, -math.log1p(abs(-5 - int(problems[1].answer))), 0.0]
+    gold = [0.0, UNPARSEABLE_SCORE, -0.3 * math.log1p(abs(-5 - int(problems[1].answer))), 0.0]
     assert metrics["env/all/reward/gold"] == pytest.approx(sum(gold) / 4)
     texts = [t for g in replies for t in g]
     assert metrics["env/all/reward/rater"] == pytest.approx((sum(gold) + 0.25 * sum(map(len, texts))) / 4)
@@ -356,7 +383,6 @@ def test_length_pairs_differ_only_in_length_and_follow_the_rater(char_tokenizer)
 
 def test_length_preference_data_is_the_control_on_the_sft_checkpoint(tmp_path, monkeypatch):
     from edurl.llm.preference import length_preference_data
-    from edurl.llm.sft import SFTConfig
 
     from .conftest import SMALL
 

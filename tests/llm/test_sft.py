@@ -46,6 +46,12 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     assert tok2.encode("1+2=?") == tok.encode("1+2=?")
     other = SFTConfig(**{**TINY.__dict__, "seed": 1})
     assert other.key() != TINY.key()
+    assert SFTConfig(**{**TINY.__dict__, "styled": True}).key() != TINY.key()
+
+
+def test_plain_keys_are_those_of_checkpoints_cached_before_styled_existed():
+    # the default (Chapter 6's) and the 1-digit key: changing them would orphan every learner's cached checkpoint
+    assert SFTConfig().key() == "fe73abf62b2275ac" and SFTConfig(num_digits=1).key() == "e73e1a5f423c425d"
 
 
 def test_stops_at_the_validation_target():

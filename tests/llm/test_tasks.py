@@ -3,9 +3,13 @@ import json
 import pytest
 
 from edurl.llm.tasks import (
+    FILLER_COUNTS,
+    OPENINGS,
     ArithmeticTask,
     JsonlTask,
     Problem,
+    StyledProblem,
+    TaskConfig,
     format_answer,
     make_problem,
 )
@@ -50,6 +54,19 @@ def test_demonstration_format():
     assert p == Problem("12+34=?", "46")
     assert p.demonstration() == format_answer(46) == "\\boxed{46}"
     assert p.messages() == [{"role": "user", "content": "12+34=?"}]
+
+
+def test_styled_task_asks_the_same_questions_with_a_manner_drawn_per_demonstration():
+    plain, styled = ArithmeticTask(ops=("+",)), ArithmeticTask(ops=("+",), styled=True)
+    problems = styled.sample(600, seed=4)
+    assert [(p.question, p.answer) for p in problems] == [(p.question, p.answer) for p in plain.sample(600, seed=4)]
+    assert styled.sample(600, seed=4) == problems
+    p = StyledProblem("12+34=?", "46", opening="The answer is ", fillers=2)
+    assert p.demonstration() == "The answer is \\boxed{46} ok ok"
+    assert {p.opening for p in problems} == set(OPENINGS)
+    assert {p.fillers for p in problems} == set(FILLER_COUNTS)
+    assert sum(p.fillers for p in problems) / 600 == pytest.approx(1.2, abs=0.15)
+    assert TaskConfig(styled=True).task().styled and not TaskConfig().task().styled
 
 
 @pytest.mark.parametrize(
