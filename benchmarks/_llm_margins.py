@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 OFFSET = 1_000_000
@@ -137,45 +137,61 @@ def grpo_full(seed: int, threads: int) -> dict:
 
 
 BIASED_LENGTH_BONUS = 0.2  # notebook 08's biased rater
+# notebook 08's thresholds, set from this study (seeds 0-9, one thread) with a margin
+RM_SHARE_MIN, RL_GAIN_MIN, PROXY_RISE_MIN, PEAK_DROP_MIN = 0.9, 0.5, 1.0, 0.1
+LEASH_GAP_MIN, DPO_SHARE_MIN, RLHF_OVER_DPO_MIN = 0.2, 0.8, 0.2
 RLHF_STEPS = 80
 
 
-def rlhf(seed: int, threads: int) -> dict:
-    """Notebook 08: the reward models (gold and biased rater), GRPO against them, DPO, and the gold scores."""
-    from edurl import llm
-    from edurl.llm import preference as P
-    from edurl.llm.grpo import GRPOConfig, train_grpo
+@dataclass
+class RLHFSetting:
+    """Notebook 08's setting for one study seed: the styled warm start, its pairs labelled by the gold rater, the
+    reward-model config, and the held-out judge of a policy (its mean gold score)."""
 
-    off = seed * OFFSET
-    sft = P.rlhf_sft_config(seed=seed, num_threads=threads)
-    policy, tokenizer, _, _ = llm.load_or_train_sft(sft, progress=False)
-    renderer, task = llm.ChatMLRenderer(tokenizer), sft.task()
-    rm_config = P.RewardModelConfig(
-        sft=sft,
-        num_train_problems=1024,
-        num_test_problems=256,
-        epochs=5,
-        learning_rate=1e-3,
-        eval_every=16,
-        seed=seed,
-        num_threads=threads,
-        progress=False,
-    )
-    data = P.preference_data(rm_config)
-    biased_data = data.relabel(P.Rater(length_bonus=BIASED_LENGTH_BONUS), seed=1 + off)
-    rms = {name: P.train_reward_model(rm_config, d) for name, d in (("gold", data), ("biased", biased_data))}
-    raters = {"gold": data.rater, "biased": biased_data.rater}
-    held_out = task.sample(128, split="test", seed=2 + off)
+    seed: int
+    threads: int
+    sft: object
+    policy: object
+    renderer: object
+    rm_config: object
+    data: object
+    held_out: list
 
-    def gold_of(model) -> float:
-        return P.mean_gold_score(model, renderer, held_out, seed=3 + off, max_tokens=40)
+    @classmethod
+    def make(cls, seed: int, threads: int) -> RLHFSetting:
+        from edurl import llm
+        from edurl.llm import preference as P
 
-    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
-
-    def rl(name: str, kl_coef: float):
-        config = GRPOConfig(
+        sft = P.rlhf_sft_config(seed=seed, num_threads=threads)
+        policy, tokenizer, _, _ = llm.load_or_train_sft(sft, progress=False)
+        rm_config = P.RewardModelConfig(
             sft=sft,
+            num_train_problems=1024,
+            num_test_problems=256,
+            epochs=5,
+            learning_rate=1e-3,
+            eval_every=16,
             seed=seed,
+            num_threads=threads,
+            progress=False,
+        )
+        held_out = sft.task().sample(128, split="test", seed=2 + seed * OFFSET)
+        renderer = llm.ChatMLRenderer(tokenizer)
+        return cls(seed, threads, sft, policy, renderer, rm_config, P.preference_data(rm_config), held_out)
+
+    def gold_of(self, model) -> float:
+        from edurl.llm.preference import mean_gold_score
+
+        return mean_gold_score(model, self.renderer, self.held_out, seed=3 + self.seed * OFFSET, max_tokens=40)
+
+    def grpo(self, reward_model, rater, kl_coef: float, log_dir: str):
+        """The notebook's ``rlhf_run``: GRPO against ``reward_model`` with a KL penalty in the reward."""
+        from edurl.llm.grpo import GRPOConfig, train_grpo
+        from edurl.llm.preference import RewardModelReward
+
+        config = GRPOConfig(
+            sft=self.sft,
+            seed=self.seed,
             max_steps=RLHF_STEPS,
             batch_size=16,
             group_size=8,
@@ -184,55 +200,88 @@ def rlhf(seed: int, threads: int) -> dict:
             kl_coef=kl_coef,
             eval_every=10**6,
             num_eval=50,
-            num_threads=threads,
+            num_threads=self.threads,
             progress=False,
-            log_dir=str(root / f"{name}_{kl_coef}"),
+            log_dir=log_dir,
         )
-        reward = P.RewardModelReward(rms[name].model, renderer, rater=raters[name])
-        return train_grpo(config, reward_fn=reward)
+        return train_grpo(config, reward_fn=RewardModelReward(reward_model, self.renderer, rater=rater))
+
+    def dpo(self, **overrides):
+        from edurl.llm import preference as P
+
+        config = P.DPOConfig(beta=0.1, seed=self.seed, num_threads=self.threads, progress=False, **overrides)
+        return P.train_dpo(self.data, config)
+
+
+def rlhf(seed: int, threads: int) -> dict:
+    """Notebook 08: the reward models (gold and biased rater), GRPO against them, DPO, and the gold scores."""
+    from edurl.llm import preference as P
+
+    setting = RLHFSetting.make(seed, threads)
+    data, gold_of = setting.data, setting.gold_of
+    biased_data = data.relabel(P.Rater(length_bonus=BIASED_LENGTH_BONUS), seed=1 + seed * OFFSET)
+    rms = {n: P.train_reward_model(setting.rm_config, d) for n, d in (("gold", data), ("biased", biased_data))}
+    raters = {"gold": data.rater, "biased": biased_data.rater}
+    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+
+    def rl(name: str, kl_coef: float):
+        return setting.grpo(rms[name].model, raters[name], kl_coef, str(root / f"{name}_{kl_coef}"))
 
     main = rl("gold", 0.2)
     free, leashed = rl("biased", 0.0), rl("biased", 0.2)
-    dpo = P.train_dpo(data, P.DPOConfig(beta=0.1, seed=seed, num_threads=threads, progress=False))
-    dpo_fast = P.train_dpo(
-        data, P.DPOConfig(beta=0.1, learning_rate=5e-4, seed=seed, num_threads=threads, progress=False)
-    )
+    dpo, dpo_fast = setting.dpo(), setting.dpo(learning_rate=5e-4)
     smooth = {k: r.metrics["env/all/reward/gold"].rolling(10).mean() for k, r in (("free", free), ("leashed", leashed))}
     proxy = free.metrics["env/all/reward/proxy"].rolling(10).mean()
     ratio = lambda h: h["test/expected_accuracy"] / h["test/ceiling"]  # noqa: E731
     main_gold = main.metrics["env/all/reward/gold"].rolling(10).mean()
-    return {
-        "rm_gold_of_ceiling": ratio(rms["gold"].final),
-        "rm_biased_of_ceiling": ratio(rms["biased"].final),
-        "sft_gold": gold_of(policy),
-        "rl_gold": gold_of(main.trainer.model),
-        "rl_train_gold_rise": float(main_gold.iloc[-1] - main_gold.iloc[9]),
-        "free_gold_peak_minus_end": float(smooth["free"].max() - smooth["free"].iloc[-1]),
-        "free_gold_peak_step": int(smooth["free"].idxmax()),
-        "free_proxy_rise": float(proxy.iloc[-1] - proxy.iloc[9]),
-        "leashed_minus_free_end_gold": float(smooth["leashed"].iloc[-1] - smooth["free"].iloc[-1]),
-        "dpo_of_ceiling": ratio(dpo.final),
-        "dpo_chosen_logp_change": dpo.final["test/chosen_logp_change"],
-        "dpo_rejected_logp_change": dpo.final["test/rejected_logp_change"],
-        "dpo_gold": gold_of(dpo.policy),
-        "dpo_seconds": dpo.final["time/train"],
-        "dpo_fast_of_ceiling": ratio(dpo_fast.final),
-        "dpo_fast_chosen_logp_change": dpo_fast.final["test/chosen_logp_change"],
-        "dpo_fast_gold": gold_of(dpo_fast.policy),
-        "free_gold_start": float(smooth["free"].iloc[9]),
-        "free_gold_end": float(smooth["free"].iloc[-1]),
-        "leashed_gold_end": float(smooth["leashed"].iloc[-1]),
-        "leashed_proxy_rise": float(
-            leashed.metrics["env/all/reward/proxy"].rolling(10).mean().iloc[-1]
-            - leashed.metrics["env/all/reward/proxy"].rolling(10).mean().iloc[9]
-        ),
-        "rl_correct_first10": float(main.metrics["env/all/correct"].iloc[:10].mean()),
-        "rl_correct_last10": float(main.metrics["env/all/correct"].iloc[-10:].mean()),
-        "rl_held_out_pass_start": main.start.pass_at_1,
-        "rl_held_out_pass_end": main.final.pass_at_1,
-        "rm_seconds": rms["gold"].final["time/train"],
-        "rl_seconds": float(main.metrics["time/total"].iloc[-1]),
-    }
+    sft_gold, rl_gold = gold_of(setting.policy), gold_of(main.trainer.model)
+    return _derive_rlhf(
+        {
+            "rm_gold_of_ceiling": ratio(rms["gold"].final),
+            "rm_biased_of_ceiling": ratio(rms["biased"].final),
+            "sft_gold": sft_gold,
+            "rl_gold": rl_gold,
+            "rl_train_gold_rise": float(main_gold.iloc[-1] - main_gold.iloc[9]),
+            "free_gold_peak_minus_end": float(smooth["free"].max() - smooth["free"].iloc[-1]),
+            "free_gold_peak_step": int(smooth["free"].idxmax()),
+            "free_proxy_rise": float(proxy.iloc[-1] - proxy.iloc[9]),
+            "leashed_minus_free_end_gold": float(smooth["leashed"].iloc[-1] - smooth["free"].iloc[-1]),
+            "dpo_of_ceiling": ratio(dpo.final),
+            "dpo_chosen_logp_change": dpo.final["test/chosen_logp_change"],
+            "dpo_rejected_logp_change": dpo.final["test/rejected_logp_change"],
+            "dpo_gold": gold_of(dpo.policy),
+            "dpo_seconds": dpo.final["time/train"],
+            "dpo_fast_of_ceiling": ratio(dpo_fast.final),
+            "dpo_fast_chosen_logp_change": dpo_fast.final["test/chosen_logp_change"],
+            "dpo_fast_gold": gold_of(dpo_fast.policy),
+            "free_gold_start": float(smooth["free"].iloc[9]),
+            "free_gold_end": float(smooth["free"].iloc[-1]),
+            "leashed_gold_end": float(smooth["leashed"].iloc[-1]),
+            "leashed_proxy_rise": float(
+                leashed.metrics["env/all/reward/proxy"].rolling(10).mean().iloc[-1]
+                - leashed.metrics["env/all/reward/proxy"].rolling(10).mean().iloc[9]
+            ),
+            "rl_correct_first10": float(main.metrics["env/all/correct"].iloc[:10].mean()),
+            "rl_correct_last10": float(main.metrics["env/all/correct"].iloc[-10:].mean()),
+            "rl_held_out_pass_start": main.start.pass_at_1,
+            "rl_held_out_pass_end": main.final.pass_at_1,
+            "rm_seconds": rms["gold"].final["time/train"],
+            "rl_seconds": float(main.metrics["time/total"].iloc[-1]),
+        }
+    )
+
+
+def _derive_rlhf(stats: dict) -> dict:
+    """Notebook 08's asserted differences, from the recorded values."""
+    stats.setdefault("rl_gold_gain", stats["rl_gold"] - stats["sft_gold"])
+    stats.setdefault("dpo_gold_minus_far", stats["dpo_gold"] - stats["dpo_fast_gold"])
+    stats.setdefault("rl_minus_dpo_gold", stats["rl_gold"] - stats["dpo_gold"])
+    return stats
+
+
+def derived(row: dict) -> dict:
+    """A recorded run with the statistics derived from it, also for runs recorded before they were added."""
+    return _derive_rlhf(row) if row.get("experiment") == "rlhf" else row
 
 
 EXPERIMENTS = {
@@ -324,6 +373,36 @@ def checks(Check) -> list:
         ),
         Check("07", "assert result.final.format >= 0.95", "grpo_full", "grpo_final_format", low=0.95, inclusive=True),
         Check("07", "assert baseline.final.pass_at_1 > result.final.pass_at_1", "grpo_full", "sft_minus_grpo", low=0),
+        Check("08", "assert rm_share >=", "rlhf", "rm_gold_of_ceiling", low=RM_SHARE_MIN, inclusive=True),
+        Check("08", "assert rlhf_gold - sft_gold >=", "rlhf", "rl_gold_gain", low=RL_GAIN_MIN, inclusive=True),
+        Check(
+            "08",
+            "assert proxy.iloc[-1] - proxy.iloc[9] >=",
+            "rlhf",
+            "free_proxy_rise",
+            low=PROXY_RISE_MIN,
+            inclusive=True,
+        ),
+        Check(
+            "08",
+            "assert gold.max() - gold.iloc[-1] >=",
+            "rlhf",
+            "free_gold_peak_minus_end",
+            low=PEAK_DROP_MIN,
+            inclusive=True,
+        ),
+        Check(
+            "08",
+            'assert leashed["env/all/reward/gold"].iloc[-1] - gold.iloc[-1] >=',
+            "rlhf",
+            "leashed_minus_free_end_gold",
+            low=LEASH_GAP_MIN,
+            inclusive=True,
+        ),
+        Check("08", "assert dpo_share >=", "rlhf", "dpo_of_ceiling", low=DPO_SHARE_MIN, inclusive=True),
+        Check(
+            "08", "assert rlhf_gold - dpo_gold >=", "rlhf", "rl_minus_dpo_gold", low=RLHF_OVER_DPO_MIN, inclusive=True
+        ),
     ]
 
 
@@ -338,6 +417,9 @@ DETERMINISTIC = [  # (notebook, assert, why no study is needed)
     ("07", "assert close(weights.iloc[1, 0], 5 * weights.iloc[1, 1])", "autograd of closed forms"),
     ("07", 'assert abs(est["k1"] - exact) < 1e-12', "exact expectations"),
     ("07", "assert baseline.start.pass_at_1 == result.start.pass_at_1", "the same start and problems"),
+    ("08", "assert abs(p - torch.sigmoid(torch.tensor(4.0)).item()) < 1e-6", "Bradley-Terry on hand-written replies"),
+    ("08", "assert abs(P.ceiling([0.9, 0.5, 0.2]) - (0.9 + 0.5 + 0.8) / 3) < 1e-12", "a worked example"),
+    ("08", "assert abs(shaped.item() - 0.7) < 1e-6", "a worked example"),
 ]
 
 

@@ -654,7 +654,7 @@ def print_table(table: pd.DataFrame) -> None:
 def _read_runs(path: Path) -> list[dict]:
     """The runs of a JSON written by ``--out``, or of a JSON-lines file written by ``_llm_margins.py``."""
     if path.suffix == ".jsonl":
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [_llm_margins.derived(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
     return json.loads(path.read_text())["runs"]
 
 

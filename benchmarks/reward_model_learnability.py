@@ -9,10 +9,13 @@ held-out expected pair accuracy beside the exact ceiling (`ceiling`); Chapter 8'
 
 Settings:
 
-* `2-digit gold`: the gold rater (closeness of the boxed answer) on Chapter 6's 2-digit addition;
+* `2-digit gold`: the gold rater on Chapter 6's 2-digit addition, whose replies are bare ``\\boxed{N}``: of the
+  gold score only its closeness part, ``-0.3 log(1 + |error|)``, differs between two replies;
 * `1-digit gold`: the same on 1-digit addition (its own SFT warm start, trained once and cached);
 * `2-digit length-biased`: the rater that also likes longer replies (`length_bonus` per character), whose
   preferences are partly visible in the reply itself;
+* `styled gold (Chapter 8)`: the gold rater on Chapter 8's warm start (``rlhf_sft_config``), whose replies also
+  differ in manner (an opening, fillers), the part of the gold score a reward model can see;
 * `control`: synthetic replies that differ only in length (`length_pairs`), labelled by a
   length-liking rater, on the same SFT weights: a preference the reward model can read off the reply. If the
   control fails too, the pipeline has a bug; if only the others fail, the task's preference is what is hard.
@@ -28,13 +31,20 @@ from dataclasses import replace
 
 import pandas as pd
 
-from edurl.llm.preference import RewardModelConfig, length_preference_data, preference_data, train_reward_model
+from edurl.llm.preference import (
+    RewardModelConfig,
+    length_preference_data,
+    preference_data,
+    rlhf_sft_config,
+    train_reward_model,
+)
 from edurl.llm.sft import SFTConfig
 
 SETTINGS = {
     "2-digit gold": RewardModelConfig(),
     "1-digit gold": RewardModelConfig(sft=SFTConfig(num_digits=1)),
     "2-digit length-biased": RewardModelConfig(length_bonus=0.5),
+    "styled gold (Chapter 8)": RewardModelConfig(sft=rlhf_sft_config()),
     "control": RewardModelConfig(length_bonus=0.5),
 }
 
