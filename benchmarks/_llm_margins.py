@@ -139,7 +139,7 @@ def grpo_full(seed: int, threads: int) -> dict:
 BIASED_LENGTH_BONUS = 0.2  # notebook 08's biased rater
 # notebook 08's thresholds, set from this study (seeds 0-9, one thread) with a margin
 RM_SHARE_MIN, RL_GAIN_MIN, PROXY_RISE_MIN, PEAK_DROP_MIN = 0.9, 0.5, 1.0, 0.1
-LEASH_GAP_MIN, DPO_SHARE_MIN, RLHF_OVER_DPO_MIN = 0.2, 0.8, 0.2
+LEASH_GAP_MIN, DPO_SHARE_MIN, RLHF_OVER_DPO_MIN = 0.2, 0.8, 0.1
 RLHF_STEPS = 80
 
 
@@ -390,6 +390,7 @@ def checks(Check) -> list:
             "free_gold_peak_minus_end",
             low=PEAK_DROP_MIN,
             inclusive=True,
+            log=True,  # positive and skewed: a policy that lost every boxed answer ends at -4
         ),
         Check(
             "08",
@@ -398,6 +399,7 @@ def checks(Check) -> list:
             "leashed_minus_free_end_gold",
             low=LEASH_GAP_MIN,
             inclusive=True,
+            log=True,  # positive and skewed: a policy that lost every boxed answer ends at -4
         ),
         Check("08", "assert dpo_share >=", "rlhf", "dpo_of_ceiling", low=DPO_SHARE_MIN, inclusive=True),
         Check(
