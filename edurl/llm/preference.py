@@ -4,11 +4,11 @@ RLHF replaces Chapter 7's verifier with a reward *learned* from comparisons. Thi
 pipeline, read downwards:
 
 1. **Raters.** A hidden *gold* score defines what people prefer on the arithmetic task: a reply's manner (a
-   full sentence is liked, padding is not) and, less, how close its boxed answer is to the truth. A rater compares two replies and prefers ``a`` with probability
-   ``sigmoid((s(a) - s(b)) / temperature)``: the Bradley-Terry model (Bradley and Terry, 1952), which is how
-   InstructGPT and its successors model a labeller. Because the probabilities are known, the best pair
-   accuracy any reward model can reach on given pairs, the *ceiling*, is computed exactly:
-   ``mean(max(p, 1 - p))``. A *biased* rater also likes longer replies; its preferences are the data of the
+   full sentence is liked, padding is not) and, less, how close its boxed answer is to the truth. A rater
+   compares two replies and prefers ``a`` with probability ``sigmoid((s(a) - s(b)) / temperature)``: the
+   Bradley-Terry model (Bradley and Terry, 1952), which is how InstructGPT and its successors model a labeller.
+   Because the probabilities are known, the best pair accuracy any reward model can reach on given pairs, the
+   *ceiling*, is computed exactly: ``mean(max(p, 1 - p))``. A *biased* rater also likes longer replies; its preferences are the data of the
    over-optimisation experiment.
 2. **Losses** (pure functions, the public contract): :func:`bradley_terry_loss` and :func:`dpo_loss`, and the
    classic KL-shaped RLHF reward, :func:`kl_shaped_rewards`.
