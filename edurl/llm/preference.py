@@ -8,8 +8,8 @@ pipeline, read downwards:
    compares two replies and prefers ``a`` with probability ``sigmoid((s(a) - s(b)) / temperature)``: the
    Bradley-Terry model (Bradley and Terry, 1952), which is how InstructGPT and its successors model a labeller.
    Because the probabilities are known, the best pair accuracy any reward model can reach on given pairs, the
-   *ceiling*, is computed exactly: ``mean(max(p, 1 - p))``. A *biased* rater also likes longer replies; its preferences are the data of the
-   over-optimisation experiment.
+   *ceiling*, is computed exactly: ``mean(max(p, 1 - p))``. A *biased* rater also likes longer replies; its
+   preferences are the data of the over-optimisation experiment.
 2. **Losses** (pure functions, the public contract): :func:`bradley_terry_loss` and :func:`dpo_loss`, and the
    classic KL-shaped RLHF reward, :func:`kl_shaped_rewards`.
 3. **Pairs**: :func:`sample_pairs` (two replies of the SFT policy, labelled by a rater), :func:`preference_data`,
