@@ -9,6 +9,11 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_CPU_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
+# torch threads per test process: cores / workers (at least 1). Two notebooks that each took both cores of a
+# 2-core machine ran about 15x slower than one alone; edurl.cpu_threads caps every thread count at this.
+TEST_THREADS ?= $(shell c=$$(nproc 2>/dev/null || echo 1); w=$(PYTEST_WORKERS); case $$w in (''|*[!0-9]*) w=$$c;; esac; \
+	t=$$((c / w)); [ $$t -ge 1 ] || t=1; echo $$t)
+TEST_ENV = EDURL_MAX_THREADS=$(TEST_THREADS) OMP_NUM_THREADS=$(TEST_THREADS)
 BIN := $(VENV)/bin
 HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
@@ -43,13 +48,13 @@ format: setup
 
 # Lint, then unit tests and notebooks in one pytest run; --dist loadscope keeps each notebook's cells on one worker.
 test: setup lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope tests notebooks --nbval-lax --nbval-current-env
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope tests notebooks --nbval-lax --nbval-current-env
 
 unit: setup
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
 
 notebooks: setup
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope notebooks --nbval-lax --nbval-current-env
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope notebooks --nbval-lax --nbval-current-env
 
 # On a machine with an NVIDIA GPU: the CUDA tests, every notebook with EDURL_DEVICE=cuda, PPO env-steps/s and
 # LLM sampler/GRPO-step timings, in one table (gpu_check.json). Without a GPU it says so and exits 0.

@@ -10,7 +10,7 @@ The notebooks in ``notebooks/`` import everything they run from here:
 """
 
 from edurl.metrics import MetricsLogger, load_metrics
-from edurl.utils import device, seed_everything, torch_threads
+from edurl.utils import cpu_threads, device, seed_everything, torch_threads
 
 __version__ = "0.1.0"
-__all__ = ["device", "seed_everything", "torch_threads", "MetricsLogger", "load_metrics", "__version__"]
+__all__ = ["device", "seed_everything", "cpu_threads", "torch_threads", "MetricsLogger", "load_metrics", "__version__"]

@@ -13,7 +13,7 @@ import re
 import numpy as np
 import torch
 
-__all__ = ["device", "seed_everything", "torch_threads"]
+__all__ = ["device", "seed_everything", "cpu_threads", "torch_threads"]
 
 _DEVICE_RE = re.compile(r"^(cpu|mps|cuda)(:\d+)?$")
 
@@ -87,6 +87,32 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
 _pick_device = device  # torch_threads' own argument is called device
 
 
+MAX_THREADS_ENV = "EDURL_MAX_THREADS"
+
+
+def cpu_threads(num_threads: int) -> int:
+    """``num_threads``, or ``$EDURL_MAX_THREADS`` when that is set and smaller.
+
+    Two processes that each ask for as many torch threads as the machine has cores fight for them:
+    on a 2-core machine, notebooks 07 and 08 at 2 threads each ran about 15 times slower than either
+    alone. ``make test`` runs two notebooks at once, so it sets the cap to cores / workers. Every thread
+    count the library sets (:func:`torch_threads`, the notebooks' first cell) goes through here.
+    """
+    raw = os.environ.get(MAX_THREADS_ENV)
+    if raw is None or raw == "":
+        return num_threads
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(
+            f"{MAX_THREADS_ENV}={raw!r} is not a positive whole number of threads. "
+            f"Set it to e.g. 1, or unset it to let each config choose."
+        )
+    return min(num_threads, cap)
+
+
 @contextlib.contextmanager
 def torch_threads(num_threads: int | None, device: str | torch.device | None = "cpu"):
     """Run the block with ``torch.set_num_threads(num_threads)``, then restore the previous setting.
@@ -95,7 +121,7 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
     repeat exactly on machines with different core counts (floating-point sums depend on how the
     work is split). ``None`` leaves torch's setting alone, and so does a ``device`` that is not the CPU
     (``device=None`` means :func:`device`'s pick): every trainer's config passes its ``num_threads`` and
-    ``device`` fields here.
+    ``device`` fields here. ``$EDURL_MAX_THREADS`` caps the count (see :func:`cpu_threads`).
     """
     if num_threads is None or (device != "cpu" and _pick_device(device).type != "cpu"):
         yield
@@ -103,7 +129,7 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
     if not isinstance(num_threads, int) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}.")
     previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
+    torch.set_num_threads(cpu_threads(num_threads))
     try:
         yield
     finally:

@@ -87,6 +87,26 @@ def test_torch_threads_sets_and_restores():
             pass
 
 
+def test_max_threads_caps_every_thread_count(monkeypatch):
+    # Two notebooks at 2 threads each on a 2-core machine ran 15x slower than one alone; the harness caps them.
+    monkeypatch.setenv("EDURL_MAX_THREADS", "1")
+    assert edurl.cpu_threads(2) == 1
+    assert edurl.cpu_threads(1) == 1
+    with edurl.torch_threads(2):
+        assert torch.get_num_threads() == 1
+    monkeypatch.setenv("EDURL_MAX_THREADS", "8")
+    assert edurl.cpu_threads(2) == 2
+    monkeypatch.delenv("EDURL_MAX_THREADS")
+    assert edurl.cpu_threads(3) == 3
+
+
+@pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
+def test_max_threads_rejects_bad_values(monkeypatch, bad):
+    monkeypatch.setenv("EDURL_MAX_THREADS", bad)
+    with pytest.raises(ValueError, match="EDURL_MAX_THREADS"):
+        edurl.cpu_threads(2)
+
+
 def _redraws(make, **kw) -> int:
     buf = io.StringIO()
     bar = make(file=buf, **kw)

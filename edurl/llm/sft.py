@@ -37,9 +37,9 @@ from edurl.llm.padding import pad
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.tasks import TaskConfig
 from edurl.llm.tokenizer import build_char_tokenizer
+from edurl.utils import cpu_threads, torch_threads
 from edurl.utils import device as pick_device
 from edurl.utils import progress as progress_bar
-from edurl.utils import torch_threads
 
 if TYPE_CHECKING:
     from edurl.llm.grpo import GRPOConfig
@@ -86,6 +86,7 @@ class SFTConfig(TaskConfig):
         fields["lr"] = fields.pop("learning_rate")  # the field's old name: keys (and cached checkpoints) unchanged
         if not fields["styled"]:  # plain tasks keep the keys (and cached checkpoints) of before the field existed
             del fields["styled"]
+        fields["num_threads"] = cpu_threads(fields["num_threads"])  # the threads that train: see cpu_threads
         kind = pick_device(fields.pop("device")).type
         if kind != "cpu":  # CPU keys stay those of the checkpoints cached before the field existed
             fields["device"] = kind

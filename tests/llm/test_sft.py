@@ -49,9 +49,18 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     assert SFTConfig(**{**TINY.__dict__, "styled": True}).key() != TINY.key()
 
 
-def test_plain_keys_are_those_of_checkpoints_cached_before_styled_existed():
+def test_plain_keys_are_those_of_checkpoints_cached_before_styled_existed(monkeypatch):
+    monkeypatch.delenv("EDURL_MAX_THREADS", raising=False)  # make test caps threads, and the key names them
     # the default (Chapter 6's) and the 1-digit key: changing them would orphan every learner's cached checkpoint
     assert SFTConfig().key() == "fe73abf62b2275ac" and SFTConfig(num_digits=1).key() == "e73e1a5f423c425d"
+
+
+def test_key_names_the_threads_that_actually_train(monkeypatch):
+    # under EDURL_MAX_THREADS=1 a 2-thread config trains on 1 thread: its checkpoint is the 1-thread one
+    monkeypatch.setenv("EDURL_MAX_THREADS", "1")
+    assert SFTConfig(num_threads=2).key() == SFTConfig(num_threads=1).key()
+    monkeypatch.delenv("EDURL_MAX_THREADS")
+    assert SFTConfig(num_threads=2).key() != SFTConfig(num_threads=1).key()
 
 
 def test_stops_at_the_validation_target():
