@@ -31,6 +31,7 @@ from edurl.exercises.ch07 import (
     check_ppo_loss,
 )
 from edurl.exercises.ch08 import check_bradley_terry_loss, check_dpo_loss, check_kl_shaped_rewards
+from edurl.exercises.ch09 import check_env, check_episode_mask
 from edurl.exercises.solutions import ch01 as _ch01_solutions
 from edurl.exercises.solutions import ch02 as _ch02_solutions
 from edurl.exercises.solutions import ch03 as _ch03_solutions
@@ -39,6 +40,7 @@ from edurl.exercises.solutions import ch05 as _ch05_solutions
 from edurl.exercises.solutions import ch06 as _ch06_solutions
 from edurl.exercises.solutions import ch07 as _ch07_solutions
 from edurl.exercises.solutions import ch08 as _ch08_solutions
+from edurl.exercises.solutions import ch09 as _ch09_solutions
 
 #: exercise name -> (chapter, checker, worked solution)
 EXERCISES = {
@@ -59,6 +61,8 @@ EXERCISES = {
     "bradley_terry_loss": (8, check_bradley_terry_loss, _ch08_solutions.bradley_terry_loss),
     "dpo_loss": (8, check_dpo_loss, _ch08_solutions.dpo_loss),
     "kl_shaped_rewards": (8, check_kl_shaped_rewards, _ch08_solutions.kl_shaped_rewards),
+    "episode_mask": (9, check_episode_mask, _ch09_solutions.episode_mask),
+    "env": (9, check_env, _ch09_solutions.ReverseWordEnv),
 }
 
 
@@ -105,4 +109,6 @@ __all__ = [
     "check_bradley_terry_loss",
     "check_dpo_loss",
     "check_kl_shaped_rewards",
+    "check_episode_mask",
+    "check_env",
 ]

@@ -198,9 +198,17 @@ def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, re
     first and are renamed into place, so two processes never see half a checkpoint.
     """
     config = config or SFTConfig()
-    path = cache_dir() / "sft" / config.key()
+    return cached_checkpoint(
+        config.key(), config, lambda: train_sft(config, progress=progress), config.device, retrain=retrain
+    )
+
+
+def cached_checkpoint(key: str, config, train, device: str | None = None, retrain: bool = False):
+    """``cache_dir()/sft/key``: loaded when it is there (unless ``retrain``), else ``train() -> (model, tokenizer,
+    history)`` and saved with ``config`` beside it. Returns ``(model, tokenizer, history, path)``."""
+    path = cache_dir() / "sft" / key
     if path.is_dir() and not retrain:
-        model = AutoModelForCausalLM.from_pretrained(path).to(pick_device(config.device)).eval()
+        model = AutoModelForCausalLM.from_pretrained(path).to(pick_device(device)).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
         probe = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
         if tokenizer.encode(probe) != build_char_tokenizer().encode(probe):
@@ -210,7 +218,7 @@ def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, re
             )
         history = json.loads((path / "history.json").read_text())
         return model, tokenizer, history, path
-    model, tokenizer, history = train_sft(config, progress=progress)
+    model, tokenizer, history = train()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
     model.save_pretrained(tmp)

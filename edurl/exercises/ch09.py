@@ -1,0 +1,296 @@
+"""Checkers for Chapter 9's exercises: the mask of an episode merged into one datum (9.1), and an environment
+written by the learner, which the harness plays (9.2)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+from edurl.exercises._core import (
+    FAILED,
+    NOT_ATTEMPTED,
+    PASSED,
+    Case,
+    Diagnosis,
+    Hints,
+    Verdict,
+    run_checker,
+    with_hints,
+)
+from edurl.exercises.solutions import ch09 as _solutions
+from edurl.llm.datum import ModelInput
+from edurl.llm.envs import Env, StepResult, Trajectory, Transition, extends, merged_datum
+from edurl.llm.envs.base import TokensWithLogprobs
+
+__all__ = ["check_episode_mask", "check_env"]
+
+
+# ================================================================ 9.1 episode_mask
+
+
+def _library_mask(observations, actions):
+    """The library's answer: :func:`edurl.llm.envs.merged_datum`'s mask."""
+    transitions = [
+        Transition(ModelInput.from_ints(ob), TokensWithLogprobs(list(ac), [0.0] * len(ac)), 0.0, False)
+        for ob, ac in zip(observations, actions)
+    ]
+    return merged_datum(Trajectory(transitions, ModelInput.from_ints([])), 1.0).loss_fn_inputs["mask"].tolist()
+
+
+def _sampled(observations, actions):
+    tokens = observations[-1] + actions[-1]
+    flags = [0.0] * len(tokens)
+    for ob, ac in zip(observations, actions):
+        flags[len(ob) : len(ob) + len(ac)] = [1.0] * len(ac)
+    return flags
+
+
+def _on_tokens(observations, actions):
+    return _sampled(observations, actions)[:-1]  # the flag of the token read, not of the token predicted
+
+
+def _after_first_action(observations, actions):
+    flags = _sampled(observations, actions)
+    first = flags.index(1.0)
+    return [0.0 if i < first else 1.0 for i in range(1, len(flags))]
+
+
+def _last_turn_only(observations, actions):
+    return _library_mask(observations[-1:], actions[-1:])
+
+
+def _without_stop_token(observations, actions):
+    return _library_mask(observations, [ac[:-1] for ac in actions]) + [0.0]
+
+
+def _full_length(observations, actions):
+    return _sampled(observations, actions)  # one entry per token, not per prediction
+
+
+_MASK_DIAGNOSES = [
+    Diagnosis(
+        _on_tokens,
+        "the mask is one position late: you marked the positions that read a sampled token. Position i predicts "
+        "token i + 1, so it is 1 when token i + 1 was sampled.",
+    ),
+    Diagnosis(
+        _after_first_action,
+        "the environment's tokens are in the mask: everything after the first reply counts. Only the model's own "
+        "replies are actions; the environment's answers and the next turn's header must get 0.",
+    ),
+    Diagnosis(_last_turn_only, "only the last reply is in the mask; every turn's reply is an action of the episode."),
+    Diagnosis(
+        _without_stop_token,
+        "the stop token of each reply is missing. The model sampled it too (it chose to end its turn), so it is an "
+        "action and gets 1.",
+    ),
+    Diagnosis(
+        _full_length,
+        "the mask has one entry per token; a datum has one position per prediction, one fewer than the tokens.",
+    ),
+]
+
+
+def _turns(rng: random.Random, sizes: list[tuple[int, int]], first: int) -> dict:
+    """An episode with ``first`` prompt tokens, then (reply, environment) token counts per turn."""
+    tokens = [rng.randrange(5, 99) for _ in range(first)]
+    observations, actions = [], []
+    for reply, env in sizes:
+        observations.append(list(tokens))
+        ac = [rng.randrange(5, 99) for _ in range(reply - 1)] + [4]  # 4: the stop token
+        actions.append(ac)
+        tokens += ac + [rng.randrange(5, 99) for _ in range(env)]
+    return dict(observations=observations, actions=actions)
+
+
+def _mask_cases() -> list[Case]:
+    rng = random.Random(9)
+    return [
+        Case(
+            "worked example: prompt [1, 2], reply [7], environment [3, 4], reply [8, 9] -> [0, 1, 0, 0, 1, 1]",
+            dict(observations=[[1, 2], [1, 2, 7, 3, 4]], actions=[[7], [8, 9]]),
+        ),
+        Case("one turn: a single-turn episode is Chapter 7's datum", _turns(rng, [(4, 0)], 5)),
+        Case("three turns, environment replies of 3 and 6 tokens", _turns(rng, [(3, 3), (5, 6), (2, 0)], 4)),
+        Case(
+            "five turns, replies of 1 token (the stop token alone)",
+            _turns(rng, [(1, 2), (2, 4), (1, 1), (3, 2), (1, 0)], 3),
+        ),
+    ]
+
+
+_HINTS_MASK = Hints(
+    idea=(
+        "Lay the episode out as one sequence: the last observation followed by the last reply. Each reply sits right "
+        "after the observation it answered. The datum predicts every token from the ones before it, and only the "
+        "predictions of tokens the model sampled are actions."
+    ),
+    formula="tokens = observations[-1] + actions[-1]; sampled[t] = 1 for len(observations[k]) <= t < "
+    "len(observations[k]) + len(actions[k]), for each turn k; mask = sampled[1:].",
+    solution=_solutions.episode_mask,
+)
+
+
+@with_hints(_HINTS_MASK)
+def check_episode_mask(fn, *, verbose: bool = True) -> Verdict:
+    """Check a learner's ``episode_mask(observations, actions) -> list of 0.0/1.0``, one per position of the
+    merged datum (one fewer than the episode's tokens)."""
+
+    def compare(got, expected):
+        try:
+            got = [float(x) for x in got]
+        except (TypeError, ValueError):
+            return f"expected a list of numbers, got {type(got).__name__}"
+        if len(got) != len(expected):
+            return (
+                f"expected {len(expected)} entries (one per position: the episode's tokens minus one), got {len(got)}"
+            )
+        return None if got == expected else "the mask differs from the expected one"
+
+    return run_checker(
+        "Exercise 9.1 episode_mask",
+        fn,
+        _library_mask,
+        _mask_cases(),
+        diagnoses=_MASK_DIAGNOSES,
+        compare=compare,
+        verbose=verbose,
+        hints=_HINTS_MASK,
+    )
+
+
+# ================================================================ 9.2 an environment of your own
+
+
+_HINTS_ENV = Hints(
+    idea=(
+        "Subclass edurl.llm.envs.MessageEnv: write initial_messages() (the conversation before the model's first "
+        "turn) and reply(text) (what the environment does with the model's reply). MessageEnv turns messages into "
+        "tokens, so every observation extends the previous one, and it ends an episode whose reply was cut off."
+    ),
+    formula="reply(text) returns (reward, episode_done, new_messages, metrics): for example (1.0, True, [], "
+    '{"win": 1.0}) for a right answer, and (0.0, False, [{"role": "user", "content": "no, again"}], {"win": 0.0}) '
+    "for a wrong one while tries are left. Count the tries with self.turns, which MessageEnv keeps.",
+    solution=_solutions.ReverseWordEnv,
+)
+
+
+class _Problem(Exception):
+    pass
+
+
+def _random_reply(rng: random.Random, tokenizer, stop: list[int]) -> list[int]:
+    """A reply as a sampler might produce one: random text, sometimes cut off before its stop token."""
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz +-*<>{}\\/"
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids if rng.random() < 0.1 else ids + list(stop)
+
+
+def _play(env, rng, tokenizer, max_turns: int, reply=None) -> list[tuple[list[int], list[int], StepResult]]:
+    start = env.initial_observation()
+    if not (isinstance(start, tuple) and len(start) == 2 and isinstance(start[0], ModelInput)):
+        raise _Problem(
+            f"initial_observation() returned {type(start).__name__}; it must return (ModelInput, stop tokens), "
+            "e.g. (ModelInput.from_ints(renderer.build_generation_prompt(messages)), renderer.get_stop_sequences())"
+        )
+    ob, stop = start
+    if ob.length == 0:
+        raise _Problem("initial_observation() returned an empty observation; the model needs a prompt to read")
+    if not (isinstance(stop, list) and stop and all(isinstance(t, int) for t in stop)):
+        raise _Problem(f"the stop condition must be a non-empty list of token ids, got {stop!r}")
+    turns = []
+    for _ in range(max_turns):
+        action = reply(ob) if reply is not None else _random_reply(rng, tokenizer, stop)
+        try:
+            result = env.step(list(action))
+        except Exception as err:
+            raise _Problem(
+                f"step() raised {type(err).__name__}: {err}, on the reply {tokenizer.decode(action)!r}. An environment "
+                "must answer any reply, however malformed (a model will write them), with a message, never a crash"
+            ) from None
+        if not isinstance(result, StepResult):
+            raise _Problem(f"step() returned {type(result).__name__}; it must return a StepResult")
+        if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+            raise _Problem(f"step() returned the reward {result.reward!r}; a reward must be a finite number")
+        turns.append((ob.to_ints(), list(action), result))
+        if result.episode_done:
+            return turns
+        nxt = result.next_observation
+        if not isinstance(nxt, ModelInput) or not extends(ob.to_ints() + list(action), nxt.to_ints()):
+            raise _Problem(
+                "the next observation does not extend the previous observation and the model's reply token for token, "
+                f"so the episode cannot be one datum; after the reply {tokenizer.decode(action)!r} the observation "
+                "must start with everything the model has seen and said (re-render the whole conversation, the "
+                "model's reply included)"
+            )
+        ob = nxt
+    raise _Problem(
+        f"the episode did not end within {max_turns} turns of random replies; end it (episode_done=True) after a "
+        "fixed number of tries"
+    )
+
+
+def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int = 20, verbose: bool = True) -> Verdict:
+    """Play ``episodes`` episodes of ``make_env()`` with random replies (some cut off) and check that the
+    environment follows the rules of :class:`edurl.llm.envs.Env`: the right return types, finite rewards,
+    episodes that end, observations that extend each other token for token, no crash on any reply, and no
+    state shared between two environments. On a pass the verdict's ``implementation`` is ``make_env``."""
+    from edurl.llm.tokenizer import build_char_tokenizer
+
+    name = "Exercise 9.2 an environment of your own"
+    reference = _solutions.ReverseWordEnv
+
+    def verdict(status: str, message: str) -> Verdict:
+        v = Verdict(name, status, message, make_env if status == PASSED else reference, hints=_HINTS_ENV)
+        if verbose:
+            print(v)
+        return v
+
+    if not callable(make_env):
+        return verdict(FAILED, f"expected a function that returns a new Env, got {type(make_env).__name__}")
+    tokenizer = build_char_tokenizer()
+    rng = random.Random(92)
+    try:
+        first = make_env()
+    except NotImplementedError:
+        return verdict(NOT_ATTEMPTED, "make_env still raises NotImplementedError; the notebook uses the reference.")
+    except Exception as err:
+        return verdict(FAILED, f"make_env() raised {type(err).__name__}: {err}")
+    if not isinstance(first, Env):
+        return verdict(
+            FAILED, f"make_env() returned {type(first).__name__}; subclass edurl.llm.envs.Env (or MessageEnv)"
+        )
+    try:
+        fresh = [make_env().initial_observation()[0].length for _ in range(3)]
+        rewards = []
+        for _ in range(episodes):
+            turns = _play(make_env(), rng, tokenizer, max_turns)
+            rewards.append(sum(r.reward for _, _, r in turns))
+        after = [make_env().initial_observation()[0].length for _ in range(3)]
+        if max(after) > max(fresh):
+            raise _Problem(
+                f"a fresh environment's first observation grew from {max(fresh)} to {max(after)} tokens after other "
+                "episodes were played: the environments share state (a list defined on the class, not in __init__?). "
+                "Each Env must keep its own conversation"
+            )
+    except NotImplementedError:
+        return verdict(
+            NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
+        )
+    except _Problem as err:
+        return verdict(
+            FAILED,
+            f"{err}.\n  The notebook continues with the reference environment. Ask for help with verdict.hint(1).",
+        )
+    except Exception as err:
+        return verdict(FAILED, f"your environment raised {type(err).__name__}: {err}")
+    return verdict(
+        PASSED,
+        f"{episodes} episodes of random replies played by the rules (total rewards from {min(rewards):g} to "
+        f"{max(rewards):g}). The notebook now uses your environment.",
+    )
+
+
+check_env.hints = _HINTS_ENV

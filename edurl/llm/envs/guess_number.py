@@ -1,0 +1,152 @@
+"""Guess the number: a multi-turn game for RL (Chapter 9).
+
+The environment picks a secret in [low, high] (0..31 by default). The model has ``max_guesses`` turns; each
+reply's last integer is its guess, and the environment answers "higher", "lower" or "correct". A win is worth 1,
+minus ``guess_penalty`` per guess used.
+
+The model's reply may carry a scratchpad before the guess. The course's demonstrations write the range that is
+still possible and then a guess in it, e.g. ``16-31: 20``: the model's own tokens carry the game's state, the way
+a chain of thought does, and every guess is legal. Which guess to pick inside the range is the skill RL learns.
+
+Reference points, exact (:func:`win_rate`): bisection wins 31 of the 32 secrets in 5 guesses (5 guesses can
+tell apart at most 2**5 - 1 = 31 numbers, so one secret needs a sixth); guessing 5 distinct numbers at random,
+ignoring the answers, wins 5/32; a uniformly random guess inside the remaining range wins 53.3 %.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from functools import cache
+
+from edurl.llm.envs.base import MessageEnv, ProblemGroupBuilder
+from edurl.llm.renderer import ChatMLRenderer, Message
+
+_INT = re.compile(r"-?\d+")
+
+
+def parse_guess(text: str) -> int | None:
+    """The last integer in ``text`` (the guess), or None when there is none."""
+    found = _INT.findall(text)
+    return int(found[-1]) if found else None
+
+
+def intro(low: int, high: int, max_guesses: int) -> str:
+    return f"Guess my number, {low} to {high}. {max_guesses} tries."
+
+
+class GuessNumberEnv(MessageEnv):
+    """One game of guess-the-number against ``secret``."""
+
+    def __init__(
+        self,
+        secret: int,
+        renderer: ChatMLRenderer,
+        low: int = 0,
+        high: int = 31,
+        max_guesses: int = 5,
+        guess_penalty: float = 0.0,
+    ):
+        super().__init__(renderer)
+        if not low <= secret <= high:
+            raise ValueError(f"secret {secret} is outside [{low}, {high}]")
+        if not isinstance(max_guesses, int) or max_guesses < 1:
+            raise ValueError(f"max_guesses must be a positive int, got {max_guesses!r}")
+        if not 0 <= guess_penalty < 1 / max_guesses:
+            raise ValueError(
+                f"guess_penalty must be in [0, 1/max_guesses) so that a win always beats a loss, got {guess_penalty!r}"
+            )
+        self.secret, self.low, self.high = secret, low, high
+        self.max_guesses, self.guess_penalty = max_guesses, guess_penalty
+        self.max_turns = max_guesses
+
+    def initial_messages(self) -> list[Message]:
+        return [{"role": "user", "content": intro(self.low, self.high, self.max_guesses)}]
+
+    def truncated_metrics(self) -> dict[str, float]:
+        return {"win": 0.0, "guesses": float(self.turns), "illegal": 1.0}
+
+    def reply(self, text: str) -> tuple[float, bool, list[Message], dict[str, float]]:
+        guess = parse_guess(text)
+        used = self.turns
+        if guess == self.secret:
+            return 1.0 - self.guess_penalty * used, True, [], {"win": 1.0, "guesses": float(used), "illegal": 0.0}
+        done = used >= self.max_guesses
+        metrics = {"win": 0.0, "guesses": float(used), "illegal": float(guess is None)}
+        if guess is None:
+            answer = f"Say a number from {self.low} to {self.high}."
+        else:
+            answer = "higher" if guess < self.secret else "lower"
+        return 0.0, done, [] if done else [{"role": "user", "content": answer}], metrics
+
+
+class GuessNumberGroupBuilder(ProblemGroupBuilder):
+    """``group_size`` games against the same secret."""
+
+    def __init__(self, secret: int, renderer: ChatMLRenderer, group_size: int, **env_kwargs):
+        super().__init__(lambda: GuessNumberEnv(secret, renderer, **env_kwargs), group_size, tags=["guess_number"])
+        self.secret = secret
+
+
+# ---------------------------------------------------------------- scripted players and exact win rates
+
+
+def bisect_guess(low: int, high: int, rng: random.Random | None = None) -> int:
+    """The middle of the range (rounding down)."""
+    return (low + high) // 2
+
+
+def random_guess(low: int, high: int, rng: random.Random) -> int:
+    """A uniformly random number in the range: legal and consistent with every answer, but unskilled."""
+    return rng.randint(low, high)
+
+
+def play(policy: Callable[[int, int, random.Random], int], secret: int, rng: random.Random, low=0, high=31, tries=5):
+    """Play one game with a scripted ``policy(low, high, rng) -> guess`` that sees the remaining range.
+    Returns the conversation's assistant replies (``"lo-hi: guess"``) and whether it won."""
+    replies = []
+    for _ in range(tries):
+        guess = policy(low, high, rng)
+        replies.append(f"{low}-{high}: {guess}")
+        if guess == secret:
+            return replies, True
+        low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+    return replies, False
+
+
+def demonstration(secret: int, rng: random.Random, policy=random_guess, low=0, high=31, tries=5) -> list[Message]:
+    """A whole game as messages, played by ``policy``: the warm start's training data."""
+    replies, won = play(policy, secret, rng, low, high, tries)
+    messages: list[Message] = [{"role": "user", "content": intro(low, high, tries)}]
+    for i, r in enumerate(replies):
+        messages.append({"role": "assistant", "content": r})
+        guess = parse_guess(r)
+        if i + 1 < len(replies):
+            messages.append({"role": "user", "content": "higher" if guess < secret else "lower"})
+    return messages
+
+
+@cache
+def _random_win(n: int, tries: int) -> float:
+    """P(win) with a uniform guess in a range of n numbers and ``tries`` guesses left, the secret uniform in it."""
+    if n <= 0 or tries <= 0:
+        return 0.0
+    # guess position g (0-based) is right with prob 1/n; else the secret is in the n-1 others, g below or above
+    total = 0.0
+    for g in range(n):
+        total += 1 / n + (g / n) * _random_win(g, tries - 1) + ((n - 1 - g) / n) * _random_win(n - 1 - g, tries - 1)
+    return total / n
+
+
+def win_rate(player: str, low: int = 0, high: int = 31, tries: int = 5) -> float:
+    """Exact win rate over a uniform secret: ``"bisect"``, ``"random_in_range"`` or ``"random_blind"`` (distinct
+    random guesses that ignore the answers: tries / n)."""
+    n = high - low + 1
+    if player == "bisect":
+        return sum(play(bisect_guess, s, random.Random(0), low, high, tries)[1] for s in range(low, high + 1)) / n
+    if player == "random_in_range":
+        return _random_win(n, tries)
+    if player == "random_blind":
+        return min(tries, n) / n
+    raise ValueError(f"player must be 'bisect', 'random_in_range' or 'random_blind', got {player!r}")

@@ -1,0 +1,348 @@
+"""Chapter 9's loop: a warm start on demonstrated episodes, then GRPO over whole episodes.
+
+One GRPO step on a multi-turn game::
+
+    1. sampler = trainer.save_weights_and_get_sampling_client()
+    2. builders = batch_size EnvGroupBuilders (a secret, or a problem), group_size envs each
+    3. groups = do_group_rollouts(builders, sampler, ...)        every waiting env in one batch per round
+    4. advantage of an episode = its total reward - its group's mean
+    5. datums = one per episode (or one per turn when the renderer breaks the prefix), env tokens masked
+    6. forward_backward(datums, loss_fn) + optim_step
+
+The warm start (:func:`load_or_train_game_sft`) is supervised learning on demonstrated episodes, with weight 1
+on every assistant turn, through the same ``TrainingClient`` (``loss_fn="cross_entropy"``), and is cached like
+Chapter 6's. Evaluation (:func:`evaluate_game`) plays greedily: guess-the-number against every secret, the
+calculator on held-out problems, with and without the tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import pandas as pd
+
+from edurl._checks import check_fields
+from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
+from edurl.llm.datum import build_supervised_datum
+from edurl.llm.envs import base as E
+from edurl.llm.envs.calculator import CalculatorGroupBuilder, direct_demonstration, tool_demonstration
+from edurl.llm.envs.guess_number import GuessNumberGroupBuilder, demonstration
+from edurl.llm.loop import problem_seed
+from edurl.llm.model import TinyLMConfig, build_tiny_lm
+from edurl.llm.renderer import ChatMLRenderer, Message
+from edurl.llm.sampling import SamplingParams
+from edurl.llm.sft import cached_checkpoint
+from edurl.llm.tasks import ArithmeticTask
+from edurl.llm.tokenizer import build_char_tokenizer
+from edurl.metrics import MetricsLogger, load_metrics
+from edurl.utils import device as pick_device
+from edurl.utils import progress, torch_threads
+
+GAMES = ("guess_number", "calculator")
+CALCULATOR_TASK = ArithmeticTask(num_digits=3, ops=("+",))
+"""The calculator's problems: 3-digit addition, split by a hash as in Chapter 6."""
+GAME_MODEL = TinyLMConfig(max_position_embeddings=256)
+"""The course's tiny LM with room for a whole 5-guess game (about 220 tokens)."""
+
+
+def conversation_example(renderer: ChatMLRenderer, messages: list[Message]) -> tuple[list[int], list[float]]:
+    """Tokens of a whole conversation and a weight per token: 1 on every assistant reply (its ``<|im_end|>``
+    included), 0 on everything else. Each reply sits where the renderer's prompt for that turn ends, so the
+    renderer must have the prefix property; a renderer without it raises rather than mislabel tokens."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    if last is None:
+        raise ValueError("the conversation has no assistant reply to learn from")
+    stop = renderer.get_stop_sequences()
+    tokens = renderer.build_generation_prompt(messages[:last]) + renderer._encode(messages[last]["content"]) + stop
+    weights = [0.0] * len(tokens)
+    for i, m in enumerate(messages[: last + 1]):
+        if m["role"] != "assistant":
+            continue
+        prompt = renderer.build_generation_prompt(messages[:i])
+        reply = renderer._encode(m["content"]) + stop
+        if not E.extends(prompt + reply, tokens):
+            raise ValueError(
+                f"the renderer's prompt for assistant turn {i} is not a prefix of the whole conversation, so its "
+                "reply has no fixed position; use a renderer with the prefix property (see edurl.llm.envs.base)"
+            )
+        weights[len(prompt) : len(prompt) + len(reply)] = [1.0] * len(reply)
+    return tokens, weights
+
+
+# ---------------------------------------------------------------- the warm start
+
+
+@dataclass
+class GameSFTConfig:
+    """The supervised warm start of a Chapter 9 game."""
+
+    game: str = "guess_number"
+    """guess_number (demonstrations: random guesses inside the remaining range) or calculator."""
+    tool_fraction: float = 0.5
+    """calculator: the share of demonstrations that call the tool; the rest answer directly."""
+    model: TinyLMConfig = field(default_factory=lambda: GAME_MODEL)
+    """The model's sizes."""
+    max_steps: int = 500
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Demonstrated episodes per step."""
+    learning_rate: float = 3e-3
+    """Adam's peak learning rate (linear warm-up, then cosine decay to 10 %)."""
+    warmup_steps: int = 50
+    """Steps of linear warm-up."""
+    seed: int = 0
+    """Seeds the model's initialisation and the demonstrations."""
+    num_threads: int = 2
+    """torch CPU threads."""
+    device: str | None = None
+    """Where to train; None picks with edurl.device()."""
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            positive_int=("max_steps", "batch_size", "num_threads"),
+            nonneg_int=("seed", "warmup_steps"),
+            unit=("tool_fraction",),
+            nonneg=("learning_rate",),
+            choices={"game": GAMES},
+        )
+
+    def key(self) -> str:
+        """A short hash of everything that determines the trained weights (the threads that actually train)."""
+        from edurl.utils import cpu_threads
+
+        fields = asdict(self)
+        fields["num_threads"] = cpu_threads(fields["num_threads"])
+        kind = pick_device(fields.pop("device")).type
+        if kind != "cpu":
+            fields["device"] = kind
+        blob = json.dumps({"v": 1, "kind": "game_sft", **fields}, sort_keys=True)
+        return "game-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def demonstrations(self, n: int, seed: int) -> list[list[Message]]:
+        """``n`` demonstrated episodes, reproducible from ``seed``."""
+        rng = random.Random(f"{self.game}-{seed}")
+        if self.game == "guess_number":
+            return [demonstration(rng.randrange(32), rng) for _ in range(n)]
+        problems = CALCULATOR_TASK.sample(n, split="train", seed=seed)
+        return [
+            tool_demonstration(p) if rng.random() < self.tool_fraction else direct_demonstration(p) for p in problems
+        ]
+
+
+def train_game_sft(config: GameSFTConfig, progress_bar: bool = True):
+    """Train the warm start from scratch. Returns ``(model, tokenizer, history)``; history has one row per step."""
+    tokenizer = build_char_tokenizer()
+    renderer = ChatMLRenderer(tokenizer)
+    dev = pick_device(config.device)
+    history = []
+    with torch_threads(config.num_threads, config.device):
+        model = build_tiny_lm(tokenizer, config.model, seed=config.seed).to(dev)
+        trainer = TrainingClient(model, tokenizer)
+        episodes = config.demonstrations(config.max_steps * config.batch_size, config.seed)
+        start = time.perf_counter()
+        bar = progress(range(config.max_steps), desc=f"SFT ({config.game})", disable=not progress_bar)
+        for step in bar:
+            batch = episodes[step * config.batch_size : (step + 1) * config.batch_size]
+            datums = [build_supervised_datum(*conversation_example(renderer, m)) for m in batch]
+            out = trainer.forward_backward(datums, "cross_entropy", aggregation="token_mean").result()
+            lr = _warmup_cosine(config.learning_rate, step, config.max_steps, config.warmup_steps)
+            trainer.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=1.0)).result()
+            history.append({"step": step, "loss": out.loss, "lr": lr, "time": time.perf_counter() - start})
+            bar.set_postfix(loss=f"{out.loss:.3f}", refresh=False)
+        bar.close()
+    return trainer.model.eval(), tokenizer, history
+
+
+def _warmup_cosine(peak: float, step: int, total: int, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def load_or_train_game_sft(config: GameSFTConfig | None = None, progress_bar: bool = True):
+    """The warm start for ``config``: from the cache (``$EDURL_CACHE/sft``), or trained and cached.
+    Returns ``(model, tokenizer, history, path)``."""
+    config = config or GameSFTConfig()
+    return cached_checkpoint(config.key(), config, lambda: train_game_sft(config, progress_bar), config.device)
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def game_builders(game: str, renderer: ChatMLRenderer, n: int, seed: int, split: str, group_size: int, **env_kwargs):
+    """``n`` group builders: random secrets for guess_number (every secret once, in order, for ``split="test"``
+    when n is 32), ``split`` problems of the calculator task."""
+    if game == "guess_number":
+        rng = random.Random(f"secrets-{seed}")
+        secrets = list(range(32)) if split == "test" and n == 32 else [rng.randrange(32) for _ in range(n)]
+        return [GuessNumberGroupBuilder(s, renderer, group_size, **env_kwargs) for s in secrets]
+    if game == "calculator":
+        problems = CALCULATOR_TASK.sample(n, split=split, seed=seed)
+        return [CalculatorGroupBuilder(p, renderer, group_size, **env_kwargs) for p in problems]
+    raise ValueError(f"game must be one of {GAMES}, got {game!r}")
+
+
+def evaluate_game(
+    model, tokenizer, game: str, num_eval: int = 200, seed: int = 0, max_tokens: int = 24, **env_kwargs
+) -> dict[str, float]:
+    """Greedy play. guess_number: every secret 0..31 once (``num_eval`` is ignored), so ``win`` is the greedy
+    policy's exact win rate. calculator: ``num_eval`` held-out problems. Returns the rollout metrics without
+    their ``env/all/`` prefix (``win``, ``guesses``, ``illegal``; or ``correct``, ``used_tool``, ...)."""
+    renderer = ChatMLRenderer(tokenizer)
+    n = 32 if game == "guess_number" else num_eval
+    builders = game_builders(game, renderer, n, seed, "test", 1, **env_kwargs)
+    sampler = SamplingClient(model, tokenizer)
+    groups = E.do_group_rollouts(builders, sampler, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    return {k.removeprefix("env/all/"): v for k, v in E.rollout_metrics(groups).items() if "by_group" not in k}
+
+
+# ---------------------------------------------------------------- GRPO on episodes
+
+
+@dataclass
+class MultiTurnConfig:
+    """A GRPO run on a Chapter 9 game."""
+
+    sft: GameSFTConfig = field(default_factory=GameSFTConfig)
+    """The warm start; its game is the game played."""
+    group_size: int = 8
+    """G: episodes per secret or problem."""
+    batch_size: int = 16
+    """Groups per step."""
+    max_steps: int = 150
+    """GRPO iterations."""
+    learning_rate: float = 3e-4
+    """Adam learning rate (constant)."""
+    loss_fn: str = "importance_sampling"
+    """importance_sampling, ppo, cispo or dro."""
+    aggregation: str = "token_mean"
+    """How per-token losses become one number (see edurl.llm.losses.aggregate)."""
+    temperature: float = 1.0
+    """Sampling temperature of every turn."""
+    max_tokens: int = 24
+    """Most tokens per model turn."""
+    guess_penalty: float = 0.0
+    """guess_number: reward lost per guess (shaping toward short games)."""
+    tool_cost: float = 0.0
+    """calculator: reward lost per tool call."""
+    eval_every: int = 25
+    """Steps between greedy evaluations (also at the start and the end)."""
+    num_eval: int = 200
+    """calculator: held-out problems per evaluation (guess_number always plays all 32 secrets)."""
+    seed: int = 0
+    """Seeds the warm start, the secrets or problems, and the sampling."""
+    num_threads: int = 2
+    """torch CPU threads."""
+    device: str | None = None
+    """Where to train and sample; None picks with edurl.device()."""
+    log_dir: str = "runs/multiturn"
+    """Where metrics.jsonl goes."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        check_fields(
+            self,
+            positive_int=("group_size", "batch_size", "max_steps", "max_tokens", "eval_every", "num_eval"),
+            nonneg_int=("seed",),
+            nonneg=("learning_rate", "temperature", "guess_penalty", "tool_cost"),
+        )
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+
+    def env_kwargs(self) -> dict:
+        if self.sft.game == "guess_number":
+            return {"guess_penalty": self.guess_penalty}
+        return {"tool_cost": self.tool_cost}
+
+
+@dataclass
+class MultiTurnResult:
+    config: MultiTurnConfig
+    metrics: pd.DataFrame
+    """One row per step (metrics.jsonl)."""
+    trainer: TrainingClient
+    start: dict[str, float]
+    """Greedy evaluation of the warm start."""
+    final: dict[str, float]
+    """Greedy evaluation after the last step."""
+
+
+def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: ChatMLRenderer, step: int) -> dict:
+    """One GRPO iteration on whole episodes (steps 1-6 of the module docstring). Returns the metrics row."""
+    t0 = time.perf_counter()
+    sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
+    seed = problem_seed(config.seed, step)
+    builders = game_builders(
+        config.sft.game, renderer, config.batch_size, seed, "train", config.group_size, **config.env_kwargs()
+    )
+    params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
+    groups = E.do_group_rollouts(builders, sampler, params)
+    t1 = time.perf_counter()
+    datums, datum_row = E.groups_to_datums(groups)
+    row = {**E.rollout_metrics(groups), **datum_row}
+    if datums:
+        out = trainer.forward_backward(
+            datums, config.loss_fn, aggregation=config.aggregation, temperature=config.temperature
+        ).result()
+        opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+        row.update({**out.metrics, **opt, "optim/loss": out.loss})
+    row.update({"time/sample": t1 - t0, "time/train": time.perf_counter() - t1})
+    return row
+
+
+def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
+    """GRPO on the game of ``config.sft``; writes ``log_dir/metrics.jsonl``. See the module docstring."""
+    config = config or MultiTurnConfig()
+    game = config.sft.game
+    sft = replace(config.sft, seed=config.seed)  # the run's seed also seeds its warm start
+    log_dir = Path(config.log_dir)
+    with torch_threads(config.num_threads):
+        model, tokenizer, _, _ = load_or_train_game_sft(sft, progress_bar=config.progress)
+        model = model.to(pick_device(config.device))
+        trainer = TrainingClient(model, tokenizer)
+        renderer = ChatMLRenderer(tokenizer)
+
+        def evaluate():
+            return evaluate_game(trainer.model, tokenizer, game, config.num_eval, config.seed, config.max_tokens)
+
+        start = evaluate()
+        logger = MetricsLogger(log_dir, if_exists="overwrite")
+        (log_dir / "config.json").write_text(json.dumps({"run": "multiturn", **asdict(config)}, indent=1, default=str))
+        headline = "win" if game == "guess_number" else "correct"
+        bar = progress(range(config.max_steps), desc=f"GRPO ({game})", disable=not config.progress)
+        for step in bar:
+            row = multiturn_step(config, trainer, renderer, step)
+            if step == 0:
+                row.update({f"test/start_{k}": v for k, v in start.items()})
+            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
+                row.update({f"test/{k}": v for k, v in evaluate().items()})
+                bar.set_postfix({"test": f"{row[f'test/{headline}']:.2f}"}, refresh=False)
+            logger.log(step, **row)
+        bar.close()
+        logger.close()
+        final = {k.removeprefix("test/"): v for k, v in row.items() if k.startswith("test/") and "start" not in k}
+    return MultiTurnResult(config, load_metrics(log_dir), trainer, start, final)
+
+
+__all__ = [
+    "GAMES",
+    "GameSFTConfig",
+    "MultiTurnConfig",
+    "MultiTurnResult",
+    "conversation_example",
+    "evaluate_game",
+    "game_builders",
+    "load_or_train_game_sft",
+    "multiturn_step",
+    "train_game_sft",
+    "train_multiturn",
+]

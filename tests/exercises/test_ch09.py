@@ -1,0 +1,175 @@
+"""Chapter 9 checkers: pass the worked solutions, reject realistic buggy versions by name."""
+
+import pytest
+
+from edurl import exercises
+from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises.solutions import ch09
+from edurl.llm.datum import ModelInput
+from edurl.llm.envs import Env, MessageEnv, StepResult
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.tokenizer import build_char_tokenizer
+
+from .conftest import assert_rejected
+
+# ---------------------------------------------------------------- 9.1 episode_mask (written as a learner would)
+
+
+def _sampled(observations, actions):
+    flags = [0.0] * (len(observations[-1]) + len(actions[-1]))
+    for ob, ac in zip(observations, actions):
+        for i in range(len(ob), len(ob) + len(ac)):
+            flags[i] = 1.0
+    return flags
+
+
+def mask_on_tokens(observations, actions):
+    return _sampled(observations, actions)[:-1]
+
+
+def mask_everything_after_the_prompt(observations, actions):
+    n = len(observations[-1]) + len(actions[-1])
+    return [1.0 if i >= len(observations[0]) else 0.0 for i in range(1, n)]
+
+
+def mask_last_reply(observations, actions):
+    n = len(observations[-1]) + len(actions[-1])
+    return [1.0 if i >= len(observations[-1]) else 0.0 for i in range(1, n)]
+
+
+def mask_without_stop(observations, actions):
+    flags = [0.0] * (len(observations[-1]) + len(actions[-1]))
+    for ob, ac in zip(observations, actions):
+        for i in range(len(ob), len(ob) + len(ac) - 1):
+            flags[i] = 1.0
+    return flags[1:]
+
+
+def mask_per_token(observations, actions):
+    return _sampled(observations, actions)
+
+
+def test_episode_mask_passes_the_solution():
+    assert exercises.check_episode_mask(ch09.episode_mask, verbose=False).status == PASSED
+
+
+def test_episode_mask_stub_is_not_attempted():
+    def stub(observations, actions):
+        raise NotImplementedError
+
+    assert exercises.check_episode_mask(stub, verbose=False).status == NOT_ATTEMPTED
+
+
+@pytest.mark.parametrize(
+    "buggy, hint",
+    [
+        (mask_on_tokens, "one position late"),
+        (mask_everything_after_the_prompt, "environment's tokens are in the mask"),
+        (mask_last_reply, "only the last reply"),
+        (mask_without_stop, "stop token"),
+        (mask_per_token, "one entry per token"),
+    ],
+)
+def test_episode_mask_rejects_buggy_versions_by_name(buggy, hint):
+    assert_rejected(exercises.check_episode_mask, buggy, hint)
+
+
+# ---------------------------------------------------------------- 9.2 an environment of your own
+
+R = ChatMLRenderer(build_char_tokenizer())
+
+
+def test_check_env_passes_the_solution_and_the_library_games():
+    from edurl.llm.envs import CalculatorEnv, GuessNumberEnv
+
+    assert exercises.check_env(lambda: ch09.ReverseWordEnv("cat", R), verbose=False).status == PASSED
+    assert exercises.check_env(lambda: GuessNumberEnv(7, R), verbose=False).status == PASSED
+    assert exercises.check_env(lambda: CalculatorEnv("123+456=?", "579", R), verbose=False).status == PASSED
+
+
+class NeverEnds(ch09.ReverseWordEnv):
+    def __init__(self, word, renderer):
+        super().__init__(word, renderer)
+        self.max_turns = 10**6  # and reply never says done
+
+    def reply(self, text):
+        return 0.0, False, [{"role": "user", "content": "again"}], {}
+
+
+class ForgetsTheReply(ch09.ReverseWordEnv):
+    """Builds the next observation from the environment's messages only: the model's reply is not in it."""
+
+    def step(self, action):
+        result = super().step(action)
+        if result.episode_done:
+            return result
+        shown = [m for m in self.messages if m["role"] != "assistant"]
+        return StepResult(0.0, False, ModelInput.from_ints(R.build_generation_prompt(shown)), [4], {})
+
+
+class CrashesOnGarbage(ch09.ReverseWordEnv):
+    def reply(self, text):
+        int(text)  # assumes the model writes a number
+        return super().reply(text)
+
+
+class NanReward(ch09.ReverseWordEnv):
+    def reply(self, text):
+        reward, done, new, metrics = super().reply(text)
+        return float("nan") if done else reward, done, new, metrics
+
+
+class SharedHistory(Env):
+    """A list on the class: every instance appends to the same conversation."""
+
+    messages = []
+
+    def __init__(self):
+        self.turns = 0
+
+    def initial_observation(self):
+        self.messages.append({"role": "user", "content": "Reverse: cat"})
+        return ModelInput.from_ints(R.build_generation_prompt(self.messages)), [4]
+
+    def step(self, action):
+        self.turns += 1
+        message, _ = R.parse_response(action)
+        self.messages += [message, {"role": "user", "content": "no"}]
+        done = self.turns >= 2
+        ob = [] if done else R.build_generation_prompt(self.messages)
+        return StepResult(0.0, done, ModelInput.from_ints(ob), [4], {})
+
+
+class ReturnsATuple(ch09.ReverseWordEnv):
+    def step(self, action):
+        r = super().step(action)
+        return r.reward, r.episode_done, r.next_observation
+
+
+@pytest.mark.parametrize(
+    "make_env, hint",
+    [
+        (lambda: NeverEnds("cat", R), "did not end"),
+        (lambda: ForgetsTheReply("cat", R), "does not extend"),
+        (lambda: CrashesOnGarbage("cat", R), "never a crash"),
+        (lambda: NanReward("cat", R), "finite number"),
+        (SharedHistory, "share state"),
+        (lambda: ReturnsATuple("cat", R), "must return a StepResult"),
+        (lambda: "not an env", "subclass"),
+    ],
+)
+def test_check_env_rejects_broken_environments_by_name(make_env, hint):
+    verdict = exercises.check_env(make_env, verbose=False)
+    assert verdict.status == FAILED and hint in verdict.message, verdict.message
+    assert verdict.implementation is ch09.ReverseWordEnv
+
+
+def test_check_env_stub_is_not_attempted():
+    class Stub(MessageEnv):
+        def initial_messages(self):
+            raise NotImplementedError
+
+        def reply(self, text):
+            raise NotImplementedError
+
+    assert exercises.check_env(lambda: Stub(R), verbose=False).status == NOT_ATTEMPTED

@@ -1,0 +1,344 @@
+import copy
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edurl.llm.clients import SamplingClient, TrainingClient
+from edurl.llm.envs import (
+    CalculatorEnv,
+    EnvGroupBuilder,
+    GuessNumberEnv,
+    GuessNumberGroupBuilder,
+    ProblemGroupBuilder,
+    StepResult,
+    ToolError,
+    Trajectory,
+    Transition,
+    calculate,
+    do_group_rollouts,
+    groups_to_datums,
+    is_prefix_consistent,
+    merged_datum,
+    per_turn_datums,
+    trajectory_to_datums,
+)
+from edurl.llm.envs.base import TokensWithLogprobs
+from edurl.llm.envs.calculator import run_tool
+from edurl.llm.envs.guess_number import bisect_guess, play, random_guess, win_rate
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.sampling import SamplingParams
+
+from .conftest import make_bpe_tokenizer
+
+
+def _encode(renderer, text):
+    return renderer.tokenizer.encode(text, add_special_tokens=False) + renderer.get_stop_sequences()
+
+
+def _play_scripted(env, renderer, replies, encode=_encode):
+    """Play ``env`` with fixed reply texts; returns the Trajectory (log-probs are made up, -0.1 * (k + 1))."""
+    ob, _ = env.initial_observation()
+    transitions = []
+    for k, text in enumerate(replies):
+        action = encode(renderer, text)
+        result = env.step(action)
+        ac = TokensWithLogprobs(action, [-0.1 * (k + 1)] * len(action))
+        transitions.append(Transition(ob, ac, result.reward, result.episode_done, result.metrics))
+        if result.episode_done:
+            break
+        ob = result.next_observation
+    return Trajectory(transitions, ob)
+
+
+GAME = ["0-31: 15", "16-31: 23", "16-22: 19", "20-22: 21"]  # secret 21: higher, lower, higher, correct
+
+
+@pytest.fixture(params=["char", "bpe"])
+def renderer(request, char_tokenizer):
+    return ChatMLRenderer(char_tokenizer if request.param == "char" else make_bpe_tokenizer())
+
+
+# ---------------------------------------------------------------- the prefix property
+
+
+def test_each_observation_extends_the_previous_turn(renderer):
+    traj = _play_scripted(GuessNumberEnv(21, renderer), renderer, GAME)
+    assert [t.reward for t in traj.transitions] == [0, 0, 0, 1] and traj.transitions[-1].episode_done
+    ts = traj.transitions
+    for a, b in zip(ts, ts[1:]):
+        seen = a.ob.to_ints() + a.ac.tokens
+        assert b.ob.to_ints()[: len(seen)] == seen
+    assert is_prefix_consistent(traj)
+
+
+def _char_by_char(renderer, text):
+    """A legal but non-canonical tokenization: one token per character, as a sampler may produce."""
+    ids = [renderer.tokenizer.convert_tokens_to_ids(renderer.tokenizer.tokenize(ch))[0] for ch in text]
+    return ids + renderer.get_stop_sequences()
+
+
+def test_a_non_canonical_reply_breaks_the_prefix_with_bpe_but_not_with_characters(char_tokenizer):
+    bpe = ChatMLRenderer(make_bpe_tokenizer())
+    text = "The answer is 12"
+    assert bpe.tokenizer.encode(text, add_special_tokens=False) != _char_by_char(bpe, text)[:-1]  # BPE merges
+    traj = _play_scripted(GuessNumberEnv(21, bpe), bpe, [text, "0-31: 21"], encode=_char_by_char)
+    assert not is_prefix_consistent(traj)
+    char = ChatMLRenderer(char_tokenizer)  # one character is one token: every tokenization is canonical
+    assert is_prefix_consistent(_play_scripted(GuessNumberEnv(21, char), char, [text, "0-31: 21"], _char_by_char))
+
+
+class ForgetfulRenderer(ChatMLRenderer):
+    """Re-renders earlier assistant turns without their scratchpad (as templates that strip earlier reasoning do)."""
+
+    def build_generation_prompt(self, messages):
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+        trimmed = [
+            {**m, "content": m["content"].split(": ")[-1]} if m["role"] == "assistant" and i < last else m
+            for i, m in enumerate(messages)
+        ]
+        return super().build_generation_prompt(trimmed)
+
+
+def test_a_renderer_that_breaks_the_prefix_falls_back_to_one_datum_per_turn(char_tokenizer):
+    r = ForgetfulRenderer(char_tokenizer)
+    traj = _play_scripted(GuessNumberEnv(21, r), r, GAME)
+    assert not is_prefix_consistent(traj)
+    datums, merged = trajectory_to_datums(traj, 0.5)
+    assert not merged and len(datums) == len(traj.transitions)
+    for d, t in zip(datums, traj.transitions):  # each turn is scored on exactly the tokens it was sampled from
+        assert d.model_input.to_ints() == (t.ob.to_ints() + t.ac.tokens)[:-1]
+    with pytest.raises(ValueError, match="not one sequence"):
+        merged_datum(traj, 0.5)
+
+
+# ---------------------------------------------------------------- the merged datum
+
+
+def test_merged_datum_masks_every_environment_token(renderer):
+    traj = _play_scripted(GuessNumberEnv(21, renderer), renderer, GAME)
+    d = merged_datum(traj, 0.7)
+    tokens = d.model_input.to_ints() + [int(d.loss_fn_inputs["target_tokens"][-1])]
+    assert tokens == traj.transitions[-1].ob.to_ints() + traj.transitions[-1].ac.tokens
+    # independent reference: mark the action tokens by their positions in the final sequence
+    action = [False] * len(tokens)
+    for t in traj.transitions:
+        start = t.ob.length
+        assert tokens[start : start + len(t.ac.tokens)] == t.ac.tokens
+        action[start : start + len(t.ac.tokens)] = [True] * len(t.ac.tokens)
+    mask = d.loss_fn_inputs["mask"]
+    assert mask.tolist() == [float(a) for a in action[1:]]
+    assert d.loss_fn_inputs["advantages"].tolist() == pytest.approx([0.7 * float(a) for a in action[1:]])
+    assert mask.sum() == sum(len(t.ac.tokens) for t in traj.transitions)
+    lp = [x for t in traj.transitions for x in t.ac.logprobs]
+    assert d.loss_fn_inputs["logprobs"][mask == 1].tolist() == pytest.approx(lp)
+
+
+def _loss_and_grads(model, tokenizer, datums, aggregation):
+    model = copy.deepcopy(model)
+    trainer = TrainingClient(model, tokenizer)
+    out = trainer.forward_backward(datums, "importance_sampling", aggregation=aggregation).result()
+    return out.loss, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("aggregation", ["sum", "token_mean"])
+def test_merged_datum_equals_the_per_turn_datums_in_loss_and_gradient(char_tokenizer, small_model, aggregation):
+    r = ChatMLRenderer(char_tokenizer)
+    traj = _play_scripted(GuessNumberEnv(21, r), r, GAME)
+    loss_m, grads_m = _loss_and_grads(small_model, char_tokenizer, [merged_datum(traj, 0.7)], aggregation)
+    loss_t, grads_t = _loss_and_grads(small_model, char_tokenizer, per_turn_datums(traj, 0.7), aggregation)
+    assert loss_m == pytest.approx(loss_t, rel=1e-5)
+    for a, b in zip(grads_m, grads_t):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the same comparison catches a merge that also trains the environment's tokens
+    loss_b, _ = _loss_and_grads(small_model, char_tokenizer, [_trains_everything(merged_datum(traj, 0.7))], aggregation)
+    assert loss_b != pytest.approx(loss_t, rel=1e-3)
+
+
+def _trains_everything(d):
+    """The bug: mask 1 and the advantage on every token, the environment's included."""
+    ones = torch.ones_like(d.loss_fn_inputs["mask"])
+    adv = d.loss_fn_inputs["advantages"].max()
+    return type(d)(d.model_input, {**d.loss_fn_inputs, "mask": ones, "advantages": adv * ones})
+
+
+def test_environment_tokens_get_exactly_zero_gradient(char_tokenizer, small_model):
+    from edurl.llm.losses import rl_objective
+
+    r = ChatMLRenderer(char_tokenizer)
+    d = merged_datum(_play_scripted(GuessNumberEnv(21, r), r, GAME), 0.7)
+    f = d.loss_fn_inputs
+
+    def logit_grads(f):
+        logits = small_model(input_ids=torch.tensor([d.model_input.to_ints()])).logits.detach().requires_grad_()
+        lp = torch.log_softmax(logits, -1).gather(-1, f["target_tokens"][None, :, None])[..., 0]
+        loss, _ = rl_objective(
+            lp, f["logprobs"][None], f["advantages"][None], f["mask"][None], loss_fn="importance_sampling"
+        )
+        loss.backward()
+        return logits.grad[0]  # (T, V): the gradient at each position's next-token logits
+
+    grads = logit_grads(f)
+    env = f["mask"] == 0
+    assert torch.count_nonzero(grads[env]) == 0  # exactly zero, not small
+    assert (grads[~env].abs().sum(-1) > 0).all()
+    # the bug sends gradient into the environment's tokens
+    assert torch.count_nonzero(logit_grads(_trains_everything(d).loss_fn_inputs)[env]) > 0
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+class CountingSampler(SamplingClient):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls = []
+
+    def sample_batch(self, prompts, num_samples=1, sampling_params=None):
+        self.calls.append(len(prompts))
+        return super().sample_batch(prompts, num_samples, sampling_params)
+
+
+def test_rollouts_batch_the_waiting_envs_and_record_what_the_model_saw(char_tokenizer, small_model):
+    r = ChatMLRenderer(char_tokenizer)
+    sampler = CountingSampler(small_model, char_tokenizer)
+    builders = [GuessNumberGroupBuilder(s, r, group_size=4) for s in (3, 17, 30)]
+    groups = do_group_rollouts(builders, sampler, SamplingParams(max_tokens=8, temperature=1.0, seed=0))
+    assert len(groups) == 3 and all(len(g.trajectories) == 4 for g in groups)
+    assert sampler.calls[0] == 12 and len(sampler.calls) <= 5  # one batched call per round, not per env
+    assert sum(sampler.calls) == sum(t.num_turns for g in groups for t in g.trajectories)
+    for g in groups:
+        for t in g.trajectories:
+            assert t.transitions[-1].episode_done and not any(x.episode_done for x in t.transitions[:-1])
+            assert t.transitions[0].ob.to_ints() == r.build_generation_prompt(GuessNumberEnv(0, r).initial_messages())
+    again = do_group_rollouts(builders, sampler, SamplingParams(max_tokens=8, temperature=1.0, seed=0))
+    assert [t.transitions[-1].ac.tokens for g in again for t in g.trajectories] == [
+        t.transitions[-1].ac.tokens for g in groups for t in g.trajectories
+    ]
+
+
+def test_group_advantages_and_datums(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    win = _play_scripted(GuessNumberEnv(21, r), r, GAME)
+    lose = _play_scripted(GuessNumberEnv(21, r), r, ["0-31: 1"] * 5)
+    from edurl.llm.envs import TrajectoryGroup
+
+    group = TrajectoryGroup([win, lose, lose, lose], [0.0] * 4)
+    assert group.advantages() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    datums, row = groups_to_datums([group, TrajectoryGroup([lose, lose], [0.0, 0.0])])  # the uniform group: none
+    assert len(datums) == 4 and row["env/all/merged_fraction"] == 1.0
+
+
+class _NeverEnds(GuessNumberEnv):
+    def step(self, action):
+        result = super().step(action)
+        ob = self.initial_observation()[0] if result.episode_done else result.next_observation
+        return StepResult(0.0, False, ob, [4], {})
+
+
+def test_an_env_that_never_ends_is_stopped_with_a_clear_error(char_tokenizer, small_model):
+    r = ChatMLRenderer(char_tokenizer)
+    builder = ProblemGroupBuilder(lambda: _NeverEnds(3, r), 2)
+    with pytest.raises(RuntimeError, match="episode_done"):
+        do_group_rollouts([builder], SamplingClient(small_model, char_tokenizer), SamplingParams(max_tokens=4), 3)
+
+
+def test_builder_rejects_an_env_factory_that_reuses_one_env(char_tokenizer):
+    env = GuessNumberEnv(3, ChatMLRenderer(char_tokenizer))
+    with pytest.raises(ValueError, match="same Env"):
+        ProblemGroupBuilder(lambda: env, 2).make_envs()
+    assert isinstance(GuessNumberGroupBuilder(3, ChatMLRenderer(char_tokenizer), 2), EnvGroupBuilder)
+
+
+# ---------------------------------------------------------------- guess the number
+
+
+def test_guess_number_rules(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    traj = _play_scripted(GuessNumberEnv(21, r, guess_penalty=0.05), r, GAME)
+    assert traj.total_reward == pytest.approx(1 - 0.05 * 4) and traj.transitions[-1].metrics["guesses"] == 4
+    lost = _play_scripted(GuessNumberEnv(21, r), r, ["7"] * 9)
+    assert lost.num_turns == 5 and lost.total_reward == 0 and lost.transitions[-1].metrics["win"] == 0
+    env = GuessNumberEnv(21, r)
+    env.initial_observation()
+    res = env.step(_encode(r, "no idea"))
+    assert not res.episode_done and res.metrics["illegal"] == 1
+    assert r.tokenizer.decode(res.next_observation.tokens).endswith(
+        "Say a number from 0 to 31.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    cut = env.step(r.tokenizer.encode("1", add_special_tokens=False))  # no <|im_end|>: truncated
+    assert cut.episode_done and cut.metrics["truncated"] == 1 and cut.reward == 0 and cut.metrics["win"] == 0
+    with pytest.raises(ValueError, match="outside"):
+        GuessNumberEnv(32, r)
+
+
+def test_win_rates_are_exact():
+    assert win_rate("bisect") == 31 / 32  # 5 guesses tell apart at most 31 numbers
+    assert win_rate("random_blind") == 5 / 32
+    rng = random.Random(0)
+    n = 20000
+    wins = sum(play(random_guess, rng.randrange(32), rng)[1] for _ in range(n))
+    assert abs(wins / n - win_rate("random_in_range")) < 4 * (0.25 / n) ** 0.5
+    assert all(play(bisect_guess, s, rng, tries=6)[1] for s in range(32))
+
+
+# ---------------------------------------------------------------- the calculator
+
+
+@pytest.mark.parametrize(
+    "expr, value", [("123+456", 579), ("2*3+4", 10), ("2*(3+4)", 14), ("-5+2", -3), (" 7 - 10 ", -3), ("-(-5)", 5)]
+)
+def test_calculate(expr, value):
+    assert calculate(expr) == value
+
+
+@pytest.mark.parametrize(
+    "expr, why",
+    [("", "empty"), ("1+", "too early"), ("(2", "missing"), ("2**3", "expected a number"), ("os.system", "unexpected")],
+)
+def test_calculate_rejects_malformed_expressions(expr, why):
+    with pytest.raises(ToolError, match=why):
+        calculate(expr)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_calculate_never_raises_anything_but_tool_error(text):
+    try:
+        assert isinstance(calculate(text), int)
+    except ToolError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0123456789+-*() <>/calcx\\{}", max_size=40))
+def test_calculator_env_survives_any_reply(text):
+    from edurl.llm.tokenizer import build_char_tokenizer
+
+    r = ChatMLRenderer(build_char_tokenizer())
+    env = CalculatorEnv("123+456=?", "579", r)
+    env.initial_observation()
+    res = env.step(_encode(r, text))
+    assert isinstance(res, StepResult)
+    if not res.episode_done:
+        shown = r.tokenizer.decode(res.next_observation.tokens)
+        assert "<|im_start|>tool\n" in shown
+
+
+def test_calculator_episode(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    traj = _play_scripted(CalculatorEnv("123+456=?", "579", r), r, ["<calc>123+456</calc>", "\\boxed{579}"])
+    shown = r.tokenizer.decode(traj.transitions[1].ob.tokens)
+    assert "<|im_start|>tool\n579<|im_end|>" in shown and is_prefix_consistent(traj)
+    assert traj.total_reward == 1 and traj.transitions[-1].metrics["used_tool"] == 1
+    direct = _play_scripted(CalculatorEnv("123+456=?", "579", r), r, ["\\boxed{578}"])
+    assert direct.total_reward == 0 and direct.transitions[-1].metrics["used_tool"] == 0
+    off = _play_scripted(
+        CalculatorEnv("123+456=?", "579", r, tool_enabled=False), r, ["<calc>1+1</calc>", "\\boxed{579}"]
+    )
+    assert "error: no calculator" in r.tokenizer.decode(off.transitions[1].ob.tokens)
+    assert run_tool("<calc>1+</calc>").startswith("error: ") and run_tool("<calc>").startswith("error: ")
+    many = _play_scripted(CalculatorEnv("1+1=?", "2", r, max_tool_calls=2), r, ["<calc>1+1</calc>"] * 5)
+    assert many.num_turns == 3 and many.transitions[-1].metrics["tool_calls"] == 2
