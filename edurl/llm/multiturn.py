@@ -191,16 +191,26 @@ def game_builders(game: str, renderer: ChatMLRenderer, n: int, seed: int, split:
 
 
 def evaluate_game(
-    model, tokenizer, game: str, num_eval: int = 200, seed: int = 0, max_tokens: int = 24, **env_kwargs
+    model,
+    tokenizer,
+    game: str,
+    num_eval: int = 200,
+    seed: int = 0,
+    max_tokens: int = 24,
+    temperature: float = 0.0,
+    samples: int = 1,
+    **env_kwargs,
 ) -> dict[str, float]:
-    """Greedy play. guess_number: every secret 0..31 once (``num_eval`` is ignored), so ``win`` is the greedy
-    policy's exact win rate. calculator: ``num_eval`` held-out problems. Returns the rollout metrics without
-    their ``env/all/`` prefix (``win``, ``guesses``, ``illegal``; or ``correct``, ``used_tool``, ...)."""
+    """Play ``samples`` episodes per secret or problem at ``temperature`` (0: greedy). guess_number: every secret
+    0..31 (``num_eval`` is ignored), so greedy ``win`` is the greedy policy's exact win rate. calculator:
+    ``num_eval`` held-out problems. Returns the rollout metrics without their ``env/all/`` prefix (``win``,
+    ``guesses``, ``illegal``; or ``correct``, ``used_tool``, ...)."""
     renderer = ChatMLRenderer(tokenizer)
     n = 32 if game == "guess_number" else num_eval
-    builders = game_builders(game, renderer, n, seed, "test", 1, **env_kwargs)
+    builders = game_builders(game, renderer, n, seed, "test", samples, **env_kwargs)
     sampler = SamplingClient(model, tokenizer)
-    groups = E.do_group_rollouts(builders, sampler, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=None if temperature == 0 else seed)
+    groups = E.do_group_rollouts(builders, sampler, params)
     return {k.removeprefix("env/all/"): v for k, v in E.rollout_metrics(groups).items() if "by_group" not in k}
 
 
@@ -231,6 +241,11 @@ class MultiTurnConfig:
     """Most tokens per model turn."""
     guess_penalty: float = 0.0
     """guess_number: reward lost per guess (shaping toward short games)."""
+    shaped: bool = False
+    """guess_number: reward each guess by the share of numbers it rules out, instead of 1 for a win at the end."""
+    per_turn_credit: bool = False
+    """Credit each turn with the reward from it to the episode's end, centred over the group at the same turn
+    (TrajectoryGroup.turn_advantages); False: every turn gets its episode's centred total reward."""
     tool_cost: float = 0.0
     """calculator: reward lost per tool call."""
     eval_every: int = 25
@@ -260,7 +275,7 @@ class MultiTurnConfig:
 
     def env_kwargs(self) -> dict:
         if self.sft.game == "guess_number":
-            return {"guess_penalty": self.guess_penalty}
+            return {"guess_penalty": self.guess_penalty, "shaped": self.shaped}
         return {"tool_cost": self.tool_cost}
 
 
@@ -287,7 +302,7 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
     groups = E.do_group_rollouts(builders, sampler, params)
     t1 = time.perf_counter()
-    datums, datum_row = E.groups_to_datums(groups)
+    datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit)
     row = {**E.rollout_metrics(groups), **datum_row}
     if datums:
         out = trainer.forward_backward(

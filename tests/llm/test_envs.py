@@ -231,6 +231,22 @@ def test_group_advantages_and_datums(char_tokenizer):
     assert len(datums) == 4 and row["env/all/merged_fraction"] == 1.0
 
 
+def test_turn_advantages_credit_each_turn_with_what_came_after_it(char_tokenizer):
+    from edurl.llm.envs import TrajectoryGroup
+
+    r = ChatMLRenderer(char_tokenizer)
+    win = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, GAME)  # rewards 16, 9, 4, 3 (/32)
+    short = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, ["0-31: 21"])  # 32/32 at once
+    group = TrajectoryGroup([win, short], [0.0, 0.5])  # a group reward on the short one's last turn
+    # rewards to go: win [32, 16, 7, 3]/32, short [1.5]; turn 0's mean is (1 + 1.5)/2; later turns only win
+    got = group.turn_advantages()
+    assert got[0] == pytest.approx([1 - 1.25, 0, 0, 0]) and got[1] == pytest.approx([1.5 - 1.25])
+    d = merged_datum(win, got[0])
+    assert d.loss_fn_inputs["advantages"][d.loss_fn_inputs["mask"] == 1].unique().tolist() == pytest.approx([-0.25, 0])
+    with pytest.raises(ValueError, match="one per turn"):
+        merged_datum(win, [0.1, 0.2])
+
+
 class _NeverEnds(GuessNumberEnv):
     def step(self, action):
         result = super().step(action)
@@ -272,6 +288,18 @@ def test_guess_number_rules(char_tokenizer):
     assert cut.episode_done and cut.metrics["truncated"] == 1 and cut.reward == 0 and cut.metrics["win"] == 0
     with pytest.raises(ValueError, match="outside"):
         GuessNumberEnv(32, r)
+
+
+def test_shaped_rewards_rule_out_numbers_and_add_up_to_one_for_a_win(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    win = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, GAME)  # 15, 23, 19, 21
+    # 0-31 -> 16-31 rules out 16 of 32; -> 16-22 rules out 9; -> 20-22 rules out 4; the hit rules out the last 3
+    assert [t.reward for t in win.transitions] == pytest.approx([16 / 32, 9 / 32, 4 / 32, 3 / 32])
+    assert win.total_reward == pytest.approx(1.0)
+    lost = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, ["0", "31", "31", "x", "1"])
+    # 0 rules out 1; 31 rules out 1; 31 again and "x" rule out nothing; 1 rules out 1: 29 numbers still possible
+    assert [t.reward for t in lost.transitions] == pytest.approx([1 / 32, 1 / 32, 0, 0, 1 / 32])
+    assert lost.total_reward == pytest.approx(1 - 29 / 32) and lost.transitions[-1].metrics["win"] == 0
 
 
 def test_win_rates_are_exact():

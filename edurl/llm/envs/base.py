@@ -185,6 +185,22 @@ class TrajectoryGroup:
         mean = sum(r) / len(r)
         return [x - mean for x in r]
 
+    def turn_advantages(self) -> list[list[float]]:
+        """Per-turn credit: turn k's advantage is the reward from turn k to the end of its episode (group rewards
+        included) minus the mean of the same over the group's episodes that reached turn k. A turn is then
+        credited only with what came after it, and compared with the other episodes at the same point."""
+        to_go = []
+        for t, extra in zip(self.trajectories, self.group_rewards):
+            rewards = [x.reward for x in t.transitions]
+            rewards[-1] += extra
+            to_go.append([sum(rewards[k:]) for k in range(len(rewards))])
+        longest = max((len(g) for g in to_go), default=0)
+        means = []
+        for k in range(longest):
+            here = [g[k] for g in to_go if len(g) > k]
+            means.append(sum(here) / len(here))
+        return [[g[k] - means[k] for k in range(len(g))] for g in to_go]
+
 
 # ---------------------------------------------------------------- messages in, tokens out
 
@@ -335,9 +351,21 @@ def is_prefix_consistent(trajectory: Trajectory) -> bool:
     return all(extends(a.ob.to_ints() + a.ac.tokens, b.ob.to_ints()) for a, b in zip(ts, ts[1:]))
 
 
-def merged_datum(trajectory: Trajectory, advantage: float) -> Datum:
+def _per_turn(trajectory: Trajectory, advantage: float | Sequence[float]) -> list[float]:
+    if isinstance(advantage, (int, float)):
+        return [float(advantage)] * len(trajectory.transitions)
+    advantage = [float(a) for a in advantage]
+    if len(advantage) != len(trajectory.transitions):
+        raise ValueError(
+            f"{len(advantage)} advantages for {len(trajectory.transitions)} turns; pass one number, or one per turn"
+        )
+    return advantage
+
+
+def merged_datum(trajectory: Trajectory, advantage: float | Sequence[float]) -> Datum:
     """The whole episode as one datum (it must be prefix-consistent): the model's tokens get mask 1, their
-    sampling log-probs and ``advantage``; the environment's tokens get mask 0 and advantage 0."""
+    sampling log-probs and ``advantage`` (one number, or one per turn); the environment's tokens get mask 0 and
+    advantage 0."""
     if not trajectory.transitions:
         raise ValueError("the trajectory has no transitions; an episode needs at least one model turn")
     if not is_prefix_consistent(trajectory):
@@ -348,12 +376,14 @@ def merged_datum(trajectory: Trajectory, advantage: float) -> Datum:
     tokens: list[int] = []
     is_action: list[bool] = []
     logprobs: list[float] = []
-    for t in trajectory.transitions:
+    advantages: list[float] = []
+    for t, a in zip(trajectory.transitions, _per_turn(trajectory, advantage)):
         ob = t.ob.to_ints()
         new_env = ob[len(tokens) :]  # the environment's tokens since the last action
         tokens += new_env + t.ac.tokens
         is_action += [False] * len(new_env) + [True] * len(t.ac.tokens)
         logprobs += [0.0] * len(new_env) + list(t.ac.logprobs)
+        advantages += [0.0] * len(new_env) + [a] * len(t.ac.tokens)
     # position i predicts tokens[i + 1]: its fields are those of the target token
     mask = torch.tensor(is_action[1:], dtype=torch.float32, device="cpu")
     return Datum(
@@ -361,18 +391,21 @@ def merged_datum(trajectory: Trajectory, advantage: float) -> Datum:
         loss_fn_inputs={
             "target_tokens": torch.tensor(tokens[1:], dtype=torch.long, device="cpu"),
             "logprobs": torch.tensor(logprobs[1:], device="cpu") * mask,
-            "advantages": float(advantage) * mask,
+            "advantages": torch.tensor(advantages[1:], device="cpu") * mask,
             "mask": mask,
         },
     )
 
 
-def per_turn_datums(trajectory: Trajectory, advantage: float) -> list[Datum]:
+def per_turn_datums(trajectory: Trajectory, advantage: float | Sequence[float]) -> list[Datum]:
     """One datum per turn: each action scored on the observation it was sampled from (Chapter 7's layout)."""
-    return [build_datum(t.ob.to_ints(), t.ac.tokens, t.ac.logprobs, advantage) for t in trajectory.transitions]
+    return [
+        build_datum(t.ob.to_ints(), t.ac.tokens, t.ac.logprobs, a)
+        for t, a in zip(trajectory.transitions, _per_turn(trajectory, advantage))
+    ]
 
 
-def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> tuple[list[Datum], bool]:
+def trajectory_to_datums(trajectory: Trajectory, advantage: float | Sequence[float]) -> tuple[list[Datum], bool]:
     """The episode's datums and whether they were merged: one datum when the episode is prefix-consistent,
     else one per turn. Both give the same loss and gradient with ``sum`` or ``token_mean`` aggregation."""
     if is_prefix_consistent(trajectory):
@@ -380,15 +413,17 @@ def trajectory_to_datums(trajectory: Trajectory, advantage: float) -> tuple[list
     return per_turn_datums(trajectory, advantage), False
 
 
-def groups_to_datums(groups: Sequence[TrajectoryGroup]) -> tuple[list[Datum], dict[str, float]]:
-    """Every episode of every group as datums, with its group-centred advantage. Groups whose episodes all
-    got the same total reward give no datums (their advantages are all 0). Also returns
+def groups_to_datums(
+    groups: Sequence[TrajectoryGroup], per_turn_credit: bool = False
+) -> tuple[list[Datum], dict[str, float]]:
+    """Every episode of every group as datums, with its group-centred advantage (or, with ``per_turn_credit``,
+    :meth:`TrajectoryGroup.turn_advantages`). Groups whose advantages are all 0 give no datums. Also returns
     ``env/all/merged_fraction``: the share of episodes that became one datum."""
     datums: list[Datum] = []
     merged = episodes = 0
     for group in groups:
-        advantages = group.advantages()
-        if all(a == 0 for a in advantages):
+        advantages = group.turn_advantages() if per_turn_credit else group.advantages()
+        if all(a == 0 for a in (x for adv in advantages for x in (adv if per_turn_credit else [adv]))):
             continue
         for trajectory, advantage in zip(group.trajectories, advantages):
             ds, was_merged = trajectory_to_datums(trajectory, advantage)

@@ -5,8 +5,9 @@ reply's last integer is its guess, and the environment answers "higher", "lower"
 minus ``guess_penalty`` per guess used.
 
 The model's reply may carry a scratchpad before the guess. The course's demonstrations write the range that is
-still possible and then a guess in it, e.g. ``16-31: 20``: the model's own tokens carry the game's state, the way
-a chain of thought does, and every guess is legal. Which guess to pick inside the range is the skill RL learns.
+still possible, its middle, and then a random guess in the range, e.g. ``16-31 mid 23: 20``: the model's own
+tokens carry the game's state, the way a chain of thought does, and every guess is legal. The warm start thus
+knows where the middle is but does not use it; that guessing the middle wins is what RL has to find out.
 
 Reference points, exact (:func:`win_rate`): bisection wins 31 of the 32 secrets in 5 guesses (5 guesses can
 tell apart at most 2**5 - 1 = 31 numbers, so one secret needs a sixth); guessing 5 distinct numbers at random,
@@ -37,7 +38,11 @@ def intro(low: int, high: int, max_guesses: int) -> str:
 
 
 class GuessNumberEnv(MessageEnv):
-    """One game of guess-the-number against ``secret``."""
+    """One game of guess-the-number against ``secret``.
+
+    ``shaped=True`` pays each guess the share of all the numbers that its answer rules out (a right guess rules
+    out everything left), instead of 1 for a win at the end. The rewards add up to 1 - (numbers still possible
+    at the end) / 32: 1 for any win, and more for a loss that came close."""
 
     def __init__(
         self,
@@ -47,6 +52,7 @@ class GuessNumberEnv(MessageEnv):
         high: int = 31,
         max_guesses: int = 5,
         guess_penalty: float = 0.0,
+        shaped: bool = False,
     ):
         super().__init__(renderer)
         if not low <= secret <= high:
@@ -58,11 +64,26 @@ class GuessNumberEnv(MessageEnv):
                 f"guess_penalty must be in [0, 1/max_guesses) so that a win always beats a loss, got {guess_penalty!r}"
             )
         self.secret, self.low, self.high = secret, low, high
-        self.max_guesses, self.guess_penalty = max_guesses, guess_penalty
+        self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
         self.max_turns = max_guesses
+        self.possible = (low, high)  # the numbers the answers so far still allow
 
     def initial_messages(self) -> list[Message]:
+        self.possible = (self.low, self.high)
         return [{"role": "user", "content": intro(self.low, self.high, self.max_guesses)}]
+
+    def _ruled_out(self, guess: int | None) -> float:
+        """The shaped reward of a guess: the share of all numbers that its answer rules out."""
+        lo, hi = self.possible
+        if guess is None or not lo <= guess <= hi:
+            return 0.0
+        if guess == self.secret:
+            new = (1, 0)  # nothing left
+        else:
+            new = (guess + 1, hi) if guess < self.secret else (lo, guess - 1)
+        self.possible = new
+        before, after = hi - lo + 1, max(new[1] - new[0] + 1, 0)
+        return (before - after) / (self.high - self.low + 1)
 
     def truncated_metrics(self) -> dict[str, float]:
         return {"win": 0.0, "guesses": float(self.turns), "illegal": 1.0}
@@ -70,15 +91,17 @@ class GuessNumberEnv(MessageEnv):
     def reply(self, text: str) -> tuple[float, bool, list[Message], dict[str, float]]:
         guess = parse_guess(text)
         used = self.turns
+        shaped = self._ruled_out(guess)
         if guess == self.secret:
-            return 1.0 - self.guess_penalty * used, True, [], {"win": 1.0, "guesses": float(used), "illegal": 0.0}
+            reward = (shaped if self.shaped else 1.0) - self.guess_penalty * used
+            return reward, True, [], {"win": 1.0, "guesses": float(used), "illegal": 0.0}
         done = used >= self.max_guesses
         metrics = {"win": 0.0, "guesses": float(used), "illegal": float(guess is None)}
         if guess is None:
             answer = f"Say a number from {self.low} to {self.high}."
         else:
             answer = "higher" if guess < self.secret else "lower"
-        return 0.0, done, [] if done else [{"role": "user", "content": answer}], metrics
+        return shaped if self.shaped else 0.0, done, [] if done else [{"role": "user", "content": answer}], metrics
 
 
 class GuessNumberGroupBuilder(ProblemGroupBuilder):
@@ -102,13 +125,18 @@ def random_guess(low: int, high: int, rng: random.Random) -> int:
     return rng.randint(low, high)
 
 
+def scratchpad(low: int, high: int, guess: int) -> str:
+    """A demonstrated reply: the range still possible, its middle, then the guess (``"16-31 mid 23: 20"``)."""
+    return f"{low}-{high} mid {(low + high) // 2}: {guess}"
+
+
 def play(policy: Callable[[int, int, random.Random], int], secret: int, rng: random.Random, low=0, high=31, tries=5):
     """Play one game with a scripted ``policy(low, high, rng) -> guess`` that sees the remaining range.
-    Returns the conversation's assistant replies (``"lo-hi: guess"``) and whether it won."""
+    Returns the conversation's assistant replies (:func:`scratchpad`) and whether it won."""
     replies = []
     for _ in range(tries):
         guess = policy(low, high, rng)
-        replies.append(f"{low}-{high}: {guess}")
+        replies.append(scratchpad(low, high, guess))
         if guess == secret:
             return replies, True
         low, high = (guess + 1, high) if guess < secret else (low, guess - 1)

@@ -1,0 +1,134 @@
+"""Chapter 9's two games, learned by RL: the warm start, GRPO over whole episodes, and the numbers around them.
+
+For each game and seed: train (or load) the warm start, evaluate it, run ``train_multiturn`` and evaluate again.
+
+* guess_number: win rate over all 32 secrets, greedy and sampled at temperature 1 (8 games per secret), beside the
+  exact floor (5 blind guesses, 5/32), the random-in-range player (53.3 %) and bisection (31/32).
+* calculator: held-out pass@1 (greedy) with the tool, the share of episodes that called it, and pass@1 of the same
+  model with the tool switched off (every call answered ``error: no calculator``).
+
+Run ``python benchmarks/multiturn_games.py`` (both games, seeds 0,1,2, 2 threads); ``--out runs.jsonl`` keeps one
+JSON row per run. Wall times are of this process alone; run nothing else beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from edurl.llm.envs.guess_number import win_rate
+from edurl.llm.multiturn import GameSFTConfig, MultiTurnConfig, evaluate_game, load_or_train_game_sft, train_multiturn
+
+RECIPES = {
+    "guess_number": dict(
+        sft=dict(max_steps=600, batch_size=16),
+        rl=dict(max_steps=100, batch_size=8, group_size=8, learning_rate=3e-4, shaped=True, per_turn_credit=True),
+    ),
+    "calculator": dict(sft=dict(max_steps=300, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
+}
+"""Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean)."""
+
+
+def measure(game: str, seed: int, threads: int, progress: bool) -> dict:
+    recipe = RECIPES[game]
+    sft = GameSFTConfig(game=game, seed=seed, num_threads=threads, **recipe["sft"])
+    t0 = time.perf_counter()
+    model, tok, _, _ = load_or_train_game_sft(sft, progress_bar=progress)
+    row = {"game": game, "seed": seed, "sft_seconds": time.perf_counter() - t0}
+
+    def evaluate(m, prefix: str) -> None:
+        greedy = evaluate_game(m, tok, game, seed=seed)
+        if game == "guess_number":
+            sampled = evaluate_game(m, tok, game, seed=seed, temperature=1.0, samples=8)
+            row.update({f"{prefix}_win": greedy["win"], f"{prefix}_win_sampled": sampled["win"]})
+        else:
+            off = evaluate_game(m, tok, game, seed=seed, tool_enabled=False)
+            row.update(
+                {
+                    f"{prefix}_correct": greedy["correct"],
+                    f"{prefix}_used_tool": greedy["used_tool"],
+                    f"{prefix}_correct_no_tool": off["correct"],
+                }
+            )
+
+    with torch.no_grad():
+        evaluate(model, "start")
+    config = MultiTurnConfig(
+        sft=sft,
+        aggregation="seq_mean_token_mean",
+        seed=seed,
+        num_threads=threads,
+        log_dir=f"runs/multiturn_{game}_{seed}",
+        progress=progress,
+        **recipe["rl"],
+    )
+    t0 = time.perf_counter()
+    result = train_multiturn(config)
+    row["rl_seconds"] = time.perf_counter() - t0
+    with torch.no_grad():
+        evaluate(result.trainer.model, "final")
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _stat(rows: list[dict], key: str, pct: bool = True) -> str:
+    values = [r[key] for r in rows]
+    f = (lambda v: f"{100 * v:.1f} %") if pct else (lambda v: f"{v:.0f} s")
+    return f"{f(statistics.median(values))} ({f(min(values))}–{f(max(values))})"
+
+
+def report(rows: list[dict]) -> None:
+    for game in RECIPES:
+        got = [r for r in rows if r["game"] == game]
+        if not got:
+            continue
+        print(f"\n{game}: {len(got)} seeds; median (min–max)")
+        if game == "guess_number":
+            print(f"  floor, 5 blind guesses         {100 * win_rate('random_blind'):.1f} % (exact)")
+            print(f"  random guess inside the range  {100 * win_rate('random_in_range'):.1f} % (exact)")
+            print(f"  bisection                      {100 * win_rate('bisect'):.1f} % (exact)")
+            for label, key in (("greedy", "win"), ("sampled, T=1", "win_sampled")):
+                print(f"  warm start, {label:<14}     {_stat(got, f'start_{key}')}")
+                print(f"  after RL, {label:<14}       {_stat(got, f'final_{key}')}")
+            gains = [r["final_win_sampled"] - r["start_win_sampled"] for r in got]
+            print(
+                f"  gain (sampled)                 {100 * statistics.median(gains):+.1f} points (min {100 * min(gains):+.1f})"
+            )
+        else:
+            for who in ("start", "final"):
+                name = "warm start" if who == "start" else "after RL  "
+                print(f"  {name} with the tool         {_stat(got, f'{who}_correct')}")
+                print(f"  {name} tool-call rate        {_stat(got, f'{who}_used_tool')}")
+                print(f"  {name} without the tool      {_stat(got, f'{who}_correct_no_tool')}")
+        print(f"  warm start time                {_stat(got, 'sft_seconds', pct=False)}")
+        print(f"  RL time                        {_stat(got, 'rl_seconds', pct=False)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--games", default="guess_number,calculator")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=None, help="append one JSON row per run to this file")
+    parser.add_argument("--load", default=None, help="report the rows of an earlier --out file instead of running")
+    parser.add_argument("--progress", action="store_true")
+    args = parser.parse_args()
+    if args.load:
+        report([json.loads(line) for line in open(args.load)])
+        return
+    rows = []
+    for game in args.games.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            rows.append(measure(game, seed, args.threads, args.progress))
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()
