@@ -28,7 +28,7 @@ RECIPES = {
         sft=dict(max_steps=600, batch_size=16),
         rl=dict(max_steps=100, batch_size=8, group_size=8, learning_rate=3e-4, shaped=True, per_turn_credit=True),
     ),
-    "calculator": dict(sft=dict(max_steps=300, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
+    "calculator": dict(sft=dict(max_steps=1000, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
 }
 """Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean)."""
 

@@ -1,4 +1,5 @@
-"""The LLM half of the course: a tiny LM as a policy (Chapter 6) and GRPO (Chapter 7).
+"""The LLM half of the course: a tiny LM as a policy (Chapter 6), GRPO (Chapter 7), RLHF (Chapter 8), and
+multi-turn environments and tools (Chapter 9).
 
 Modules, in the order the chapters teach them:
 
@@ -20,6 +21,9 @@ Modules, in the order the chapters teach them:
 * ``loop``           -- the loop around a step: resume, evaluation, metrics.jsonl, checkpoints
 * ``grpo``           -- ``GRPOConfig``, ``grpo_step`` and ``train_grpo``
 * ``length_bias``    -- GRPO's length bias in a run on a three-logit policy (Chapter 7, section 4)
+* ``preference``     -- RLHF: simulated raters, reward models, DPO (Chapter 8)
+* ``envs``           -- multi-turn environments, rollouts and episodes as datums; guess-the-number, a calculator
+* ``multiturn``      -- the game warm starts and GRPO over whole episodes (Chapter 9)
 
 The reader's path through GRPO is two files, read downwards: ``grpo.grpo_step`` then ``losses.rl_objective``.
 Every submodule is imported here, so ``llm.grpo.train_grpo`` works after ``from edurl import llm`` alone.
@@ -28,12 +32,14 @@ Every submodule is imported here, so ``llm.grpo.train_grpo`` works after ``from 
 from edurl.llm import (
     clients,
     datum,
+    envs,
     evaluation,
     grpo,
     length_bias,
     loop,
     losses,
     model,
+    multiturn,
     padding,
     policy,
     renderer,
@@ -65,12 +71,14 @@ __all__ = [
     # submodules
     "clients",
     "datum",
+    "envs",
     "evaluation",
     "grpo",
     "length_bias",
     "loop",
     "losses",
     "model",
+    "multiturn",
     "padding",
     "policy",
     "renderer",

@@ -219,6 +219,22 @@ def test_rollouts_batch_the_waiting_envs_and_record_what_the_model_saw(char_toke
     ]
 
 
+def test_training_the_environment_tokens_shows_in_kl_sample_train(char_tokenizer, small_model):
+    # the metric that catches the bug: on real rollouts, sampler and trainer agree on every action token, but an
+    # environment token has no sampling log-prob (0 in the datum), so a mask that includes it drives the KL up
+    r = ChatMLRenderer(char_tokenizer)
+    sampler = SamplingClient(small_model, char_tokenizer)
+    groups = do_group_rollouts(
+        [GuessNumberGroupBuilder(s, r, 2) for s in (5, 9)], sampler, SamplingParams(max_tokens=6, seed=1)
+    )
+    good = [merged_datum(t, 1.0) for g in groups for t in g.trajectories]
+    bad = [_trains_everything(d) for d in good]
+    trainer = TrainingClient(copy.deepcopy(small_model), char_tokenizer)
+    kl_good = trainer.forward_backward(good, "importance_sampling").result().metrics["optim/kl_sample_train_v2"]
+    kl_bad = trainer.forward_backward(bad, "importance_sampling").result().metrics["optim/kl_sample_train_v2"]
+    assert kl_good < 1e-8 and kl_bad > 1.0
+
+
 def test_group_advantages_and_datums(char_tokenizer):
     r = ChatMLRenderer(char_tokenizer)
     win = _play_scripted(GuessNumberEnv(21, r), r, GAME)
@@ -295,11 +311,12 @@ def test_shaped_rewards_rule_out_numbers_and_add_up_to_one_for_a_win(char_tokeni
     win = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, GAME)  # 15, 23, 19, 21
     # 0-31 -> 16-31 rules out 16 of 32; -> 16-22 rules out 9; -> 20-22 rules out 4; the hit rules out the last 3
     assert [t.reward for t in win.transitions] == pytest.approx([16 / 32, 9 / 32, 4 / 32, 3 / 32])
-    assert win.total_reward == pytest.approx(1.0)
+    assert win.total_reward == pytest.approx(1.0) and win.transitions[-1].metrics["central"] == 1.0
     lost = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, ["0", "31", "31", "x", "1"])
     # 0 rules out 1; 31 rules out 1; 31 again and "x" rule out nothing; 1 rules out 1: 29 numbers still possible
     assert [t.reward for t in lost.transitions] == pytest.approx([1 / 32, 1 / 32, 0, 0, 1 / 32])
     assert lost.total_reward == pytest.approx(1 - 29 / 32) and lost.transitions[-1].metrics["win"] == 0
+    assert lost.transitions[-1].metrics["central"] == 0.0  # edges, repeats and no number: none in the middle
 
 
 def test_win_rates_are_exact():

@@ -38,7 +38,9 @@ def intro(low: int, high: int, max_guesses: int) -> str:
 
 
 class GuessNumberEnv(MessageEnv):
-    """One game of guess-the-number against ``secret``.
+    """One game of guess-the-number against ``secret``. Metrics: ``win``, ``guesses``, ``illegal`` (the last reply
+    had no number, or was cut off) and ``central`` (the share of guesses so far that fell in the middle half of
+    the numbers still possible: 1.0 for bisection, about 0.5 for a random guess in the range).
 
     ``shaped=True`` pays each guess the share of all the numbers that its answer rules out (a right guess rules
     out everything left), instead of 1 for a win at the end. The rewards add up to 1 - (numbers still possible
@@ -67,9 +69,11 @@ class GuessNumberEnv(MessageEnv):
         self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
         self.max_turns = max_guesses
         self.possible = (low, high)  # the numbers the answers so far still allow
+        self.central = 0  # guesses in the middle half of what was still possible
 
     def initial_messages(self) -> list[Message]:
         self.possible = (self.low, self.high)
+        self.central = 0
         return [{"role": "user", "content": intro(self.low, self.high, self.max_guesses)}]
 
     def _ruled_out(self, guess: int | None) -> float:
@@ -77,6 +81,7 @@ class GuessNumberEnv(MessageEnv):
         lo, hi = self.possible
         if guess is None or not lo <= guess <= hi:
             return 0.0
+        self.central += abs(guess - (lo + hi) / 2) <= (hi - lo + 1) / 4
         if guess == self.secret:
             new = (1, 0)  # nothing left
         else:
@@ -86,7 +91,7 @@ class GuessNumberEnv(MessageEnv):
         return (before - after) / (self.high - self.low + 1)
 
     def truncated_metrics(self) -> dict[str, float]:
-        return {"win": 0.0, "guesses": float(self.turns), "illegal": 1.0}
+        return {"win": 0.0, "guesses": float(self.turns), "illegal": 1.0, "central": self.central / self.turns}
 
     def reply(self, text: str) -> tuple[float, bool, list[Message], dict[str, float]]:
         guess = parse_guess(text)
@@ -94,9 +99,14 @@ class GuessNumberEnv(MessageEnv):
         shaped = self._ruled_out(guess)
         if guess == self.secret:
             reward = (shaped if self.shaped else 1.0) - self.guess_penalty * used
-            return reward, True, [], {"win": 1.0, "guesses": float(used), "illegal": 0.0}
+            return (
+                reward,
+                True,
+                [],
+                {"win": 1.0, "guesses": float(used), "illegal": 0.0, "central": self.central / used},
+            )
         done = used >= self.max_guesses
-        metrics = {"win": 0.0, "guesses": float(used), "illegal": float(guess is None)}
+        metrics = {"win": 0.0, "guesses": float(used), "illegal": float(guess is None), "central": self.central / used}
         if guess is None:
             answer = f"Say a number from {self.low} to {self.high}."
         else:
