@@ -246,6 +246,8 @@ class MultiTurnConfig:
     per_turn_credit: bool = False
     """Credit each turn with the reward from it to the episode's end, centred over the group at the same turn
     (TrajectoryGroup.turn_advantages); False: every turn gets its episode's centred total reward."""
+    discount: float = 1.0
+    """With per_turn_credit: the weight of a reward one turn later (0: each turn's own reward only)."""
     tool_cost: float = 0.0
     """calculator: reward lost per tool call."""
     eval_every: int = 25
@@ -302,7 +304,7 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
     groups = E.do_group_rollouts(builders, sampler, params)
     t1 = time.perf_counter()
-    datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit)
+    datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit, config.discount)
     row = {**E.rollout_metrics(groups), **datum_row}
     if datums:
         out = trainer.forward_backward(

@@ -257,6 +257,10 @@ def test_turn_advantages_credit_each_turn_with_what_came_after_it(char_tokenizer
     # rewards to go: win [32, 16, 7, 3]/32, short [1.5]; turn 0's mean is (1 + 1.5)/2; later turns only win
     got = group.turn_advantages()
     assert got[0] == pytest.approx([1 - 1.25, 0, 0, 0]) and got[1] == pytest.approx([1.5 - 1.25])
+    own = group.turn_advantages(discount=0.0)  # each turn's own reward: win 16, 9, 4, 3 (/32), short 1 + 0.5
+    assert own[0] == pytest.approx([0.5 - 1.0, 0, 0, 0]) and own[1] == pytest.approx([1.5 - 1.0])
+    half = group.turn_advantages(discount=0.5)[0]  # win's turn 0: (16 + 9/2 + 4/4 + 3/8)/32 against short's 1.5
+    assert half[0] == pytest.approx((16 + 4.5 + 1 + 0.375) / 32 - ((16 + 4.5 + 1 + 0.375) / 32 + 1.5) / 2)
     d = merged_datum(win, got[0])
     assert d.loss_fn_inputs["advantages"][d.loss_fn_inputs["mask"] == 1].unique().tolist() == pytest.approx([-0.25, 0])
     with pytest.raises(ValueError, match="one per turn"):

@@ -185,15 +185,22 @@ class TrajectoryGroup:
         mean = sum(r) / len(r)
         return [x - mean for x in r]
 
-    def turn_advantages(self) -> list[list[float]]:
+    def turn_advantages(self, discount: float = 1.0) -> list[list[float]]:
         """Per-turn credit: turn k's advantage is the reward from turn k to the end of its episode (group rewards
-        included) minus the mean of the same over the group's episodes that reached turn k. A turn is then
-        credited only with what came after it, and compared with the other episodes at the same point."""
+        included; a reward j turns later weighs ``discount ** j``) minus the mean of the same over the group's
+        episodes that reached turn k. A turn is then credited only with what came after it, and compared with the
+        other episodes at the same point. ``discount=0`` credits each turn with its own reward only."""
+        if not 0 <= discount <= 1:
+            raise ValueError(f"discount must be in [0, 1], got {discount!r}")
         to_go = []
         for t, extra in zip(self.trajectories, self.group_rewards):
             rewards = [x.reward for x in t.transitions]
             rewards[-1] += extra
-            to_go.append([sum(rewards[k:]) for k in range(len(rewards))])
+            g, backwards = 0.0, []
+            for r in reversed(rewards):
+                g = r + discount * g
+                backwards.append(g)
+            to_go.append(backwards[::-1])
         longest = max((len(g) for g in to_go), default=0)
         means = []
         for k in range(longest):
@@ -414,7 +421,7 @@ def trajectory_to_datums(trajectory: Trajectory, advantage: float | Sequence[flo
 
 
 def groups_to_datums(
-    groups: Sequence[TrajectoryGroup], per_turn_credit: bool = False
+    groups: Sequence[TrajectoryGroup], per_turn_credit: bool = False, discount: float = 1.0
 ) -> tuple[list[Datum], dict[str, float]]:
     """Every episode of every group as datums, with its group-centred advantage (or, with ``per_turn_credit``,
     :meth:`TrajectoryGroup.turn_advantages`). Groups whose advantages are all 0 give no datums. Also returns
@@ -422,7 +429,7 @@ def groups_to_datums(
     datums: list[Datum] = []
     merged = episodes = 0
     for group in groups:
-        advantages = group.turn_advantages() if per_turn_credit else group.advantages()
+        advantages = group.turn_advantages(discount) if per_turn_credit else group.advantages()
         if all(a == 0 for a in (x for adv in advantages for x in (adv if per_turn_credit else [adv]))):
             continue
         for trajectory, advantage in zip(group.trajectories, advantages):
