@@ -25,12 +25,13 @@ from edurl.llm.multiturn import GameSFTConfig, MultiTurnConfig, evaluate_game, l
 
 RECIPES = {
     "guess_number": dict(
-        sft=dict(max_steps=600, batch_size=16),
+        sft=dict(max_steps=1500, batch_size=16),
         rl=dict(max_steps=100, batch_size=8, group_size=8, learning_rate=3e-4, shaped=True, per_turn_credit=True),
     ),
     "calculator": dict(sft=dict(max_steps=1000, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
 }
-"""Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean)."""
+"""Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean).
+The guess-the-number recipe does not learn yet (see the issue-15 notes); the calculator's learns on some seeds."""
 
 
 def measure(game: str, seed: int, threads: int, progress: bool) -> dict:

@@ -233,8 +233,11 @@ class MultiTurnConfig:
     """Adam learning rate (constant)."""
     loss_fn: str = "importance_sampling"
     """importance_sampling, ppo, cispo or dro."""
-    aggregation: str = "token_mean"
-    """How per-token losses become one number (see edurl.llm.losses.aggregate)."""
+    aggregation: str = "seq_mean_token_mean"
+    """How per-token losses become one number (see edurl.llm.losses.aggregate). The default averages within each
+    episode first, so a long episode (a lost game uses every guess) weighs no more in total than a short one;
+    token_mean would let the longer losing games' negative advantages outweigh the winners' on the tokens every
+    reply shares."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     max_tokens: int = 24
