@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -37,12 +36,12 @@ from edurl.llm.loop import problem_seed
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
 from edurl.llm.renderer import ChatMLRenderer, Message
 from edurl.llm.sampling import SamplingParams
-from edurl.llm.sft import cached_checkpoint
+from edurl.llm.sft import cached_checkpoint, warmup_cosine
 from edurl.llm.tasks import ArithmeticTask
 from edurl.llm.tokenizer import build_char_tokenizer
 from edurl.metrics import MetricsLogger, load_metrics
+from edurl.utils import cpu_threads, progress, torch_threads
 from edurl.utils import device as pick_device
-from edurl.utils import progress, torch_threads
 
 GAMES = ("guess_number", "calculator")
 CALCULATOR_TASK = ArithmeticTask(num_digits=3, ops=("+",))
@@ -115,8 +114,6 @@ class GameSFTConfig:
 
     def key(self) -> str:
         """A short hash of everything that determines the trained weights (the threads that actually train)."""
-        from edurl.utils import cpu_threads
-
         fields = asdict(self)
         fields["num_threads"] = cpu_threads(fields["num_threads"])
         kind = pick_device(fields.pop("device")).type
@@ -152,19 +149,12 @@ def train_game_sft(config: GameSFTConfig, progress_bar: bool = True):
             batch = episodes[step * config.batch_size : (step + 1) * config.batch_size]
             datums = [build_supervised_datum(*conversation_example(renderer, m)) for m in batch]
             out = trainer.forward_backward(datums, "cross_entropy", aggregation="token_mean").result()
-            lr = _warmup_cosine(config.learning_rate, step, config.max_steps, config.warmup_steps)
+            lr = warmup_cosine(config.learning_rate, step, config.max_steps, config.warmup_steps)
             trainer.optim_step(AdamParams(learning_rate=lr, grad_clip_norm=1.0)).result()
             history.append({"step": step, "loss": out.loss, "lr": lr, "time": time.perf_counter() - start})
             bar.set_postfix(loss=f"{out.loss:.3f}", refresh=False)
         bar.close()
     return trainer.model.eval(), tokenizer, history
-
-
-def _warmup_cosine(peak: float, step: int, total: int, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    frac = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def load_or_train_game_sft(config: GameSFTConfig | None = None, progress_bar: bool = True):

@@ -133,6 +133,14 @@ def sft_loss(model, tokens: torch.Tensor, mask: torch.Tensor, weights: torch.Ten
     return (nll * w).sum() / w.sum()
 
 
+def warmup_cosine(peak: float, step: int, total: int, warmup: int) -> float:
+    """The warm starts' learning rate at ``step``: linear warm-up over ``warmup`` steps, then cosine decay to 10 %."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
 def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: int = 200):
     """Train the tiny LM from scratch. Returns ``(model, tokenizer, history)``.
 
@@ -152,11 +160,8 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.98)
     )
 
-    def lr_at(step: int) -> float:  # linear warm-up, then cosine decay to 10%
-        if step < config.warmup_steps:
-            return config.learning_rate * (step + 1) / config.warmup_steps
-        frac = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
-        return config.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    def lr_at(step: int) -> float:
+        return warmup_cosine(config.learning_rate, step, config.max_steps, config.warmup_steps)
 
     history: list[dict] = []
     start = time.perf_counter()
