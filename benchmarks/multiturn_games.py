@@ -39,8 +39,9 @@ RECIPES = {
     "calculator": dict(sft=dict(max_steps=1000, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
 }
 """Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean).
-Guess-the-number learns with shaped rewards and each turn credited with its own reward (discount 0); the
-calculator's warm start does not always learn to copy the tool's result (see the issue-15 notes)."""
+Guess-the-number learns only with shaped rewards and each turn credited with its own reward (discount 0), and then
+on some seeds (sampled win +3 to +26 points over seeds 0-2); the calculator's warm start does not always learn to
+copy the tool's result (pass@1 with the tool after RL: 8 to 92.5 % over seeds 0-2). See the issue-15 notes."""
 
 
 def measure(game: str, seed: int, threads: int, progress: bool) -> dict:
