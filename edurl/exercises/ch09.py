@@ -188,7 +188,7 @@ def _random_reply(rng: random.Random, tokenizer, stop: list[int]) -> list[int]:
     return ids if rng.random() < 0.1 else ids + list(stop)
 
 
-def _play(env, rng, tokenizer, max_turns: int, reply=None) -> list[tuple[list[int], list[int], StepResult]]:
+def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int], StepResult]]:
     start = env.initial_observation()
     if not (isinstance(start, tuple) and len(start) == 2 and isinstance(start[0], ModelInput)):
         raise _Problem(
@@ -202,9 +202,11 @@ def _play(env, rng, tokenizer, max_turns: int, reply=None) -> list[tuple[list[in
         raise _Problem(f"the stop condition must be a non-empty list of token ids, got {stop!r}")
     turns = []
     for _ in range(max_turns):
-        action = reply(ob) if reply is not None else _random_reply(rng, tokenizer, stop)
+        action = _random_reply(rng, tokenizer, stop)
         try:
             result = env.step(list(action))
+        except NotImplementedError:
+            raise
         except Exception as err:
             raise _Problem(
                 f"step() raised {type(err).__name__}: {err}, on the reply {tokenizer.decode(action)!r}. An environment "
@@ -236,11 +238,16 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
     """Play ``episodes`` episodes of ``make_env()`` with random replies (some cut off) and check that the
     environment follows the rules of :class:`edurl.llm.envs.Env`: the right return types, finite rewards,
     episodes that end, observations that extend each other token for token, no crash on any reply, and no
-    state shared between two environments. On a pass the verdict's ``implementation`` is ``make_env``."""
+    state shared between two environments. The verdict's ``implementation`` is ``make_env`` on a pass, else a
+    factory of the worked solution's environment (reverse the word "stop")."""
+    from edurl.llm.renderer import ChatMLRenderer
     from edurl.llm.tokenizer import build_char_tokenizer
 
     name = "Exercise 9.2 an environment of your own"
-    reference = _solutions.ReverseWordEnv
+    tokenizer = build_char_tokenizer()
+
+    def reference() -> Env:  # the worked solution, as a factory like make_env
+        return _solutions.ReverseWordEnv("stop", ChatMLRenderer(tokenizer))
 
     def verdict(status: str, message: str) -> Verdict:
         v = Verdict(name, status, message, make_env if status == PASSED else reference, hints=_HINTS_ENV)
@@ -250,7 +257,6 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
 
     if not callable(make_env):
         return verdict(FAILED, f"expected a function that returns a new Env, got {type(make_env).__name__}")
-    tokenizer = build_char_tokenizer()
     rng = random.Random(92)
     try:
         first = make_env()
