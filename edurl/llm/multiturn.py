@@ -17,7 +17,6 @@ calculator on held-out problems, with and without the tool.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import time
@@ -36,12 +35,12 @@ from edurl.llm.loop import problem_seed
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
 from edurl.llm.renderer import ChatMLRenderer, Message
 from edurl.llm.sampling import SamplingParams
-from edurl.llm.sft import cached_checkpoint, warmup_cosine
+from edurl.llm.sft import cached_checkpoint, checkpoint_key, warmup_cosine
 from edurl.llm.tasks import ArithmeticTask
 from edurl.llm.tokenizer import build_char_tokenizer
 from edurl.metrics import MetricsLogger, load_metrics
-from edurl.utils import cpu_threads, progress, torch_threads
 from edurl.utils import device as pick_device
+from edurl.utils import progress, torch_threads
 
 GAMES = ("guess_number", "calculator")
 CALCULATOR_TASK = ArithmeticTask(num_digits=3, ops=("+",))
@@ -114,13 +113,7 @@ class GameSFTConfig:
 
     def key(self) -> str:
         """A short hash of everything that determines the trained weights (the threads that actually train)."""
-        fields = asdict(self)
-        fields["num_threads"] = cpu_threads(fields["num_threads"])
-        kind = pick_device(fields.pop("device")).type
-        if kind != "cpu":
-            fields["device"] = kind
-        blob = json.dumps({"v": 1, "kind": "game_sft", **fields}, sort_keys=True)
-        return "game-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return "game-" + checkpoint_key({"v": 1, "kind": "game_sft", **asdict(self)})
 
     def demonstrations(self, n: int, seed: int) -> list[list[Message]]:
         """``n`` demonstrated episodes, reproducible from ``seed``."""

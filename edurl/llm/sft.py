@@ -86,12 +86,7 @@ class SFTConfig(TaskConfig):
         fields["lr"] = fields.pop("learning_rate")  # the field's old name: keys (and cached checkpoints) unchanged
         if not fields["styled"]:  # plain tasks keep the keys (and cached checkpoints) of before the field existed
             del fields["styled"]
-        fields["num_threads"] = cpu_threads(fields["num_threads"])  # the threads that train: see cpu_threads
-        kind = pick_device(fields.pop("device")).type
-        if kind != "cpu":  # CPU keys stay those of the checkpoints cached before the field existed
-            fields["device"] = kind
-        blob = json.dumps({"v": CACHE_VERSION, **fields}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return checkpoint_key({"v": CACHE_VERSION, **fields})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +98,18 @@ class SFTConfig(TaskConfig):
             unit=("target_pass_at_1",),
             optional=("target_pass_at_1",),
         )
+
+
+def checkpoint_key(fields: dict) -> str:
+    """A 16-hex-digit hash of a warm start's config fields, as they determine its weights: ``num_threads`` as the
+    threads that actually train (see :func:`edurl.utils.cpu_threads`), and ``device`` as its kind, left out on the
+    CPU so that CPU keys stay those of the checkpoints cached before the field existed."""
+    fields = dict(fields)
+    fields["num_threads"] = cpu_threads(fields["num_threads"])
+    kind = pick_device(fields.pop("device")).type
+    if kind != "cpu":
+        fields["device"] = kind
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def cache_dir() -> Path:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -296,7 +296,7 @@ def _play(envs: Sequence[Env], sampler: SamplingClient, params: SamplingParams, 
             by_stop.setdefault(tuple(stops[i]), []).append(i)
         for k, (stop, rows) in enumerate(by_stop.items()):
             seed = None if params.seed is None else params.seed * 1009 + turn * 31 + k
-            call = SamplingParams(params.max_tokens, params.temperature, params.top_p, list(stop), seed)
+            call = replace(params, stop=list(stop), seed=seed)
             responses = sampler.sample_batch([obs[i].tokens for i in rows], 1, call)
             for i, response in zip(rows, responses):
                 seq = response.sequences[0]
@@ -430,7 +430,8 @@ def groups_to_datums(
     merged = episodes = 0
     for group in groups:
         advantages = group.turn_advantages(discount) if per_turn_credit else group.advantages()
-        if all(a == 0 for a in (x for adv in advantages for x in (adv if per_turn_credit else [adv]))):
+        flat = [a for turns in advantages for a in turns] if per_turn_credit else advantages
+        if all(a == 0 for a in flat):
             continue
         for trajectory, advantage in zip(group.trajectories, advantages):
             ds, was_merged = trajectory_to_datums(trajectory, advantage)
