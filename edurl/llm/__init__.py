@@ -65,7 +65,7 @@ from edurl.llm.rewards import Grade, extract_boxed, grade
 from edurl.llm.sampling import Completion, SamplingParams, sample
 from edurl.llm.sft import SFTConfig, continued_sft, load_or_train_sft, train_sft
 from edurl.llm.tasks import ArithmeticTask, JsonlTask, Problem, TaskConfig, make_problem
-from edurl.llm.tokenizer import build_char_tokenizer
+from edurl.llm.tokenizer import build_bpe_tokenizer, build_char_tokenizer
 
 __all__ = [
     # submodules
@@ -104,6 +104,7 @@ __all__ = [
     "SamplingParams",
     "TaskConfig",
     "TinyLMConfig",
+    "build_bpe_tokenizer",
     "build_char_tokenizer",
     "build_datum",
     "build_supervised_datum",

@@ -1,10 +1,9 @@
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
-from edurl.llm.tokenizer import build_char_tokenizer
+from edurl.llm.tokenizer import build_bpe_tokenizer, build_char_tokenizer
 
 SMALL = TinyLMConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 
@@ -28,24 +27,9 @@ def small_model(char_tokenizer):
 
 
 def make_bpe_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained here (no hub) with Qwen's ChatML special tokens."""
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    """A byte-level BPE tokenizer trained here (no hub) with Qwen's ChatML special tokens and template."""
     corpus = ["You are a helpful assistant.", "What is 12+34? The answer is \\boxed{46}.", "user assistant system"] * 50
-    core.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        ),
-    )
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-    )
+    tok = build_bpe_tokenizer(corpus, vocab_size=400)
     tok.chat_template = QWEN_STYLE_TEMPLATE
     return tok
 

@@ -1,3 +1,4 @@
+import pytest
 from transformers import AutoTokenizer
 
 from edurl.llm.tokenizer import CHATML_TEMPLATE, IM_END, IM_START, build_char_tokenizer
@@ -60,3 +61,19 @@ def test_round_trip_next_to_the_tiny_models_config(char_tokenizer, tmp_path):
     loaded = AutoTokenizer.from_pretrained(tmp_path)
     text = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
     assert loaded.encode(text, add_special_tokens=False) == char_tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_bpe_tokenizer_merges_and_round_trips(tmp_path):
+    from transformers import AutoTokenizer
+
+    from edurl.llm.tokenizer import build_bpe_tokenizer
+
+    tok = build_bpe_tokenizer(["higher lower correct"] * 20, vocab_size=300)
+    ids = tok.encode("higher", add_special_tokens=False)
+    assert len(ids) < len("higher")  # merged: one text, fewer tokens than characters
+    assert tok.decode(ids) == "higher"
+    assert len(tok.encode("<|im_start|>", add_special_tokens=False)) == 1
+    tok.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).encode("higher", add_special_tokens=False) == ids
+    with pytest.raises(ValueError, match="corpus"):
+        build_bpe_tokenizer([])
