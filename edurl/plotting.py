@@ -16,6 +16,7 @@ import torch
 __all__ = [
     "GRPO_PANELS",
     "align_curves",
+    "plot_datum_layout",
     "plot_grpo_metrics",
     "plot_learning_curves",
     "plot_value_grid",
@@ -188,3 +189,46 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
         axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def datum_rows(tokens: Sequence[str], mask: Sequence[float], width: int = 64) -> list[list[tuple[str, float]]]:
+    """Lay a datum's target tokens out as lines of text for :func:`plot_datum_layout`: ``(token, mask)`` pairs,
+    a new line after each newline token or every ``width`` tokens."""
+    if len(tokens) != len(mask):
+        raise ValueError(f"{len(tokens)} tokens but {len(mask)} mask entries; pass one mask entry per target token")
+    rows: list[list[tuple[str, float]]] = [[]]
+    for tok, m in zip(tokens, mask):
+        if len(rows[-1]) >= width:
+            rows.append([])
+        rows[-1].append((tok.replace("\n", "↵"), float(m)))
+        if tok.endswith("\n"):
+            rows.append([])
+    return [r for r in rows if r]
+
+
+def plot_datum_layout(tokens: Sequence[str], mask: Sequence[float], width: int = 64, ax: plt.Axes | None = None):
+    """Draw a datum's target tokens as text, each on a cell coloured by its mask: the tokens the model sampled
+    (mask 1, trained) in colour, the environment's tokens (mask 0, never trained) in grey. Returns the axes."""
+    rows = datum_rows(tokens, mask, width)
+    cols = max(sum(max(len(t), 1) for t, _ in r) for r in rows)
+    ax = ax if ax is not None else plt.subplots(figsize=(min(0.16 * cols + 1, 14), 0.32 * len(rows) + 0.8))[1]
+    for y, row in enumerate(rows):
+        x = 0
+        for tok, m in row:
+            w = max(len(tok), 1)
+            ax.add_patch(plt.Rectangle((x, -y - 0.45), w, 0.9, color="tab:orange" if m else "0.88", lw=0))
+            ax.text(x + w / 2, -y, tok, ha="center", va="center", fontsize=7, family="monospace")
+            x += w
+    ax.set_xlim(0, cols)
+    ax.set_ylim(-len(rows) + 0.4, 0.6)
+    ax.axis("off")
+    ax.legend(
+        handles=[plt.Rectangle((0, 0), 1, 1, color="tab:orange"), plt.Rectangle((0, 0), 1, 1, color="0.88")],
+        labels=["model's tokens (mask 1)", "environment's tokens (mask 0)"],
+        loc="upper left",
+        bbox_to_anchor=(0, 0),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
+    return ax

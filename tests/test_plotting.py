@@ -65,3 +65,16 @@ def test_plot_value_grid_draws_every_cell():
     no_grid = TabularMDP(mdp.P, mdp.R, mdp.terminal)
     with pytest.raises(ValueError, match="no grid"):
         plot_value_grid(V, no_grid)
+
+
+def test_datum_rows_break_lines_at_newlines_and_width():
+    from edurl.plotting import datum_rows, plot_datum_layout
+
+    rows = datum_rows(["a", "\n", "b", "c", "d"], [0, 0, 1, 1, 0], width=2)
+    assert rows == [[("a", 0.0), ("↵", 0.0)], [("b", 1.0), ("c", 1.0)], [("d", 0.0)]]
+    with pytest.raises(ValueError, match="one mask entry per target token"):
+        datum_rows(["a"], [1, 0])
+    ax = plot_datum_layout(["a", "\n", "b"], [0, 0, 1])
+    colours = [p.get_facecolor()[:3] for p in ax.patches]
+    assert len(colours) == 3 and colours[0] == colours[1] != colours[2]
+    plt.close("all")

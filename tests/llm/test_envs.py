@@ -15,17 +15,15 @@ from edurl.llm.envs import (
     ProblemGroupBuilder,
     StepResult,
     ToolError,
-    Trajectory,
-    Transition,
     calculate,
     do_group_rollouts,
     groups_to_datums,
     is_prefix_consistent,
     merged_datum,
     per_turn_datums,
+    play_actions,
     trajectory_to_datums,
 )
-from edurl.llm.envs.base import TokensWithLogprobs
 from edurl.llm.envs.calculator import run_tool
 from edurl.llm.envs.guess_number import bisect_guess, play, random_guess, win_rate
 from edurl.llm.renderer import ChatMLRenderer
@@ -40,17 +38,7 @@ def _encode(renderer, text):
 
 def _play_scripted(env, renderer, replies, encode=_encode):
     """Play ``env`` with fixed reply texts; returns the Trajectory (log-probs are made up, -0.1 * (k + 1))."""
-    ob, _ = env.initial_observation()
-    transitions = []
-    for k, text in enumerate(replies):
-        action = encode(renderer, text)
-        result = env.step(action)
-        ac = TokensWithLogprobs(action, [-0.1 * (k + 1)] * len(action))
-        transitions.append(Transition(ob, ac, result.reward, result.episode_done, result.metrics))
-        if result.episode_done:
-            break
-        ob = result.next_observation
-    return Trajectory(transitions, ob)
+    return play_actions(env, [encode(renderer, t) for t in replies], [-0.1 * (k + 1) for k in range(len(replies))])
 
 
 GAME = ["0-31: 15", "16-31: 23", "16-22: 19", "20-22: 21"]  # secret 21: higher, lower, higher, correct

@@ -25,6 +25,7 @@ from edurl.llm.envs.base import (
     is_prefix_consistent,
     merged_datum,
     per_turn_datums,
+    play_actions,
     rollout_metrics,
     trajectory_to_datums,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "is_prefix_consistent",
     "merged_datum",
     "per_turn_datums",
+    "play_actions",
     "rollout_metrics",
     "trajectory_to_datums",
 ]

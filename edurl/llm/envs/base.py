@@ -310,6 +310,26 @@ def _play(envs: Sequence[Env], sampler: SamplingClient, params: SamplingParams, 
     return [Trajectory(t, ModelInput.from_ints([])) for t in transitions]
 
 
+def play_actions(
+    env: Env, actions: Sequence[Sequence[int]], turn_logprobs: Sequence[float] | None = None
+) -> Trajectory:
+    """Play ``env`` with fixed actions (token ids, each with its stop token) until the episode ends or the
+    actions run out: a scripted player, for worked examples and tests. Turn k's tokens get the sampling
+    log-prob ``turn_logprobs[k]`` each (0.0 by default: a made-up, certain sampler)."""
+    ob, _ = env.initial_observation()
+    transitions = []
+    for k, action in enumerate(actions):
+        action = list(action)
+        result = env.step(action)
+        lp = 0.0 if turn_logprobs is None else float(turn_logprobs[k])
+        ac = TokensWithLogprobs(action, [lp] * len(action))
+        transitions.append(Transition(ob, ac, result.reward, result.episode_done, dict(result.metrics)))
+        if result.episode_done:
+            break
+        ob = result.next_observation
+    return Trajectory(transitions, ob)
+
+
 def do_group_rollouts(
     builders: Sequence[EnvGroupBuilder], sampler: SamplingClient, params: SamplingParams, max_turns: int = 50
 ) -> list[TrajectoryGroup]:
