@@ -279,9 +279,112 @@ def _derive_rlhf(stats: dict) -> dict:
     return stats
 
 
+# notebook 09's settings and thresholds (set from this study: seeds 0-9, one thread, with a margin)
+GUESS_SFT = dict(game="guess_number", max_steps=600, batch_size=16)
+GUESS_RL = dict(
+    max_steps=40, batch_size=8, group_size=8, learning_rate=3e-4, shaped=True, per_turn_credit=True, discount=0.0
+)
+GUESS_ILLEGAL_MAX, CREDIT_GAP_MIN, GUESS_CENTRAL_GAIN_MIN, GUESS_WIN_GAIN_MIN = 0.1, 0.1, 0.1, 0.05
+CALC_GAIN_MIN, CALC_GAP_MIN = 0.1, 0.3
+CALC_SFT = dict(game="calculator", max_steps=1000, batch_size=32)
+CALC_RL = dict(max_steps=30, batch_size=8, group_size=8, num_eval=100)
+
+
+def multiturn(seed: int, threads: int) -> dict:
+    """Notebook 09, sections 4-7: the guess-the-number warm start, the credit correlations, 40 RL steps, and the
+    calculator before and after 30 RL steps, with and without its tool."""
+    import numpy as np
+
+    from edurl import llm
+    from edurl.llm import envs
+    from edurl.llm import multiturn as MT
+
+    off, root = seed * OFFSET, Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+    tokenizer = llm.build_char_tokenizer()
+    renderer = llm.ChatMLRenderer(tokenizer)
+    guess_sft = MT.GameSFTConfig(**GUESS_SFT, seed=seed, num_threads=threads)
+    model, _, _, _ = MT.load_or_train_game_sft(guess_sft, progress_bar=False)
+    sampler = llm.SamplingClient(model, tokenizer)
+
+    def guess_eval(m):
+        return MT.evaluate_game(m, tokenizer, "guess_number", seed=off, temperature=1.0, samples=8)
+
+    before = guess_eval(model)
+    builders = MT.game_builders("guess_number", renderer, 16, seed=7 + off, split="train", group_size=8, shaped=True)
+    groups = envs.do_group_rollouts(builders, sampler, llm.SamplingParams(max_tokens=24, temperature=1.0, seed=3 + off))
+    central, at_end, shaped = [], [], []
+    for g in groups:
+        won = [t.transitions[-1].metrics["win"] for t in g.trajectories]
+        for traj, adv_end, adv_turns in zip(g.trajectories, np.array(won) - np.mean(won), g.turn_advantages(0.0)):
+            share = [t.metrics["central"] * (k + 1) for k, t in enumerate(traj.transitions)]
+            central += list(np.diff([0.0] + share))
+            at_end += [adv_end] * traj.num_turns
+            shaped += adv_turns
+    corr_end, corr_shaped = np.corrcoef(central, at_end)[0, 1], np.corrcoef(central, shaped)[0, 1]
+    rl = MT.MultiTurnConfig(
+        sft=guess_sft,
+        **GUESS_RL,
+        eval_every=40,
+        seed=seed,
+        num_threads=threads,
+        log_dir=str(root / "g"),
+        progress=False,
+    )
+    guess = MT.train_multiturn(rl)
+    after = guess_eval(guess.trainer.model)
+
+    calc_sft = MT.GameSFTConfig(**CALC_SFT, seed=seed, num_threads=threads)
+    calc_model, _, _, _ = MT.load_or_train_game_sft(calc_sft, progress_bar=False)
+
+    def calc_eval(m, tool, temperature=1.0):  # sampled, as RL samples: 100 problems x 2 episodes; or greedy
+        return MT.evaluate_game(
+            m, tokenizer, "calculator", 100, off, temperature=temperature, samples=2, tool_enabled=tool
+        )
+
+    calc_start = {tool: calc_eval(calc_model, tool) for tool in (True, False)}
+    calc_start_greedy = calc_eval(calc_model, True, temperature=0.0)
+    rl = MT.MultiTurnConfig(
+        sft=calc_sft, **CALC_RL, eval_every=30, seed=seed, num_threads=threads, log_dir=str(root / "c"), progress=False
+    )
+    calc = MT.train_multiturn(rl)
+    calc_end = {tool: calc_eval(calc.trainer.model, tool) for tool in (True, False)}
+    calc_end_greedy = calc_eval(calc.trainer.model, True, temperature=0.0)
+    return {
+        "guess_start_win": before["win"],
+        "guess_start_central": before["central"],
+        "guess_start_illegal": before["illegal"],
+        "credit_corr_end": float(corr_end),
+        "credit_corr_shaped": float(corr_shaped),
+        "guess_end_win": after["win"],
+        "guess_end_central": after["central"],
+        "guess_rl_seconds": float(guess.metrics["time/sample"].sum() + guess.metrics["time/train"].sum()),
+        "calc_start_tool": calc_start[True]["correct"],
+        "calc_start_tool_rate": calc_start[True]["used_tool"],
+        "calc_start_no_tool": calc_start[False]["correct"],
+        "calc_end_tool": calc_end[True]["correct"],
+        "calc_end_tool_rate": calc_end[True]["used_tool"],
+        "calc_end_no_tool": calc_end[False]["correct"],
+        "calc_start_greedy": calc_start_greedy["correct"],
+        "calc_end_greedy": calc_end_greedy["correct"],
+        "calc_rl_seconds": float(calc.metrics["time/sample"].sum() + calc.metrics["time/train"].sum()),
+    }
+
+
+def _derive_multiturn(stats: dict) -> dict:
+    """Notebook 09's asserted differences, from the recorded values."""
+    stats.setdefault("credit_gap", stats["credit_corr_shaped"] - stats["credit_corr_end"])
+    stats.setdefault("guess_win_gain", stats["guess_end_win"] - stats["guess_start_win"])
+    stats.setdefault("guess_central_gain", stats["guess_end_central"] - stats["guess_start_central"])
+    stats.setdefault("calc_tool_gap", stats["calc_end_tool"] - stats["calc_end_no_tool"])
+    stats.setdefault("calc_gain", stats["calc_end_tool"] - stats["calc_start_tool"])
+    stats.setdefault("calc_tool_rate_gain", stats["calc_end_tool_rate"] - stats["calc_start_tool_rate"])
+    return stats
+
+
 def derived(row: dict) -> dict:
     """A recorded run with the statistics derived from it, also for runs recorded before they were added."""
-    return _derive_rlhf(row) if row.get("experiment") == "rlhf" else row
+    derive = {"rlhf": _derive_rlhf, "multiturn": _derive_multiturn}.get(row.get("experiment"))
+    return derive(row) if derive else row
 
 
 EXPERIMENTS = {
@@ -289,6 +392,7 @@ EXPERIMENTS = {
     "grpo_short_runs": (grpo_short_runs, True),
     "grpo_full": (grpo_full, True),
     "rlhf": (rlhf, True),
+    "multiturn": (multiturn, True),
 }
 
 
@@ -405,6 +509,42 @@ def checks(Check) -> list:
         Check(
             "08", "assert rlhf_gold - dpo_gold >=", "rlhf", "rl_minus_dpo_gold", low=RLHF_OVER_DPO_MIN, inclusive=True
         ),
+        Check("09", 'assert before["illegal"] <', "multiturn", "guess_start_illegal", high=GUESS_ILLEGAL_MAX),
+        Check(
+            "09", "assert corr.iloc[1] - corr.iloc[0] >=", "multiturn", "credit_gap", low=CREDIT_GAP_MIN, inclusive=True
+        ),
+        Check(
+            "09",
+            'assert after["central"] - before["central"] >=',
+            "multiturn",
+            "guess_central_gain",
+            low=GUESS_CENTRAL_GAIN_MIN,
+            inclusive=True,
+        ),
+        Check(
+            "09",
+            'assert after["win"] - before["win"] >=',
+            "multiturn",
+            "guess_win_gain",
+            low=GUESS_WIN_GAIN_MIN,
+            inclusive=True,
+        ),
+        Check(
+            "09",
+            'assert with_tool["correct"] - calc_before.loc["sampled, with the tool", "correct"] >=',
+            "multiturn",
+            "calc_gain",
+            low=CALC_GAIN_MIN,
+            inclusive=True,
+        ),
+        Check(
+            "09",
+            'assert with_tool["correct"] - without["correct"] >=',
+            "multiturn",
+            "calc_tool_gap",
+            low=CALC_GAP_MIN,
+            inclusive=True,
+        ),
     ]
 
 
@@ -422,6 +562,14 @@ DETERMINISTIC = [  # (notebook, assert, why no study is needed)
     ("08", "assert abs(p - torch.sigmoid(torch.tensor(4.0)).item()) < 1e-6", "Bradley-Terry on hand-written replies"),
     ("08", "assert abs(P.ceiling([0.9, 0.5, 0.2]) - (0.9 + 0.5 + 0.8) / 3) < 1e-12", "a worked example"),
     ("08", "assert abs(shaped.item() - 0.7) < 1e-6", "a worked example"),
+    ("09", "assert [t.reward for t in episode.transitions] == [0.0, 0.0, 0.0, 1.0]", "a scripted game"),
+    ("09", 'assert f["mask"].sum() == replies', "the datum layout of a scripted game"),
+    ("09", "assert abs(merged - per_turn) <= 1e-4 * abs(per_turn)", "two computations of the same loss"),
+    ("09", 'assert v_mask.implementation(obs, acts) == f["mask"].tolist()', "the exercise against the library"),
+    ("09", "assert not envs.is_prefix_consistent(broken)", "a tokenizer trained on fixed text"),
+    ("09", 'assert kl["masked"] < 1e-6', "on-policy log-probs agree up to rounding; unsampled tokens have none"),
+    ("09", 'assert tool_episode.transitions[-1].metrics["correct"] == 1.0', "a scripted episode"),
+    ("09", "assert len(played.trajectories) == 8", "the rollout's bookkeeping"),
 ]
 
 

@@ -33,7 +33,7 @@ every k-subset of one variant's runs (all C(n, k) of them). Each assert is looke
 by its source text: a row says "not in notebook" when the notebook no longer has it. Asserts on
 exact values and closed forms are listed as deterministic, without a study.
 
-The experiments of notebooks 06 and 07 live in ``_llm_margins.py``. Each trains an SFT warm start per
+The experiments of notebooks 06-09 live in ``_llm_margins.py``. Each trains an SFT warm start per
 seed and runs GRPO (about 10 minutes a seed on one core), so they run only when asked for.
 """
 

@@ -44,12 +44,22 @@ on some seeds (sampled win +3 to +26 points over seeds 0-2); the calculator's wa
 copy the tool's result (pass@1 with the tool after RL: 8 to 92.5 % over seeds 0-2). See the issue-15 notes."""
 
 
-def measure(game: str, seed: int, threads: int, progress: bool) -> dict:
-    recipe = RECIPES[game]
+def measure(game: str, seed: int, threads: int, progress: bool, sft_steps=None, rl_steps=None) -> dict:
+    recipe = {part: dict(settings) for part, settings in RECIPES[game].items()}
+    for part, steps in (("sft", sft_steps), ("rl", rl_steps)):
+        if steps is not None:
+            recipe[part]["max_steps"] = steps
     sft = GameSFTConfig(game=game, seed=seed, num_threads=threads, **recipe["sft"])
     t0 = time.perf_counter()
     model, tok, _, _ = load_or_train_game_sft(sft, progress_bar=progress)
-    row = {"game": game, "seed": seed, "sft_seconds": time.perf_counter() - t0}
+    row = {
+        "game": game,
+        "seed": seed,
+        "sft_steps": recipe["sft"]["max_steps"],
+        "rl_steps": recipe["rl"]["max_steps"],
+        "threads": threads,
+        "sft_seconds": time.perf_counter() - t0,
+    }
 
     def evaluate(m, prefix: str) -> None:
         greedy = evaluate_game(m, tok, game, seed=seed)
@@ -93,11 +103,10 @@ def _stat(rows: list[dict], key: str, pct: bool = True) -> str:
 
 
 def report(rows: list[dict]) -> None:
-    for game in RECIPES:
-        got = [r for r in rows if r["game"] == game]
-        if not got:
-            continue
-        print(f"\n{game}: {len(got)} seeds; median (min–max)")
+    recipes = sorted({(r["game"], r.get("sft_steps"), r.get("rl_steps")) for r in rows}, key=str)
+    for game, sft_steps, rl_steps in recipes:
+        got = [r for r in rows if (r["game"], r.get("sft_steps"), r.get("rl_steps")) == (game, sft_steps, rl_steps)]
+        print(f"\n{game}, warm start {sft_steps} steps, RL {rl_steps} steps: {len(got)} seeds; median (min–max)")
         if game == "guess_number":
             print(f"  floor, 5 blind guesses         {100 * win_rate('random_blind'):.1f} % (exact)")
             print(f"  random guess inside the range  {100 * win_rate('random_in_range'):.1f} % (exact)")
@@ -109,12 +118,16 @@ def report(rows: list[dict]) -> None:
             print(
                 f"  gain (sampled)                 {100 * statistics.median(gains):+.1f} points (min {100 * min(gains):+.1f})"
             )
+            met = sum(r["final_win_sampled"] >= 0.7 and g >= 0.25 for r, g in zip(got, gains))
+            print(f"  target (sampled win >= 70 % and >= +25 points)  met on {met} of {len(got)} seeds")
         else:
             for who in ("start", "final"):
                 name = "warm start" if who == "start" else "after RL  "
                 print(f"  {name} with the tool         {_stat(got, f'{who}_correct')}")
                 print(f"  {name} tool-call rate        {_stat(got, f'{who}_used_tool')}")
                 print(f"  {name} without the tool      {_stat(got, f'{who}_correct_no_tool')}")
+            met = sum(r["final_correct"] >= 0.85 for r in got)
+            print(f"  target (pass@1 with the tool >= 85 %)  met on {met} of {len(got)} seeds")
         print(f"  warm start time                {_stat(got, 'sft_seconds', pct=False)}")
         print(f"  RL time                        {_stat(got, 'rl_seconds', pct=False)}")
 
@@ -127,6 +140,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="append one JSON row per run to this file")
     parser.add_argument("--load", default=None, help="report the rows of an earlier --out file instead of running")
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument("--sft-steps", type=int, default=None, help="override the recipes' warm-start steps")
+    parser.add_argument("--rl-steps", type=int, default=None, help="override the recipes' RL steps")
     args = parser.parse_args()
     if args.load:
         report([json.loads(line) for line in open(args.load)])
@@ -134,7 +149,7 @@ def main() -> None:
     rows = []
     for game in args.games.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            rows.append(measure(game, seed, args.threads, args.progress))
+            rows.append(measure(game, seed, args.threads, args.progress, args.sft_steps, args.rl_steps))
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(rows[-1]) + "\n")

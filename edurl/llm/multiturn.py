@@ -44,7 +44,9 @@ from edurl.utils import progress, torch_threads
 
 GAMES = ("guess_number", "calculator")
 CALCULATOR_TASK = ArithmeticTask(num_digits=3, ops=("+",))
-"""The calculator's problems: 3-digit addition, split by a hash as in Chapter 6."""
+"""The calculator's hard problems: 3-digit addition, split by a hash as in Chapter 6."""
+EASY_TASK = ArithmeticTask(num_digits=1, ops=("+",))
+"""The calculator's easy problems (with ``easy_fraction`` > 0): 1-digit addition, which needs no tool."""
 GAME_MODEL = TinyLMConfig(max_position_embeddings=256)
 """The course's tiny LM with room for a whole 5-guess game (about 220 tokens)."""
 
@@ -83,7 +85,13 @@ class GameSFTConfig:
     game: str = "guess_number"
     """guess_number (demonstrations: random guesses inside the remaining range) or calculator."""
     tool_fraction: float = 0.5
-    """calculator: the share of demonstrations that call the tool; the rest answer directly."""
+    """calculator: the share of demonstrations that call the tool; the rest answer directly. With easy_fraction > 0,
+    the share of the easy problems' demonstrations; the 3-digit ones always call it."""
+    easy_fraction: float = 0.0
+    """calculator: the share of problems that are 1-digit sums (EASY_TASK); the rest are 3-digit sums. With easy
+    problems in the mix, the demonstrator calls the tool on every 3-digit sum (direct answers to 3-digit sums
+    taught some seeds to guess sums instead of copying the tool's result) and on a tool_fraction share of the
+    1-digit ones, where the tool is not needed: deciding when to call it is then left to RL."""
     model: TinyLMConfig = field(default_factory=lambda: GAME_MODEL)
     """The model's sizes."""
     max_steps: int = 500
@@ -106,24 +114,34 @@ class GameSFTConfig:
             self,
             positive_int=("max_steps", "batch_size", "num_threads"),
             nonneg_int=("seed", "warmup_steps"),
-            unit=("tool_fraction",),
+            unit=("tool_fraction", "easy_fraction"),
             nonneg=("learning_rate",),
             choices={"game": GAMES},
         )
 
     def key(self) -> str:
         """A short hash of everything that determines the trained weights (the threads that actually train)."""
-        return "game-" + checkpoint_key({"v": 1, "kind": "game_sft", **asdict(self)})
+        fields = asdict(self)
+        if fields["easy_fraction"] == 0.0:
+            del fields["easy_fraction"]  # the keys of warm starts cached before the field existed stay the same
+        return "game-" + checkpoint_key({"v": 1, "kind": "game_sft", **fields})
 
     def demonstrations(self, n: int, seed: int) -> list[list[Message]]:
         """``n`` demonstrated episodes, reproducible from ``seed``."""
         rng = random.Random(f"{self.game}-{seed}")
         if self.game == "guess_number":
             return [demonstration(rng.randrange(32), rng) for _ in range(n)]
-        problems = CALCULATOR_TASK.sample(n, split="train", seed=seed)
-        return [
-            tool_demonstration(p) if rng.random() < self.tool_fraction else direct_demonstration(p) for p in problems
-        ]
+        if self.easy_fraction == 0.0:
+            problems = CALCULATOR_TASK.sample(n, split="train", seed=seed)
+            return [
+                tool_demonstration(p) if rng.random() < self.tool_fraction else direct_demonstration(p)
+                for p in problems
+            ]
+        demos = []
+        for problem, easy in calculator_problems(n, "train", seed, self.easy_fraction):
+            calls = not easy or rng.random() < self.tool_fraction
+            demos.append(tool_demonstration(problem) if calls else direct_demonstration(problem))
+        return demos
 
 
 def train_game_sft(config: GameSFTConfig, progress_bar: bool = True):
@@ -160,16 +178,35 @@ def load_or_train_game_sft(config: GameSFTConfig | None = None, progress_bar: bo
 # ---------------------------------------------------------------- evaluation
 
 
-def game_builders(game: str, renderer: ChatMLRenderer, n: int, seed: int, split: str, group_size: int, **env_kwargs):
+def calculator_problems(n: int, split: str, seed: int, easy_fraction: float = 0.0) -> list[tuple[object, bool]]:
+    """``n`` calculator problems of ``split`` as ``(problem, is_easy)``: ``round(n * easy_fraction)`` 1-digit sums
+    (EASY_TASK), the rest 3-digit sums (CALCULATOR_TASK), shuffled together, reproducible from ``seed``."""
+    n_easy = round(n * easy_fraction)
+    mixed = [(p, True) for p in EASY_TASK.sample(n_easy, split=split, seed=seed)]
+    mixed += [(p, False) for p in CALCULATOR_TASK.sample(n - n_easy, split=split, seed=seed)]
+    random.Random(f"calculator-mix-{seed}").shuffle(mixed)
+    return mixed
+
+
+def game_builders(
+    game: str,
+    renderer: ChatMLRenderer,
+    n: int,
+    seed: int,
+    split: str,
+    group_size: int,
+    easy_fraction: float = 0.0,
+    **env_kwargs,
+):
     """``n`` group builders: random secrets for guess_number (every secret once, in order, for ``split="test"``
-    when n is 32), ``split`` problems of the calculator task."""
+    when n is 32), ``split`` problems of the calculator task (a share ``easy_fraction`` of them 1-digit sums)."""
     if game == "guess_number":
         rng = random.Random(f"secrets-{seed}")
         secrets = list(range(32)) if split == "test" and n == 32 else [rng.randrange(32) for _ in range(n)]
         return [GuessNumberGroupBuilder(s, renderer, group_size, **env_kwargs) for s in secrets]
     if game == "calculator":
-        problems = CALCULATOR_TASK.sample(n, split=split, seed=seed)
-        return [CalculatorGroupBuilder(p, renderer, group_size, **env_kwargs) for p in problems]
+        problems = calculator_problems(n, split, seed, easy_fraction)
+        return [CalculatorGroupBuilder(p, renderer, group_size, **env_kwargs) for p, _ in problems]
     raise ValueError(f"game must be one of {GAMES}, got {game!r}")
 
 
@@ -264,7 +301,7 @@ class MultiTurnConfig:
     def env_kwargs(self) -> dict:
         if self.sft.game == "guess_number":
             return {"guess_penalty": self.guess_penalty, "shaped": self.shaped}
-        return {"tool_cost": self.tool_cost}
+        return {"tool_cost": self.tool_cost, "easy_fraction": self.sft.easy_fraction}
 
 
 @dataclass
@@ -337,10 +374,13 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
 
 
 __all__ = [
+    "CALCULATOR_TASK",
+    "EASY_TASK",
     "GAMES",
     "GameSFTConfig",
     "MultiTurnConfig",
     "MultiTurnResult",
+    "calculator_problems",
     "conversation_example",
     "evaluate_game",
     "game_builders",

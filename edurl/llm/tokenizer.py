@@ -81,7 +81,9 @@ def build_bpe_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTrainedT
     core.decoder = decoders.ByteLevel()
     specials = [EOS, IM_START, IM_END]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
+    )
     core.train_from_iterator(corpus, trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=IM_END, pad_token=EOS, additional_special_tokens=[IM_START]

@@ -72,3 +72,24 @@ def test_warm_start_caches_and_grpo_runs_end_to_end(tmp_path, monkeypatch):
     result = train_multiturn(config)
     assert len(result.metrics) == 2 and "test/win" in result.metrics.columns
     assert set(result.final) >= {"win", "guesses"}
+
+
+def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
+    from edurl.llm.multiturn import calculator_problems
+
+    mixed = calculator_problems(40, "train", 0, easy_fraction=0.25)
+    assert sum(easy for _, easy in mixed) == 10 and len(mixed) == 40
+    assert all((max(map(int, p.question[:-2].split("+"))) < 10) for p, easy in mixed if easy)
+    assert calculator_problems(40, "train", 0, 0.25) == mixed  # reproducible
+    demos = GameSFTConfig(game="calculator", easy_fraction=0.5, tool_fraction=0.5).demonstrations(400, 0)
+    easy = [m for m in demos if max(map(int, m[0]["content"][:-2].split("+"))) < 10]
+    hard = [m for m in demos if m not in easy]
+    assert all(len(m) == 4 for m in hard)  # every 3-digit demonstration calls the tool
+    assert 0.35 < sum(len(m) == 4 for m in easy) / len(easy) < 0.65  # a tool_fraction share of the easy ones
+    # easy_fraction = 0 keeps the keys of the warm starts cached before the field existed
+    monkeypatch.delenv("EDURL_MAX_THREADS", raising=False)
+    assert GameSFTConfig(game="calculator").key() == "game-b39687e2f851e80d"
+    assert GameSFTConfig().key() == "game-4da5ae3ee15cd680"
+    assert GameSFTConfig(game="calculator", easy_fraction=0.5).key() != GameSFTConfig(game="calculator").key()
+    with pytest.raises(ValueError, match="easy_fraction"):
+        GameSFTConfig(game="calculator", easy_fraction=1.5)
