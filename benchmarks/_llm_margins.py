@@ -282,17 +282,24 @@ def _derive_rlhf(stats: dict) -> dict:
 # notebook 09's settings and thresholds (set from this study: seeds 0-9, one thread, with a margin)
 GUESS_SFT = dict(game="guess_number", max_steps=600, batch_size=16)
 GUESS_RL = dict(
-    max_steps=40, batch_size=8, group_size=8, learning_rate=3e-4, shaped=True, per_turn_credit=True, discount=0.0
+    max_steps=40,
+    batch_size=8,
+    group_size=8,
+    learning_rate=3e-4,
+    shaped=True,
+    per_turn_credit=True,
+    discount=0.0,
 )
-GUESS_ILLEGAL_MAX, CREDIT_GAP_MIN, GUESS_CENTRAL_GAIN_MIN, GUESS_WIN_GAIN_MIN = 0.1, 0.1, 0.1, 0.05
-CALC_GAIN_MIN, CALC_GAP_MIN = 0.1, 0.3
+GUESS_ILLEGAL_MAX, CREDIT_GAP_MIN, GUESS_CENTRAL_GAIN_MIN, CALC_RATE_GAIN_MIN = 0.1, 0.1, 0.05, 0.25
+# recorded, not asserted (seeds 0-9, one thread): the win rate's gain in 40 steps (-5.9 to +18.4 points, median
+# +3.5), and the calculator's accuracy (with the tool after RL 3.5 % to 96 %: on seeds 1 and 5 the warm start never
+# learned to copy the tool's result into its answer, and 30 RL steps did not teach it)
 CALC_SFT = dict(game="calculator", max_steps=1000, batch_size=32)
 CALC_RL = dict(max_steps=30, batch_size=8, group_size=8, num_eval=100)
 
 
-def multiturn(seed: int, threads: int) -> dict:
-    """Notebook 09, sections 4-7: the guess-the-number warm start, the credit correlations, 40 RL steps, and the
-    calculator before and after 30 RL steps, with and without its tool."""
+def multiturn_guess(seed: int, threads: int) -> dict:
+    """Notebook 09, sections 4-6: the guess-the-number warm start, the credit correlations, and 40 RL steps."""
     import numpy as np
 
     from edurl import llm
@@ -310,7 +317,7 @@ def multiturn(seed: int, threads: int) -> dict:
         return MT.evaluate_game(m, tokenizer, "guess_number", seed=off, temperature=1.0, samples=8)
 
     before = guess_eval(model)
-    builders = MT.game_builders("guess_number", renderer, 16, seed=7 + off, split="train", group_size=8, shaped=True)
+    builders = MT.game_builders("guess_number", renderer, 16, 7 + off, "train", 8, shaped=True)
     groups = envs.do_group_rollouts(builders, sampler, llm.SamplingParams(max_tokens=24, temperature=1.0, seed=3 + off))
     central, at_end, shaped = [], [], []
     for g in groups:
@@ -332,7 +339,25 @@ def multiturn(seed: int, threads: int) -> dict:
     )
     guess = MT.train_multiturn(rl)
     after = guess_eval(guess.trainer.model)
+    return {
+        "guess_start_win": before["win"],
+        "guess_start_central": before["central"],
+        "guess_start_illegal": before["illegal"],
+        "credit_corr_end": float(corr_end),
+        "credit_corr_shaped": float(corr_shaped),
+        "guess_end_win": after["win"],
+        "guess_end_central": after["central"],
+        "guess_rl_seconds": float(guess.metrics["time/sample"].sum() + guess.metrics["time/train"].sum()),
+    }
 
+
+def multiturn_calc(seed: int, threads: int) -> dict:
+    """Notebook 09, section 7: the calculator's warm start and 30 RL steps, sampled with and without the tool."""
+    from edurl import llm
+    from edurl.llm import multiturn as MT
+
+    off, root = seed * OFFSET, Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+    tokenizer = llm.build_char_tokenizer()
     calc_sft = MT.GameSFTConfig(**CALC_SFT, seed=seed, num_threads=threads)
     calc_model, _, _, _ = MT.load_or_train_game_sft(calc_sft, progress_bar=False)
 
@@ -350,14 +375,6 @@ def multiturn(seed: int, threads: int) -> dict:
     calc_end = {tool: calc_eval(calc.trainer.model, tool) for tool in (True, False)}
     calc_end_greedy = calc_eval(calc.trainer.model, True, temperature=0.0)
     return {
-        "guess_start_win": before["win"],
-        "guess_start_central": before["central"],
-        "guess_start_illegal": before["illegal"],
-        "credit_corr_end": float(corr_end),
-        "credit_corr_shaped": float(corr_shaped),
-        "guess_end_win": after["win"],
-        "guess_end_central": after["central"],
-        "guess_rl_seconds": float(guess.metrics["time/sample"].sum() + guess.metrics["time/train"].sum()),
         "calc_start_tool": calc_start[True]["correct"],
         "calc_start_tool_rate": calc_start[True]["used_tool"],
         "calc_start_no_tool": calc_start[False]["correct"],
@@ -372,18 +389,22 @@ def multiturn(seed: int, threads: int) -> dict:
 
 def _derive_multiturn(stats: dict) -> dict:
     """Notebook 09's asserted differences, from the recorded values."""
-    stats.setdefault("credit_gap", stats["credit_corr_shaped"] - stats["credit_corr_end"])
-    stats.setdefault("guess_win_gain", stats["guess_end_win"] - stats["guess_start_win"])
-    stats.setdefault("guess_central_gain", stats["guess_end_central"] - stats["guess_start_central"])
-    stats.setdefault("calc_tool_gap", stats["calc_end_tool"] - stats["calc_end_no_tool"])
-    stats.setdefault("calc_gain", stats["calc_end_tool"] - stats["calc_start_tool"])
-    stats.setdefault("calc_tool_rate_gain", stats["calc_end_tool_rate"] - stats["calc_start_tool_rate"])
+    if "guess_end_win" in stats:
+        stats.setdefault("credit_gap", stats["credit_corr_shaped"] - stats["credit_corr_end"])
+        stats.setdefault("guess_win_gain", stats["guess_end_win"] - stats["guess_start_win"])
+        stats.setdefault("guess_central_gain", stats["guess_end_central"] - stats["guess_start_central"])
+    if "calc_end_tool" in stats:
+        stats.setdefault("calc_tool_gap", stats["calc_end_tool"] - stats["calc_end_no_tool"])
+        stats.setdefault("calc_gain", stats["calc_end_tool"] - stats["calc_start_tool"])
+        stats.setdefault("calc_tool_rate_gain", stats["calc_end_tool_rate"] - stats["calc_start_tool_rate"])
     return stats
 
 
 def derived(row: dict) -> dict:
     """A recorded run with the statistics derived from it, also for runs recorded before they were added."""
-    derive = {"rlhf": _derive_rlhf, "multiturn": _derive_multiturn}.get(row.get("experiment"))
+    derive = {"rlhf": _derive_rlhf, "multiturn_guess": _derive_multiturn, "multiturn_calc": _derive_multiturn}.get(
+        row.get("experiment")
+    )
     return derive(row) if derive else row
 
 
@@ -392,7 +413,8 @@ EXPERIMENTS = {
     "grpo_short_runs": (grpo_short_runs, True),
     "grpo_full": (grpo_full, True),
     "rlhf": (rlhf, True),
-    "multiturn": (multiturn, True),
+    "multiturn_guess": (multiturn_guess, True),
+    "multiturn_calc": (multiturn_calc, True),
 }
 
 
@@ -509,40 +531,29 @@ def checks(Check) -> list:
         Check(
             "08", "assert rlhf_gold - dpo_gold >=", "rlhf", "rl_minus_dpo_gold", low=RLHF_OVER_DPO_MIN, inclusive=True
         ),
-        Check("09", 'assert before["illegal"] <', "multiturn", "guess_start_illegal", high=GUESS_ILLEGAL_MAX),
+        Check("09", 'assert before["illegal"] <', "multiturn_guess", "guess_start_illegal", high=GUESS_ILLEGAL_MAX),
         Check(
-            "09", "assert corr.iloc[1] - corr.iloc[0] >=", "multiturn", "credit_gap", low=CREDIT_GAP_MIN, inclusive=True
+            "09",
+            "assert corr.iloc[1] - corr.iloc[0] >=",
+            "multiturn_guess",
+            "credit_gap",
+            low=CREDIT_GAP_MIN,
+            inclusive=True,
         ),
         Check(
             "09",
             'assert after["central"] - before["central"] >=',
-            "multiturn",
+            "multiturn_guess",
             "guess_central_gain",
             low=GUESS_CENTRAL_GAIN_MIN,
             inclusive=True,
         ),
         Check(
             "09",
-            'assert after["win"] - before["win"] >=',
-            "multiturn",
-            "guess_win_gain",
-            low=GUESS_WIN_GAIN_MIN,
-            inclusive=True,
-        ),
-        Check(
-            "09",
-            'assert with_tool["correct"] - calc_before.loc["sampled, with the tool", "correct"] >=',
-            "multiturn",
-            "calc_gain",
-            low=CALC_GAIN_MIN,
-            inclusive=True,
-        ),
-        Check(
-            "09",
-            'assert with_tool["correct"] - without["correct"] >=',
-            "multiturn",
-            "calc_tool_gap",
-            low=CALC_GAP_MIN,
+            'assert with_tool["used_tool"] - calc_before.loc["sampled, with the tool", "used_tool"] >=',
+            "multiturn_calc",
+            "calc_tool_rate_gain",
+            low=CALC_RATE_GAIN_MIN,
             inclusive=True,
         ),
     ]

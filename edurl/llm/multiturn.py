@@ -266,6 +266,9 @@ class MultiTurnConfig:
     """guess_number: reward lost per guess (shaping toward short games)."""
     shaped: bool = False
     """guess_number: reward each guess by the share of numbers it rules out, instead of 1 for a win at the end."""
+    win_bonus: float = 0.0
+    """guess_number, with shaped: the extra reward of a win, on top of the share it ruled out (1.0 keeps the game's
+    own reward; 0.0 pays for narrowing the range only, so a near miss earns almost as much as a win)."""
     per_turn_credit: bool = False
     """Credit each turn with the reward from it to the episode's end, centred over the group at the same turn
     (TrajectoryGroup.turn_advantages); False: every turn gets its episode's centred total reward."""
@@ -293,14 +296,16 @@ class MultiTurnConfig:
             self,
             positive_int=("group_size", "batch_size", "max_steps", "max_tokens", "eval_every", "num_eval"),
             nonneg_int=("seed",),
-            nonneg=("learning_rate", "temperature", "guess_penalty", "tool_cost"),
+            nonneg=("learning_rate", "temperature", "guess_penalty", "tool_cost", "win_bonus"),
         )
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+        if self.win_bonus and not self.shaped:
+            raise ValueError("win_bonus is added to the shaped reward; set shaped=True, or leave win_bonus at 0")
 
     def env_kwargs(self) -> dict:
         if self.sft.game == "guess_number":
-            return {"guess_penalty": self.guess_penalty, "shaped": self.shaped}
+            return {"guess_penalty": self.guess_penalty, "shaped": self.shaped, "win_bonus": self.win_bonus}
         return {"tool_cost": self.tool_cost, "easy_fraction": self.sft.easy_fraction}
 
 

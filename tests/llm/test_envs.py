@@ -309,6 +309,13 @@ def test_shaped_rewards_rule_out_numbers_and_add_up_to_one_for_a_win(char_tokeni
     assert [t.reward for t in lost.transitions] == pytest.approx([1 / 32, 1 / 32, 0, 0, 1 / 32])
     assert lost.total_reward == pytest.approx(1 - 29 / 32) and lost.transitions[-1].metrics["win"] == 0
     assert lost.transitions[-1].metrics["central"] == 0.0  # edges, repeats and no number: none in the middle
+    # win_bonus puts the game's own reward back on the winning guess only
+    bonus = _play_scripted(GuessNumberEnv(21, r, shaped=True, win_bonus=1.0), r, GAME)
+    assert [t.reward for t in bonus.transitions] == pytest.approx([16 / 32, 9 / 32, 4 / 32, 3 / 32 + 1])
+    lost_bonus = _play_scripted(GuessNumberEnv(21, r, shaped=True, win_bonus=1.0), r, ["0", "31", "31", "x", "1"])
+    assert lost_bonus.total_reward == pytest.approx(lost.total_reward)
+    with pytest.raises(ValueError, match="win_bonus"):
+        GuessNumberEnv(21, r, win_bonus=1.0)  # without shaped=True the win is already worth 1
 
 
 def test_win_rates_are_exact():

@@ -93,3 +93,12 @@ def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
     assert GameSFTConfig(game="calculator", easy_fraction=0.5).key() != GameSFTConfig(game="calculator").key()
     with pytest.raises(ValueError, match="easy_fraction"):
         GameSFTConfig(game="calculator", easy_fraction=1.5)
+
+
+def test_win_bonus_reaches_the_env_and_needs_shaping():
+    config = MultiTurnConfig(shaped=True, win_bonus=1.0)
+    assert config.env_kwargs() == {"guess_penalty": 0.0, "shaped": True, "win_bonus": 1.0}
+    with pytest.raises(ValueError, match="shaped=True"):
+        MultiTurnConfig(win_bonus=1.0)
+    with pytest.raises(ValueError, match="win_bonus"):
+        MultiTurnConfig(shaped=True, win_bonus=-1.0)

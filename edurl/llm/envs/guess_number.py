@@ -44,7 +44,11 @@ class GuessNumberEnv(MessageEnv):
 
     ``shaped=True`` pays each guess the share of all the numbers that its answer rules out (a right guess rules
     out everything left), instead of 1 for a win at the end. The rewards add up to 1 - (numbers still possible
-    at the end) / 32: 1 for any win, and more for a loss that came close."""
+    at the end) / 32: 1 for any win, and nearly as much for a loss that came close. That is pure shaping (the
+    change of the potential -remaining/32, Ng et al. 1999) with the game's own reward left out, so it pays for
+    narrowing the range, not for winning. ``win_bonus`` adds the game's reward back: a win then earns
+    ``win_bonus`` more than the share it ruled out, and shaping with ``win_bonus=1`` keeps the game's optimal
+    play."""
 
     def __init__(
         self,
@@ -55,6 +59,7 @@ class GuessNumberEnv(MessageEnv):
         max_guesses: int = 5,
         guess_penalty: float = 0.0,
         shaped: bool = False,
+        win_bonus: float = 0.0,
     ):
         super().__init__(renderer)
         if not low <= secret <= high:
@@ -65,6 +70,9 @@ class GuessNumberEnv(MessageEnv):
             raise ValueError(
                 f"guess_penalty must be in [0, 1/max_guesses) so that a win always beats a loss, got {guess_penalty!r}"
             )
+        if win_bonus < 0 or (win_bonus and not shaped):
+            raise ValueError(f"win_bonus must be >= 0, and is used only with shaped=True; got {win_bonus!r}")
+        self.win_bonus = float(win_bonus)
         self.secret, self.low, self.high = secret, low, high
         self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
         self.max_turns = max_guesses
@@ -98,7 +106,7 @@ class GuessNumberEnv(MessageEnv):
         used = self.turns
         shaped = self._ruled_out(guess)
         if guess == self.secret:
-            reward = (shaped if self.shaped else 1.0) - self.guess_penalty * used
+            reward = (shaped + self.win_bonus if self.shaped else 1.0) - self.guess_penalty * used
             return (
                 reward,
                 True,
