@@ -21,27 +21,23 @@ import time
 import torch
 
 from edurl.llm.envs.guess_number import win_rate
-from edurl.llm.multiturn import GameSFTConfig, MultiTurnConfig, evaluate_game, load_or_train_game_sft, train_multiturn
+from edurl.llm.multiturn import (
+    GUESS_RL_SETTINGS,
+    GameSFTConfig,
+    MultiTurnConfig,
+    evaluate_game,
+    load_or_train_game_sft,
+    train_multiturn,
+)
 
 RECIPES = {
-    "guess_number": dict(
-        sft=dict(max_steps=1500, batch_size=16),
-        rl=dict(
-            max_steps=150,
-            batch_size=8,
-            group_size=8,
-            learning_rate=3e-4,
-            shaped=True,
-            per_turn_credit=True,
-            discount=0.0,
-        ),
-    ),
+    "guess_number": dict(sft=dict(max_steps=1500, batch_size=16), rl=dict(GUESS_RL_SETTINGS, max_steps=150)),
     "calculator": dict(sft=dict(max_steps=1000, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
 }
 """Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean).
 Guess-the-number learns only with shaped rewards and each turn credited with its own reward (discount 0), and then
 on some seeds (sampled win +3 to +26 points over seeds 0-2); the calculator's warm start does not always learn to
-copy the tool's result (pass@1 with the tool after RL: 8 to 92.5 % over seeds 0-2). See the issue-15 notes."""
+copy the tool's result (pass@1 with the tool after RL: 8 to 92.5 % over seeds 0-2). See chapters/09_multiturn_tools.md."""
 
 
 def measure(game: str, seed: int, threads: int, progress: bool, sft_steps=None, rl_steps=None) -> dict:

@@ -47,6 +47,11 @@ CALCULATOR_TASK = ArithmeticTask(num_digits=3, ops=("+",))
 """The calculator's hard problems: 3-digit addition, split by a hash as in Chapter 6."""
 EASY_TASK = ArithmeticTask(num_digits=1, ops=("+",))
 """The calculator's easy problems (with ``easy_fraction`` > 0): 1-digit addition, which needs no tool."""
+GUESS_RL_SETTINGS = dict(
+    batch_size=8, group_size=8, learning_rate=3e-4, shaped=True, per_turn_credit=True, discount=0.0
+)
+"""The MultiTurnConfig settings under which guess-the-number learned in Chapter 9's recipe search: the shaped reward,
+each turn credited with its own reward (discount 0), 8 secrets x 8 games a step, learning rate 3e-4."""
 GAME_MODEL = TinyLMConfig(max_position_embeddings=256)
 """The course's tiny LM with room for a whole 5-guess game (about 220 tokens)."""
 
@@ -382,6 +387,7 @@ __all__ = [
     "CALCULATOR_TASK",
     "EASY_TASK",
     "GAMES",
+    "GUESS_RL_SETTINGS",
     "GameSFTConfig",
     "MultiTurnConfig",
     "MultiTurnResult",
