@@ -1,4 +1,4 @@
-"""Figures the chapters share: learning curves over seeds, and value grids for tabular MDPs.
+"""Figures the chapters share: learning curves over seeds, value grids for tabular MDPs, and a datum's mask.
 
 ``align_curves`` does the arithmetic (rolling mean, common x grid) and is tested on hand-computed
 values; the ``plot_*`` functions only draw what it returns.

@@ -94,9 +94,9 @@ class GameSFTConfig:
     the share of the easy problems' demonstrations; the 3-digit ones always call it."""
     easy_fraction: float = 0.0
     """calculator: the share of problems that are 1-digit sums (EASY_TASK); the rest are 3-digit sums. With easy
-    problems in the mix, the demonstrator calls the tool on every 3-digit sum (direct answers to 3-digit sums
-    taught some seeds to guess sums instead of copying the tool's result) and on a tool_fraction share of the
-    1-digit ones, where the tool is not needed: deciding when to call it is then left to RL."""
+    problems in the mix, the demonstrator calls the tool on every 3-digit sum, as someone who cannot add them in
+    their head would, and on a tool_fraction share of the 1-digit ones, where the tool is not needed: deciding
+    when to call it there is left to RL."""
     model: TinyLMConfig = field(default_factory=lambda: GAME_MODEL)
     """The model's sizes."""
     max_steps: int = 500

@@ -47,8 +47,9 @@ class GuessNumberEnv(MessageEnv):
     at the end) / 32: 1 for any win, and nearly as much for a loss that came close. That is pure shaping (the
     change of the potential -remaining/32, Ng et al. 1999) with the game's own reward left out, so it pays for
     narrowing the range, not for winning. ``win_bonus`` adds the game's reward back: a win then earns
-    ``win_bonus`` more than the share it ruled out, and shaping with ``win_bonus=1`` keeps the game's optimal
-    play."""
+    ``win_bonus`` more than the share it ruled out. (Ng et al.'s guarantee that shaping leaves the best policy
+    unchanged also needs the potential to be the same at every end of the game; -remaining/32 is not, since a
+    loss ends with numbers still possible.)"""
 
     def __init__(
         self,
