@@ -572,7 +572,7 @@ DETERMINISTIC = [  # (notebook, assert, why no study is needed)
     ("09", "assert abs(merged - per_turn) <= 1e-4 * abs(per_turn)", "two computations of the same loss"),
     ("09", 'assert v_mask.implementation(obs, acts) == f["mask"].tolist()', "the exercise against the library"),
     ("09", "assert not envs.is_prefix_consistent(broken)", "a tokenizer trained on fixed text"),
-    ("09", 'assert kl["masked"] < 1e-6', "on-policy log-probs agree up to rounding; unsampled tokens have none"),
+    ("09", 'assert kl["masked"] < 1e-3', "on-policy log-probs agree up to rounding; unsampled tokens have none"),
     ("09", 'assert tool_episode.transitions[-1].metrics["correct"] == 1.0', "a scripted episode"),
     ("09", "assert len(played.trajectories) == 8", "the rollout's bookkeeping"),
 ]
