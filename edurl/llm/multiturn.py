@@ -284,7 +284,8 @@ class MultiTurnConfig:
     eval_every: int = 25
     """Steps between greedy evaluations (also at the start and the end)."""
     num_eval: int = 200
-    """calculator: held-out problems per evaluation (guess_number always plays all 32 secrets)."""
+    """calculator: held-out problems per evaluation, 3-digit sums only whatever the warm start's easy_fraction
+    (guess_number always plays all 32 secrets)."""
     seed: int = 0
     """Seeds the warm start, the secrets or problems, and the sampling."""
     num_threads: int = 2

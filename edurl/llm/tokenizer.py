@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import string
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 IM_START = "<|im_start|>"
@@ -72,8 +72,6 @@ def build_bpe_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTrainedT
     of tokenizer Qwen and Llama use, small enough to train in a second. Unlike the character tokenizer, it can
     spell one text several ways (``"ab"`` as one merged token or as ``"a"``, ``"b"``), which is what breaks the
     prefix property of Chapter 9."""
-    from tokenizers import trainers
-
     if not corpus or not all(isinstance(t, str) for t in corpus):
         raise ValueError("corpus must be a non-empty list of strings to learn the merges from")
     core = Tokenizer(models.BPE())
