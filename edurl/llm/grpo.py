@@ -29,13 +29,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import Datum, build_datum
+from edurl.llm.distributed import SINGLE, World, init_world, loss_share
 from edurl.llm.loop import GRPOResult, make_training_client, problem_seed, run_training_loop, substeps
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
@@ -101,6 +102,10 @@ class GRPOConfig:
     """Sampling temperature; the trainer scores at the same one, so the ratio is exactly 1 on-policy."""
     max_tokens: int = 16
     """Most tokens per completion; also the fixed budget that Dr. GRPO's aggregation divides by."""
+    sample_per_problem: bool = False
+    """Sample each problem's group in a call of its own, seeded by (seed, step, problem), rather than the whole
+    batch in one call: the samples then do not depend on how the batch is split, so a data-parallel run under
+    torchrun (which turns this on) repeats a single-process run with this flag. Slower on one process."""
     eval_every: int = 25
     """Steps between held-out evaluations (greedy pass@1); also at the start and the end."""
     num_eval: int = 200
@@ -186,36 +191,48 @@ def grpo_step(
     stop,
     sampler: SamplingClient | None = None,
     reward_fn: RewardFn | None = None,
+    world: World = SINGLE,
 ) -> tuple[dict[str, float], SamplingClient]:
     """One iteration (steps 1-6 of the module docstring). Returns the metrics row and the sampler it used
     (pass that sampler back in to keep it, the stale-sampler mistake, with ``refresh_sampler=False``).
 
     ``reward_fn`` replaces the verifier's reward in step 3 (see :data:`RewardFn`): Chapter 8 passes a learned
-    reward model. The verifier still grades every completion for the ``env/all/correct`` and ``format`` metrics."""
+    reward model. The verifier still grades every completion for the ``env/all/correct`` and ``format`` metrics.
+
+    ``world`` (:mod:`edurl.llm.distributed`) splits the step over data-parallel ranks: each samples, grades and
+    trains on its share of the problems, and the metrics and the gradient are those of the whole batch."""
     t0 = time.perf_counter()
     # 1. a sampler over the current weights (or the old one, for the stale-sampler demonstration)
     if sampler is None or config.refresh_sampler:
         sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
     # 2. sample a group per problem
-    problems = task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
-    prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+    P, G = config.batch_size, config.group_size
+    problems = task.sample(P, split="train", seed=problem_seed(config.seed, step))
+    mine = world.shard(P)  # this rank's problems (all of them on one process)
+    prompts = [renderer.build_generation_prompt(problems[i].messages()) for i in mine]
     params = SamplingParams(
         max_tokens=config.max_tokens, temperature=config.temperature, stop=stop, seed=problem_seed(config.seed, step)
     )
-    responses = sampler.sample_batch(prompts, config.group_size, params)
+    if config.sample_per_problem or world.size > 1:  # one call per group, seeded by its problem: any split agrees
+        responses = [
+            sampler.sample_batch([prompt], G, replace(params, seed=params.seed * 100_003 + i))[0]
+            for i, prompt in zip(mine, prompts)
+        ]
+    else:
+        responses = sampler.sample_batch(prompts, G, params)
     t1 = time.perf_counter()
     # 3. rewards
     grades = []
-    for problem, response in zip(problems, responses):
+    for i, response in zip(mine, responses):
         for seq in response.sequences:
             message, ok = renderer.parse_response(seq.tokens)
-            grades.append(grade(message["content"], problem.answer, complete=ok))
-    P, G = config.batch_size, config.group_size
-    rewards = torch.tensor([g.reward for g in grades], device="cpu").view(P, G)
+            grades.append(grade(message["content"], problems[i].answer, complete=ok))
+    rewards = torch.tensor([g.reward for g in grades], device="cpu").view(len(mine), G)
     reward_row = {}
     if reward_fn is not None:
-        rewards, reward_row = _call_reward_fn(reward_fn, problems, prompts, responses, (P, G))
-    correct = torch.tensor([g.correct for g in grades], device="cpu").view(P, G)
+        rewards, reward_row = _call_reward_fn(reward_fn, [problems[i] for i in mine], prompts, responses, rewards.shape)
+    correct = torch.tensor([g.correct for g in grades], device="cpu").view(len(mine), G)
+    rewards, correct = world.gather_rows(rewards, P), world.gather_rows(correct, P)  # (P, G): the whole batch
     # 4. advantages
     adv = L.group_advantages(rewards, config.advantage_scale) if config.center_advantages else rewards.clone()
     keep = (
@@ -225,8 +242,8 @@ def grpo_step(
     )
     # 5. datums
     datums = [
-        build_datum(prompts[i], seq.tokens, seq.logprobs, float(adv[i, j]))
-        for i, response in enumerate(responses)
+        build_datum(prompt, seq.tokens, seq.logprobs, float(adv[i, j]))
+        for i, prompt, response in zip(mine, prompts, responses)
         if keep[i]
         for j, seq in enumerate(response.sequences)
     ]
@@ -236,7 +253,7 @@ def grpo_step(
     # 6. forward_backward + optim_step, num_substeps times
     fwd_metrics: list[dict] = []
     loss_kl_coef = config.kl_coef if config.kl_penalty == "loss" else 0.0
-    if datums:
+    if datums:  # on every rank, under data parallelism (which refuses drop_uniform_groups)
         for chunk in substeps(datums, config.num_substeps):
             out = trainer.forward_backward(
                 chunk,
@@ -249,19 +266,25 @@ def grpo_step(
                 kl_estimator=config.kl_estimator,
                 log_kl_ref=config.kl_coef > 0 or config.log_kl_ref,
             ).result()
+            share = loss_share(chunk, config.aggregation, world)  # 1 on one process
+            world.all_reduce_gradients(trainer.trainable_parameters(), share)
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
-            fwd_metrics.append({**out.metrics, **opt, "optim/loss": out.loss})
+            loss = world.sum(share * out.loss)  # the loss on the whole batch
+            fwd_metrics.append({**world.token_mean(out.metrics, chunk), **opt, "optim/loss": loss})
     t2 = time.perf_counter()
     uniform = rewards.max(1).values == rewards.min(1).values
+    formats, tokens = world.sum_floats(
+        [sum(g.format for g in grades), sum(len(s.tokens) for r in responses for s in r.sequences)]
+    )
     row = {
         "env/all/reward/total": float(rewards.mean()),
         "env/all/correct": float(correct.mean()),
-        "env/all/format": float(sum(g.format for g in grades) / len(grades)),
-        "env/all/ac_tokens_per_turn": sum(len(s.tokens) for r in responses for s in r.sequences) / (P * G),
+        "env/all/format": float(formats / (P * G)),
+        "env/all/ac_tokens_per_turn": tokens / (P * G),
         "env/all/by_group/frac_mixed": float((~uniform).float().mean()),
         "env/all/by_group/frac_all_good": float((correct.min(1).values == 1).float().mean()),
         "env/all/by_group/frac_all_bad": float((correct.max(1).values == 0).float().mean()),
-        **reward_row,
+        **world.mean(reward_row),
         **kl_row,
         "time/sample": t1 - t0,
         "time/train": t2 - t1,
@@ -284,6 +307,10 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
     fields that only :func:`grpo_step` reads (``refresh_sampler``, the KL penalty, ...) are then the step's to honour.
     """
     config = config or GRPOConfig()
+    world = init_world(config.device)  # SINGLE unless started by torchrun with more than one process
+    if world.size > 1:
+        config = replace(config, sample_per_problem=True)
+        _check_data_parallel(config, world, step_fn)
     if step_fn is not None:
         if not callable(step_fn):
             raise TypeError(
@@ -316,7 +343,7 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
     def library_step(trainer, renderer, task, step):
         nonlocal sampler
         row, sampler = grpo_step(
-            config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler, reward_fn=reward_fn
+            config, trainer, renderer, task, step, renderer.get_stop_sequences(), sampler, reward_fn, world
         )
         return row
 
@@ -328,11 +355,42 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
         return None if config.refresh_sampler else sampler
 
     return run_training_loop(
-        config, library_step, "GRPO", postfix="env/all/correct", on_resume=on_resume, sampler_to_save=sampler_to_save
+        config,
+        library_step,
+        "GRPO",
+        postfix="env/all/correct",
+        on_resume=on_resume,
+        sampler_to_save=sampler_to_save,
+        world=world,
     )
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _check_data_parallel(config: GRPOConfig, world: World, step_fn) -> None:
+    """Refuse, before any work, the settings that data-parallel GRPO does not split exactly."""
+    if step_fn is not None:
+        raise ValueError(
+            f"train_grpo was started by torchrun with {world.size} processes, but a step_fn does not know how to "
+            "split a batch across them; run a step_fn on one process (python, not torchrun)"
+        )
+    if config.batch_size % (world.size * config.num_substeps):
+        raise ValueError(
+            f"batch_size={config.batch_size} must be a multiple of nproc_per_node x num_substeps = "
+            f"{world.size} x {config.num_substeps}, so every rank holds the same share of every substep; "
+            f"e.g. --batch-size {-(-config.batch_size // (world.size * config.num_substeps)) * world.size * config.num_substeps}"
+        )
+    if config.drop_uniform_groups:
+        raise ValueError(
+            "drop_uniform_groups is not supported under torchrun yet (a rank could be left with no datums); "
+            "run it on one process, or leave it off: a uniform group's advantages are 0 anyway"
+        )
+    if config.kl_coef > 0 and config.kl_penalty == "reward":
+        raise ValueError(
+            "kl_penalty='reward' centres the KL on the batch's mean, which is not split across ranks yet; under "
+            "torchrun use --kl-penalty loss, or run on one process"
+        )
 
 
 def _call_reward_fn(reward_fn, problems, prompts, responses, shape) -> tuple[torch.Tensor, dict[str, float]]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from edurl.llm.clients import ServiceClient, TrainingClient
+from edurl.llm.distributed import SINGLE, World
 from edurl.llm.evaluation import EvalResult, evaluate
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import load_or_train_sft
@@ -80,38 +81,55 @@ def _checkpoints(log_dir: Path) -> list[Path]:
 
 
 def run_training_loop(
-    config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None
+    config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None, world: World = SINGLE
 ) -> GRPOResult:
     """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
     evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar.
     ``on_resume(trainer, checkpoint)`` restores what the step function carries between steps, and
-    ``sampler_to_save()`` names a sampler that every checkpoint must keep."""
+    ``sampler_to_save()`` names a sampler that every checkpoint must keep.
+
+    Under data parallelism (``world``, see :mod:`edurl.llm.distributed`) every rank runs this loop; only rank 0
+    evaluates, logs and checkpoints, every rank resumes from rank 0's checkpoint, and the evaluations that the
+    result carries are rank 0's on every rank."""
     log_dir = Path(config.log_dir)
+    main = world.is_main
     with torch_threads(config.num_threads):
+        if not main:
+            world.barrier()  # rank 0 trains (or loads) the cached warm start first, so no two ranks write it
         trainer, renderer, task = make_training_client(config)
+        if main:
+            world.barrier()
+        world.broadcast_parameters(trainer.model)  # every copy starts from rank 0's weights
         test = task.sample(config.num_eval, split="test", seed=config.seed)
-        start_step, start_eval = 0, None
-        if config.resume and _checkpoints(log_dir):
-            checkpoint = _checkpoints(log_dir)[-1]
+        start_step, start_eval, logger = 0, None, None
+        checkpoints = world.broadcast_object(_checkpoints(log_dir) if config.resume else [])
+        if checkpoints:
+            checkpoint = checkpoints[-1]
             extra = trainer.load_state(checkpoint)
             if on_resume is not None:
                 on_resume(trainer, checkpoint)
             start_step = extra["step"]
-            truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
-            logger = MetricsLogger(log_dir, if_exists="append")
+            if main:
+                truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
+                logger = MetricsLogger(log_dir, if_exists="append")
         else:
-            logger = MetricsLogger(log_dir, if_exists="overwrite")
-            (log_dir / "config.json").write_text(json.dumps({"run": desc, **asdict(config)}, indent=1, default=str))
-            start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+            if main:
+                logger = MetricsLogger(log_dir, if_exists="overwrite")
+                config_json = json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
+                (log_dir / "config.json").write_text(config_json)
+                start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+            start_eval = world.broadcast_object(start_eval)
         bar = progress(
             range(start_step, config.max_steps),
             desc=desc,
-            disable=not config.progress,
+            disable=not (config.progress and main),
             initial=start_step,
             total=config.max_steps,
         )
         for step in bar:
             row = step_fn(trainer, renderer, task, step)
+            if not main:  # the other ranks wait for rank 0's evaluation at the next step's first exchange
+                continue
             if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
                 ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
                 row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
@@ -127,6 +145,9 @@ def run_training_loop(
                     sampler=sampler_to_save() if sampler_to_save is not None else None,
                 )
         bar.close()
-        logger.close()
-        final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+        final = None
+        if main:
+            logger.close()
+            final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+        final = world.broadcast_object(final)  # also waits for rank 0's metrics.jsonl to be complete
     return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)

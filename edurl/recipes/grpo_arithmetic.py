@@ -5,6 +5,11 @@
     python -m edurl.recipes.grpo_arithmetic --resume               # continue from the newest checkpoint
     python -m edurl.recipes.grpo_arithmetic --sft.num-digits 3 --loss-fn ppo   # nested fields: --sft.*
     python -m edurl.recipes.grpo_arithmetic --help                # every field, with its doc and default
+    torchrun --nproc_per_node 2 -m edurl.recipes.grpo_arithmetic --num-threads 1   # data-parallel (Chapter 10)
+
+Under torchrun each process samples and trains on its share of every batch and the gradients are summed, so a
+step is the single-process step on the whole batch (see :mod:`edurl.llm.distributed`); only rank 0 prints,
+plots and writes checkpoints. Give each process its own cores: ``--num-threads`` = cores / nproc_per_node.
 
 Writes ``<log_dir>/metrics.jsonl``, ``<log_dir>/config.json``, checkpoints under ``<log_dir>/checkpoints/``
 and ``<log_dir>/learning_curves.png``.
@@ -12,6 +17,9 @@ and ``<log_dir>/learning_curves.png``.
 
 from pathlib import Path
 
+import torch
+
+from edurl.llm.distributed import init_world
 from edurl.llm.grpo import GRPOConfig, train_grpo
 from edurl.plotting import plot_grpo_metrics
 from edurl.recipes._cli import parse_config
@@ -20,6 +28,11 @@ from edurl.recipes._cli import parse_config
 def main(argv=None):
     config = parse_config(GRPOConfig, argv, save_every=50)
     result = train_grpo(config)
+    world = init_world(config.device)
+    if world.size > 1:
+        torch.distributed.destroy_process_group()
+    if not world.is_main:
+        return result
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,0 +1,195 @@
+"""Data-parallel GRPO on ``torch.distributed`` (Chapter 10): N processes, one batch, one step.
+
+Under ``torchrun --nproc_per_node N``, every process (a *rank*) holds a full copy of the policy. One GRPO step::
+
+    1. every rank draws the same P problems (a function of (seed, step)) and keeps its share: problems
+       rank, rank + N, rank + 2N, ...
+    2. it samples and grades only its share, each problem's group seeded by (seed, step, problem), so the
+       samples do not depend on N
+    3. the ranks exchange their rewards (P x G floats), so group, batch-level advantages and the logged
+       metrics are those of the whole batch
+    4. each rank runs forward_backward on its datums; its gradient is scaled by its share of the loss's
+       denominator (its tokens / all tokens for token_mean, ...), then the gradients are summed over ranks
+       (all_reduce), so every rank holds the gradient of the single-process loss on the whole batch
+    5. every rank takes the same Adam step on the same gradient, so the copies stay equal
+
+Only rank 0 evaluates, logs and writes checkpoints; resuming loads rank 0's checkpoint on every rank.
+The backend is gloo on the CPU and NCCL on CUDA, where rank r uses the GPU ``LOCAL_RANK``.
+
+A :class:`World` of size 1 (:data:`SINGLE`) makes every method here a no-op, so the single-process loop is the
+same code. Libraries that do this at scale (DDP, FSDP, DeepSpeed) overlap step 4 with the backward pass and
+shard the weights and optimizer; the arithmetic they must get right is the one of :func:`loss_share`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SINGLE", "World", "init_world", "loss_share"]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks, and the collective operations the GRPO step needs."""
+
+    rank: int = 0
+    """This process's index, 0 to size - 1 (torchrun's RANK)."""
+    size: int = 1
+    """How many processes share a batch (torchrun's WORLD_SIZE)."""
+    local_rank: int = 0
+    """This process's index on its machine (torchrun's LOCAL_RANK): the GPU it uses."""
+    device: str = "cpu"
+    """Where collective operations run: "cpu" for gloo, "cuda" for NCCL."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that evaluates, logs and checkpoints."""
+        return self.rank == 0
+
+    def shard(self, n: int) -> list[int]:
+        """This rank's share of ``n`` items: indices rank, rank + size, ..."""
+        return list(range(self.rank, n, self.size))
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``tensor`` over the ranks, as a new tensor on ``tensor``'s device."""
+        if self.size == 1:
+            return tensor
+        buf = tensor.detach().to(self.device, torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+        torch.distributed.all_reduce(buf)
+        return buf.to(tensor.device, tensor.dtype)
+
+    def sum_floats(self, values: Sequence[float]) -> list[float]:
+        """Each of ``values`` summed over the ranks (in float64)."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        return self.all_reduce(torch.tensor([float(v) for v in values], dtype=torch.float64)).tolist()
+
+    def sum(self, value: float) -> float:
+        """``value`` summed over the ranks."""
+        return float(value) if self.size == 1 else self.sum_floats([value])[0]
+
+    def mean(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Each metric averaged over the ranks, with equal weights (for per-problem means: every rank holds as
+        many problems)."""
+        if self.size == 1:
+            return metrics
+        return dict(zip(metrics, (v / self.size for v in self.sum_floats(list(metrics.values())))))
+
+    def token_mean(self, metrics: dict[str, float], datums: Sequence) -> dict[str, float]:
+        """Metrics that are means over this rank's action tokens (``optim/entropy``, ``optim/kl_sample_train_v1``,
+        ...), made means over every rank's: each rank's mean weighted by its number of action tokens."""
+        if self.size == 1:
+            return metrics
+        n = sum(int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums)
+        *sums, total = self.sum_floats([v * n for v in metrics.values()] + [n])
+        return {k: v / total for k, v in zip(metrics, sums)}
+
+    def gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
+        """The (n, ...) tensor whose row i came from rank i % size, given this rank's rows (those of
+        :meth:`shard`): e.g. every rank's rewards, in problem order."""
+        if self.size == 1:
+            return local
+        out = torch.zeros((n, *local.shape[1:]), dtype=torch.float64)
+        out[self.shard(n)] = local.detach().cpu().to(torch.float64)
+        return self.all_reduce(out).to(local.dtype)  # the other ranks' rows are 0 here, so the sum places them
+
+    def all_reduce_gradients(self, parameters: Sequence[torch.nn.Parameter], share: float) -> None:
+        """Replace each gradient by the sum over ranks of ``share`` x that rank's gradient, in one flat fp32
+        all_reduce. A parameter without a gradient (a rank with no datums) counts as zeros."""
+        if self.size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = torch.cat([g.reshape(-1).to(self.device, torch.float32) for g in grads]) * share
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p, g in zip(parameters, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).to(p.device, p.dtype)
+            offset += g.numel()
+
+    def broadcast_parameters(self, module: torch.nn.Module) -> None:
+        """Copy rank 0's weights to every rank (the same start for every copy, as DDP does when it wraps a model)."""
+        if self.size == 1:
+            return
+        with torch.no_grad():
+            for p in module.parameters():
+                buf = p.detach().to(self.device)
+                torch.distributed.broadcast(buf, src=0)
+                p.copy_(buf.to(p.device))
+
+    def broadcast_object(self, obj):
+        """Rank 0's ``obj`` (any picklable value) on every rank."""
+        if self.size == 1:
+            return obj
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self.size > 1:
+            torch.distributed.barrier()
+
+
+SINGLE = World()
+"""One process: every collective is a no-op."""
+
+
+def init_world(device: str | None = None) -> World:
+    """The :class:`World` of this process, from torchrun's environment variables (RANK, WORLD_SIZE, LOCAL_RANK).
+
+    Without them, or with WORLD_SIZE=1, this is :data:`SINGLE` and nothing is initialised. Otherwise it joins
+    the process group: NCCL when ``device`` (or, when None, the machine) is CUDA, with this rank on GPU
+    LOCAL_RANK; gloo on the CPU. Calling it again returns the same world."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return SINGLE
+    missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"WORLD_SIZE={size} but {', '.join(missing)} not set: start data-parallel runs with torchrun, e.g. "
+            "torchrun --nproc_per_node 2 -m edurl.recipes.grpo_arithmetic --num-threads 1"
+        )
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    from edurl.utils import device as pick_device
+
+    cuda = pick_device(device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    return World(rank=rank, size=size, local_rank=local_rank, device="cuda" if cuda else "cpu")
+
+
+def loss_share(datums: Sequence, aggregation: str, world: World) -> float:
+    """This rank's share of the loss's denominator, so that summing ``share x gradient`` over the ranks gives
+    the gradient of the loss on the whole batch (:func:`edurl.llm.losses.aggregate`):
+
+    =========================  ===============================================
+    aggregation                share
+    =========================  ===============================================
+    sum                        1 (the sum of the ranks' sums is the sum)
+    token_mean                 this rank's action tokens / all action tokens
+    seq_mean_token_mean        this rank's sequences with a token / all of them
+    seq_mean_token_sum_norm    this rank's sequences / all sequences
+    =========================  ===============================================
+
+    A plain average of the ranks' gradients (share 1/size) is right only when every rank holds as many of
+    these as every other; with completions of different lengths, token_mean's is not. One all_reduce.
+    """
+    if aggregation == "sum":
+        return 1.0
+    tokens = [int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums]
+    if aggregation == "token_mean":
+        local = sum(tokens)
+    elif aggregation == "seq_mean_token_mean":
+        local = sum(t > 0 for t in tokens)
+    elif aggregation == "seq_mean_token_sum_norm":
+        local = len(datums)
+    else:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    (total,) = world.sum_floats([local])
+    return local / total if total else 0.0

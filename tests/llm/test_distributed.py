@@ -1,0 +1,204 @@
+"""Data-parallel GRPO (edurl.llm.distributed): the ranks' summed gradient is the single-process gradient on the
+whole batch, and a torchrun run with 2 processes repeats a single-process run, also across a resume."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from edurl.llm import losses as L
+from edurl.llm.clients import ServiceClient
+from edurl.llm.datum import build_datum
+from edurl.llm.distributed import SINGLE, World, init_world, loss_share
+from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.llm.model import build_tiny_lm
+from edurl.llm.tokenizer import build_char_tokenizer
+
+from .conftest import SMALL
+
+MODES = list(L.AGGREGATION_MODES)
+LOSSES = [("importance_sampling", {}), ("ppo", {}), ("dro", {"beta": 0.1})]
+
+
+def _datums(n: int = 8):
+    """n datums with completions of different lengths (so the ranks hold different numbers of tokens),
+    sampler log-probs away from the policy's (off-policy, so the clip binds), and mixed advantages."""
+    g = torch.Generator().manual_seed(0)
+    datums = []
+    for i in range(n):
+        prompt = torch.randint(5, 40, (3 + i % 3,), generator=g).tolist()
+        completion = torch.randint(5, 40, (2 + 3 * i,), generator=g).tolist()  # 2, 5, ..., 23 tokens
+        logprobs = (-3.0 + 0.5 * torch.randn(len(completion), generator=g)).tolist()
+        datums.append(build_datum(prompt, completion, logprobs, float(torch.randn(1, generator=g))))
+    return datums
+
+
+def _trainer():
+    tok = build_char_tokenizer()
+    return ServiceClient(device="cpu").create_training_client((build_tiny_lm(tok, SMALL, seed=0), tok), False)
+
+
+def _gradient(trainer, datums, loss_fn, config, mode, world, share=None):
+    """The flat gradient of one forward_backward on ``datums``, summed over ranks with ``share``
+    (loss_share's, unless a share is given: the plain-average bug passes 1 / size)."""
+    trainer.model.zero_grad(set_to_none=True)
+    trainer.forward_backward(datums, loss_fn, config, aggregation=mode, max_tokens=24)
+    params = trainer.trainable_parameters()
+    world.all_reduce_gradients(params, loss_share(datums, mode, world) if share is None else share)
+    return torch.cat([p.grad.reshape(-1) for p in params]).clone()
+
+
+def _rank(rank, size, port, out):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    world = World(rank=rank, size=size)
+    datums, trainer = _datums(), _trainer()
+    mine = [datums[i] for i in world.shard(len(datums))]
+    grads = {
+        (name, mode): _gradient(trainer, mine, name, config, mode, world) for name, config in LOSSES for mode in MODES
+    }
+    grads["plain average"] = _gradient(trainer, mine, "importance_sampling", {}, "token_mean", world, 1 / size)
+    rewards = torch.tensor([[float(i), 10.0 * i] for i in world.shard(5)])
+    grads["gathered"] = world.gather_rows(rewards, 5)
+    grads["token_mean"] = world.token_mean({"optim/x": float(rank + 1)}, mine)["optim/x"]
+    if rank == 0:
+        torch.save(grads, out)
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dp") / "grads.pt"
+    mp.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("loss", LOSSES, ids=[name for name, _ in LOSSES])
+def test_two_ranks_sum_to_the_single_process_gradient(two_ranks, mode, loss):
+    name, config = loss
+    single = _gradient(_trainer(), _datums(), name, config, mode, SINGLE)
+    dp = two_ranks[(name, mode)]
+    assert single.norm() > 0
+    assert (dp - single).norm() / single.norm() < 1e-6
+
+
+def test_a_plain_average_of_the_ranks_gradients_is_wrong_for_token_mean(two_ranks):
+    # rank 0 holds completions of 2, 8, 14, 20 tokens, rank 1 of 5, 11, 17, 23: a mean of the two means weights
+    # rank 0's tokens more, which loss_share corrects
+    single = _gradient(_trainer(), _datums(), "importance_sampling", {}, "token_mean", SINGLE)
+    assert (two_ranks["plain average"] - single).norm() / single.norm() > 1e-3
+
+
+def test_gather_rows_puts_each_ranks_rows_in_problem_order(two_ranks):
+    expected = torch.tensor([[float(i), 10.0 * i] for i in range(5)])
+    assert torch.equal(two_ranks["gathered"], expected)
+
+
+def test_token_mean_weights_each_rank_by_its_tokens(two_ranks):
+    tokens = [sum(2 + 3 * i for i in range(r, 8, 2)) for r in (0, 1)]  # 44 and 56 action tokens
+    assert two_ranks["token_mean"] == pytest.approx((1 * tokens[0] + 2 * tokens[1]) / sum(tokens))
+
+
+def test_loss_share_by_hand_on_one_process():
+    datums = _datums(3)  # 2, 5 and 8 action tokens
+    for mode in MODES:
+        assert loss_share(datums, mode, SINGLE) == 1.0
+    assert SINGLE.shard(5) == [0, 1, 2, 3, 4]
+    assert World(rank=1, size=3).shard(8) == [1, 4, 7]
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        loss_share(datums, "mean", SINGLE)
+
+
+def test_init_world_without_torchrun_is_a_single_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert init_world() is SINGLE
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun --nproc_per_node"):
+        init_world()
+
+
+def test_data_parallel_refuses_what_it_cannot_split(monkeypatch, tmp_path):
+    monkeypatch.setattr("edurl.llm.grpo.init_world", lambda device=None: World(rank=0, size=2))
+    base = dict(group_size=2, batch_size=4, max_steps=1, log_dir=str(tmp_path))
+    for kw, match in [
+        (dict(batch_size=6, num_substeps=2), "multiple of nproc_per_node x num_substeps"),
+        (dict(drop_uniform_groups=True), "drop_uniform_groups"),
+        (dict(kl_coef=0.1), "--kl-penalty loss"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            train_grpo(GRPOConfig(**{**base, **kw}))
+    with pytest.raises(ValueError, match="step_fn"):
+        train_grpo(GRPOConfig(**base), step_fn=lambda *a: {})
+
+
+# ---------------------------------------------------------------- torchrun end to end
+
+ARGS = (
+    "--sft.model.hidden-size 32 --sft.model.num-layers 2 --sft.model.num-heads 2 --sft.model.intermediate-size 64 "
+    "--sft.max-steps 150 --sft.batch-size 16 --sft.warmup-steps 2 --sft.num-threads 1 --group-size 4 "
+    "--batch-size 4 --max-tokens 14 --eval-every 10 --num-eval 8 --num-threads 1 --no-progress "
+    "--learning-rate 1e-3 --save-every 10"
+).split()
+EXACT = [
+    "env/all/reward/total",
+    "env/all/correct",
+    "env/all/format",
+    "env/all/ac_tokens_per_turn",
+    "env/all/by_group/frac_mixed",
+    "test/pass_at_1",
+]
+CLOSE = ["optim/loss", "optim/grad_norm", "optim/entropy", "optim/kl_sample_train_v2"]
+
+
+def _recipe(log_dir, nproc: int, *extra: str) -> pd.DataFrame:
+    """Run the GRPO recipe with plain python (nproc 0) or under torchrun, with the warm-start cache beside log_dir."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
+    cmd = [sys.executable, *launcher, "-m", "edurl.recipes.grpo_arithmetic", *ARGS, "--log-dir", str(log_dir), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "EDURL_CACHE": str(log_dir.parent / "cache")}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return pd.read_json(log_dir / "metrics.jsonl", lines=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torchrun")
+    _recipe(root / "warm", 0, "--max-steps", "1")  # trains the cached warm start once, before the ranks read it
+    single = _recipe(root / "single", 0, "--max-steps", "20", "--sample-per-problem")
+    two = _recipe(root / "two", 2, "--max-steps", "20")
+    _recipe(root / "resumed", 2, "--max-steps", "10")
+    resumed = _recipe(root / "resumed", 2, "--max-steps", "20", "--resume")
+    return single, two, resumed, root
+
+
+def test_torchrun_with_two_processes_repeats_the_single_process_run(runs):
+    single, two, _, root = runs
+    assert list(two["step"]) == list(range(20))
+    assert single["optim/grad_norm"].gt(0).all()  # the warm start's rewards differ within groups: real updates
+    pd.testing.assert_frame_equal(two[EXACT], single[EXACT])
+    pd.testing.assert_frame_equal(two[CLOSE], single[CLOSE], rtol=1e-4, atol=1e-7)
+    config = json.loads((root / "two" / "config.json").read_text())
+    assert config["sample_per_problem"] is True  # turned on by torchrun
+    assert sorted(p.name for p in (root / "two" / "checkpoints").iterdir()) == ["step_000010", "step_000020"]
+
+
+def test_torchrun_resume_repeats_the_uninterrupted_run(runs):
+    _, two, resumed, _ = runs
+    assert list(resumed["step"]) == list(range(20))
+    pd.testing.assert_frame_equal(resumed[EXACT], two[EXACT])
+    pd.testing.assert_frame_equal(resumed[CLOSE], two[CLOSE], rtol=1e-4, atol=1e-7)
