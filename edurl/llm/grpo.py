@@ -182,29 +182,37 @@ class GRPOConfig:
         return {}
 
 
-def grpo_step(
+@dataclass
+class Rollout:
+    """One step's batch, sampled, graded and turned into datums (steps 2-5): what the sampler hands the trainer."""
+
+    step: int
+    """The step whose problems these are."""
+    datums: list[Datum]
+    """This rank's datums, advantages in place."""
+    row: dict[str, float]
+    """The batch's ``env/*`` metrics (the whole batch's, under data parallelism) and ``time/sample``."""
+    sampler_version: int | None = None
+    """How many optimizer steps the sampler's weights had taken (set by the off-policy loop)."""
+
+
+def collect(
     config: GRPOConfig,
-    trainer: TrainingClient,
+    sampler: SamplingClient,
     renderer: ChatMLRenderer,
     task,
     step: int,
     stop,
-    sampler: SamplingClient | None = None,
     reward_fn: RewardFn | None = None,
     world: World = SINGLE,
-) -> tuple[dict[str, float], SamplingClient]:
-    """One iteration (steps 1-6 of the module docstring). Returns the metrics row and the sampler it used
-    (pass that sampler back in to keep it, the stale-sampler mistake, with ``refresh_sampler=False``).
+) -> Rollout:
+    """Steps 2-5 of the module docstring with ``sampler``: sample a group per problem, grade, centre, build datums.
 
     ``reward_fn`` replaces the verifier's reward in step 3 (see :data:`RewardFn`): Chapter 8 passes a learned
     reward model. The verifier still grades every completion for the ``env/all/correct`` and ``format`` metrics.
-
-    ``world`` (:mod:`edurl.llm.distributed`) splits the step over data-parallel ranks: each samples, grades and
-    trains on its share of the problems, and the metrics and the gradient are those of the whole batch."""
+    ``world`` (:mod:`edurl.llm.distributed`) splits the batch over data-parallel ranks: each samples and grades
+    its share of the problems, and the advantages and metrics are those of the whole batch."""
     t0 = time.perf_counter()
-    # 1. a sampler over the current weights (or the old one, for the stale-sampler demonstration)
-    if sampler is None or config.refresh_sampler:
-        sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
     # 2. sample a group per problem
     P, G = config.batch_size, config.group_size
     problems = task.sample(P, split="train", seed=problem_seed(config.seed, step))
@@ -220,7 +228,6 @@ def grpo_step(
         ]
     else:
         responses = sampler.sample_batch(prompts, G, params)
-    t1 = time.perf_counter()
     # 3. rewards
     grades = []
     for i, response in zip(mine, responses):
@@ -247,10 +254,32 @@ def grpo_step(
         if keep[i]
         for j, seq in enumerate(response.sequences)
     ]
+    uniform = rewards.max(1).values == rewards.min(1).values
+    formats, tokens = world.sum_floats(
+        [sum(g.format for g in grades), sum(len(s.tokens) for r in responses for s in r.sequences)]
+    )
+    row = {
+        "env/all/reward/total": float(rewards.mean()),
+        "env/all/correct": float(correct.mean()),
+        "env/all/format": float(formats / (P * G)),
+        "env/all/ac_tokens_per_turn": tokens / (P * G),
+        "env/all/by_group/frac_mixed": float((~uniform).float().mean()),
+        "env/all/by_group/frac_all_good": float((correct.min(1).values == 1).float().mean()),
+        "env/all/by_group/frac_all_bad": float((correct.max(1).values == 0).float().mean()),
+        **world.mean(reward_row),
+        "time/sample": time.perf_counter() - t0,
+    }
+    return Rollout(step, datums, row)
+
+
+def update(config: GRPOConfig, trainer: TrainingClient, rollout: Rollout, world: World = SINGLE) -> dict[str, float]:
+    """Step 6 on a :class:`Rollout`: the KL penalty (if any), then forward_backward and optim_step,
+    ``num_substeps`` times. Returns the step's metrics row: the rollout's, ``optim/*`` and ``time/train``."""
+    t1 = time.perf_counter()
+    datums = rollout.datums
     kl_row = {}
     if datums and config.kl_coef > 0 and config.kl_penalty == "reward":
         datums, kl_row["env/all/kl_sample_ref"] = _kl_into_advantages(trainer, datums, config)
-    # 6. forward_backward + optim_step, num_substeps times
     fwd_metrics: list[dict] = []
     loss_kl_coef = config.kl_coef if config.kl_penalty == "loss" else 0.0
     if datums:  # on every rank, under data parallelism (which refuses drop_uniform_groups)
@@ -271,29 +300,33 @@ def grpo_step(
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             loss = world.sum(share * out.loss)  # the loss on the whole batch
             fwd_metrics.append({**world.token_mean(out.metrics, chunk), **opt, "optim/loss": loss})
-    t2 = time.perf_counter()
-    uniform = rewards.max(1).values == rewards.min(1).values
-    formats, tokens = world.sum_floats(
-        [sum(g.format for g in grades), sum(len(s.tokens) for r in responses for s in r.sequences)]
-    )
-    row = {
-        "env/all/reward/total": float(rewards.mean()),
-        "env/all/correct": float(correct.mean()),
-        "env/all/format": float(formats / (P * G)),
-        "env/all/ac_tokens_per_turn": tokens / (P * G),
-        "env/all/by_group/frac_mixed": float((~uniform).float().mean()),
-        "env/all/by_group/frac_all_good": float((correct.min(1).values == 1).float().mean()),
-        "env/all/by_group/frac_all_bad": float((correct.max(1).values == 0).float().mean()),
-        **world.mean(reward_row),
-        **kl_row,
-        "time/sample": t1 - t0,
-        "time/train": t2 - t1,
-    }
+    row = {**rollout.row, **kl_row, "time/train": time.perf_counter() - t1}
     for key in fwd_metrics[0] if fwd_metrics else {}:
         row[key] = sum(m[key] for m in fwd_metrics) / len(fwd_metrics)
     if fwd_metrics:  # the last substep's ratio is the one furthest from 1
         row["optim/clip_fraction_last_substep"] = fwd_metrics[-1]["optim/clip_fraction"]
-    return row, sampler
+    return row
+
+
+def grpo_step(
+    config: GRPOConfig,
+    trainer: TrainingClient,
+    renderer: ChatMLRenderer,
+    task,
+    step: int,
+    stop,
+    sampler: SamplingClient | None = None,
+    reward_fn: RewardFn | None = None,
+    world: World = SINGLE,
+) -> tuple[dict[str, float], SamplingClient]:
+    """One iteration: a sampler (step 1), :func:`collect` (steps 2-5) and :func:`update` (step 6). Returns the
+    metrics row and the sampler it used (pass that sampler back in to keep it, the stale-sampler mistake, with
+    ``refresh_sampler=False``). ``reward_fn`` and ``world`` are :func:`collect`'s."""
+    # 1. a sampler over the current weights (or the old one, for the stale-sampler demonstration)
+    if sampler is None or config.refresh_sampler:
+        sampler = trainer.save_weights_and_get_sampling_client(f"step_{step}")
+    rollout = collect(config, sampler, renderer, task, step, stop, reward_fn, world)
+    return update(config, trainer, rollout, world), sampler
 
 
 def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: RewardFn | None = None) -> GRPOResult:
@@ -421,4 +454,15 @@ def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfi
     return [Datum(d.model_input, {**d.loss_fn_inputs, "advantages": a}) for d, a in zip(datums, pieces)], float(mean_k)
 
 
-__all__ = ["GRPOConfig", "GRPOResult", "RewardFn", "grpo_step", "make_training_client", "problem_seed", "train_grpo"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOResult",
+    "RewardFn",
+    "Rollout",
+    "collect",
+    "grpo_step",
+    "update",
+    "make_training_client",
+    "problem_seed",
+    "train_grpo",
+]
