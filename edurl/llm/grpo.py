@@ -106,6 +106,13 @@ class GRPOConfig:
     """Sample each problem's group in a call of its own, seeded by (seed, step, problem), rather than the whole
     batch in one call: the samples then do not depend on how the batch is split, so a data-parallel run under
     torchrun (which turns this on) repeats a single-process run with this flag. Slower on one process."""
+    max_steps_off_policy: int | None = None
+    """None: every batch is sampled with the current weights (on-policy). k >= 0: batch s is sampled with the
+    weights of step s - k, as by a sampler that runs k steps ahead of the trainer (Chapter 10,
+    :mod:`edurl.llm.off_policy`); 0 is the synchronous loop."""
+    concurrent_sampler: bool = True
+    """With max_steps_off_policy: sample in a thread of its own, beside the trainer (the two overlap when k >= 1;
+    give each num_threads = cores / 2). The batches are the same as with False, which samples in turn."""
     eval_every: int = 25
     """Steps between held-out evaluations (greedy pass@1); also at the start and the end."""
     num_eval: int = 200
@@ -160,6 +167,16 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.eval_every == 0:
             raise ValueError("eval_every must be >= 1 (steps between held-out evaluations)")
+        if self.max_steps_off_policy is not None:
+            if not isinstance(self.max_steps_off_policy, int) or self.max_steps_off_policy < 0:
+                raise ValueError(
+                    f"max_steps_off_policy must be None (on-policy) or an int >= 0, got {self.max_steps_off_policy!r}"
+                )
+            if not self.refresh_sampler:
+                raise ValueError(
+                    "refresh_sampler=False keeps the first sampler for the whole run, but max_steps_off_policy "
+                    "chooses the sampler's weights itself; set one of them"
+                )
         if self.lora_rank is not None and (not isinstance(self.lora_rank, int) or self.lora_rank < 1):
             raise ValueError(f"lora_rank must be None (train every weight) or a positive int, got {self.lora_rank!r}")
         if self.sft.seed not in (0, self.seed):
@@ -344,6 +361,10 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
     if world.size > 1:
         config = replace(config, sample_per_problem=True)
         _check_data_parallel(config, world, step_fn)
+    if config.max_steps_off_policy is not None:
+        if step_fn is not None:
+            raise ValueError("a step_fn runs its own sampler; leave max_steps_off_policy at None with step_fn")
+        return _train_off_policy(config, reward_fn)
     if step_fn is not None:
         if not callable(step_fn):
             raise TypeError(
@@ -380,7 +401,7 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
         )
         return row
 
-    def on_resume(trainer, checkpoint):
+    def on_resume(trainer, checkpoint, extra):
         nonlocal sampler
         sampler = trainer.load_sampler(checkpoint)  # the stale sampler, when the run keeps one
 
@@ -398,6 +419,36 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
     )
 
 
+def _train_off_policy(config: GRPOConfig, reward_fn: RewardFn | None) -> GRPOResult:
+    """train_grpo with a sampler ``max_steps_off_policy`` steps behind the trainer (:mod:`edurl.llm.off_policy`)."""
+    from edurl.llm.off_policy import LaggedSampler
+
+    lagged, restored = None, {}
+
+    def off_policy_step(trainer, renderer, task, step):
+        nonlocal lagged
+        if lagged is None:  # at the first step run (or resumed): it needs the trainer and where the run starts
+            lagged = LaggedSampler(config, trainer, renderer, task, reward_fn, step, restored)
+        rollout, waited = lagged.next(step)
+        row = update(config, trainer, rollout)
+        lagged.publish(step + 1)
+        return {**row, "async/staleness": float(step - rollout.sampler_version), "time/wait": waited}
+
+    def on_resume(trainer, checkpoint, extra):
+        restored.update(extra.get("snapshots", {}))
+
+    def extra_to_save(next_step):
+        return {"snapshots": lagged.state(next_step)}
+
+    try:
+        return run_training_loop(
+            config, off_policy_step, "GRPO", postfix="env/all/correct", on_resume=on_resume, extra_to_save=extra_to_save
+        )
+    finally:
+        if lagged is not None:
+            lagged.close()
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -413,6 +464,11 @@ def _check_data_parallel(config: GRPOConfig, world: World, step_fn) -> None:
             f"batch_size={config.batch_size} must be a multiple of nproc_per_node x num_substeps = "
             f"{world.size} x {config.num_substeps}, so every rank holds the same share of every substep; "
             f"e.g. --batch-size {-(-config.batch_size // (world.size * config.num_substeps)) * world.size * config.num_substeps}"
+        )
+    if config.max_steps_off_policy is not None:
+        raise ValueError(
+            "max_steps_off_policy (a sampler that runs ahead) is not supported under torchrun yet; run it on one "
+            "process, or leave it at None"
         )
     if config.drop_uniform_groups:
         raise ValueError(

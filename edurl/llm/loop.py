@@ -81,12 +81,20 @@ def _checkpoints(log_dir: Path) -> list[Path]:
 
 
 def run_training_loop(
-    config: GRPOConfig, step_fn, desc: str, postfix: str, on_resume=None, sampler_to_save=None, world: World = SINGLE
+    config: GRPOConfig,
+    step_fn,
+    desc: str,
+    postfix: str,
+    on_resume=None,
+    sampler_to_save=None,
+    extra_to_save=None,
+    world: World = SINGLE,
 ) -> GRPOResult:
     """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
     evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar.
-    ``on_resume(trainer, checkpoint)`` restores what the step function carries between steps, and
-    ``sampler_to_save()`` names a sampler that every checkpoint must keep.
+    ``on_resume(trainer, checkpoint, extra)`` restores what the step function carries between steps,
+    ``sampler_to_save()`` names a sampler that every checkpoint must keep, and ``extra_to_save(next_step)`` returns
+    a dict that the checkpoint keeps in its ``extra`` (handed back to ``on_resume``).
 
     Under data parallelism (``world``, see :mod:`edurl.llm.distributed`) every rank runs this loop; only rank 0
     evaluates, logs and checkpoints, every rank resumes from rank 0's checkpoint, and the evaluations that the
@@ -107,7 +115,7 @@ def run_training_loop(
             checkpoint = checkpoints[-1]
             extra = trainer.load_state(checkpoint)
             if on_resume is not None:
-                on_resume(trainer, checkpoint)
+                on_resume(trainer, checkpoint, extra)
             start_step = extra["step"]
             if main:
                 truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
@@ -141,7 +149,7 @@ def run_training_loop(
             if config.save_every and (step + 1) % config.save_every == 0:
                 trainer.save_state(
                     f"step_{step + 1:06d}",
-                    extra={"step": step + 1},
+                    extra={"step": step + 1, **(extra_to_save(step + 1) if extra_to_save is not None else {})},
                     sampler=sampler_to_save() if sampler_to_save is not None else None,
                 )
         bar.close()

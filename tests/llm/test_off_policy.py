@@ -1,0 +1,78 @@
+"""Off-policy GRPO (edurl.llm.off_policy): batch s is sampled with the weights of step s - k, in a thread of its
+own or in turn, and the run repeats, resumes and fails cleanly."""
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from edurl.llm.grpo import GRPOConfig, train_grpo
+
+from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
+
+WARM = replace(TINY_SFT, max_steps=150)  # enough SFT that the rewards differ within groups
+
+
+def run(tmp_path, name, **kw):
+    return train_grpo(tiny(tmp_path / name, **{"sft": WARM, "max_steps": 8, "max_tokens": 14, **kw})).metrics
+
+
+def same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    cols = [c for c in a.columns if not c.startswith("time")]
+    pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=True)
+
+
+def test_zero_steps_off_policy_is_the_synchronous_loop(tmp_path):
+    sync = run(tmp_path, "sync")
+    k0 = run(tmp_path, "k0", max_steps_off_policy=0)
+    assert sync["optim/grad_norm"].gt(0).all()
+    assert list(k0["async/staleness"]) == [0.0] * 8
+    same(sync, k0.drop(columns=["async/staleness"]))
+
+
+def test_a_sampler_further_behind_than_the_run_is_the_stale_sampler(tmp_path):
+    # every batch sampled with the starting weights: what refresh_sampler=False does by keeping the first sampler
+    stale = run(tmp_path, "stale", refresh_sampler=False)
+    lagged = run(tmp_path, "lagged", max_steps_off_policy=100)
+    assert list(lagged["async/staleness"]) == [float(s) for s in range(8)]
+    same(stale, lagged.drop(columns=["async/staleness"]))
+
+
+def test_the_sampler_thread_gives_the_batches_of_the_sequential_run(tmp_path):
+    threaded = run(tmp_path, "threaded", max_steps_off_policy=2)
+    in_turn = run(tmp_path, "in_turn", max_steps_off_policy=2, concurrent_sampler=False)
+    same(threaded, in_turn)
+    assert list(threaded["async/staleness"]) == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+    # stale batches move the ratio off 1: the clip binds and the sampler-trainer KL is no longer ~0
+    assert threaded["optim/clip_fraction"].iloc[0] == 0.0
+    assert threaded["optim/clip_fraction"].iloc[2:].gt(0).all()
+    assert threaded["optim/kl_sample_train_v2"].iloc[2:].min() > 1e3 * threaded["optim/kl_sample_train_v2"].iloc[0]
+
+
+def test_off_policy_run_resumes_exactly(tmp_path):
+    whole = run(tmp_path, "whole", max_steps_off_policy=2, save_every=4)
+    run(tmp_path, "resumed", max_steps_off_policy=2, save_every=4, max_steps=4)
+    resumed = run(tmp_path, "resumed", max_steps_off_policy=2, save_every=4, resume=True)
+    assert list(resumed["step"]) == list(range(8))
+    # the interrupted run also evaluated at its last step (3); every other number is the same
+    same(whole.drop(columns=["test/pass_at_1", "test/format"]), resumed.drop(columns=["test/pass_at_1", "test/format"]))
+    with pytest.raises(ValueError, match="weights of steps 2 to 5"):  # saved at step 8 with k = 2 (6, 7); k = 6
+        run(tmp_path, "resumed", max_steps_off_policy=6, save_every=4, max_steps=12, resume=True)
+
+
+def test_an_error_in_the_sampler_thread_reaches_the_caller(tmp_path):
+    def reward_fn(problems, prompts, completions):
+        raise ValueError("the grader broke")
+
+    with pytest.raises(RuntimeError, match="sampler thread failed") as info:
+        train_grpo(tiny(tmp_path / "broken", sft=WARM, max_steps_off_policy=1), reward_fn=reward_fn)
+    assert "the grader broke" in str(info.value.__cause__)
+
+
+def test_off_policy_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="int >= 0"):
+        GRPOConfig(max_steps_off_policy=-1)
+    with pytest.raises(ValueError, match="set one of them"):
+        GRPOConfig(max_steps_off_policy=1, refresh_sampler=False)
+    with pytest.raises(ValueError, match="step_fn"):
+        train_grpo(tiny(tmp_path, max_steps_off_policy=1), step_fn=lambda *a: {})
