@@ -25,6 +25,7 @@ fraction are Chapter 5's own (:mod:`edurl.objectives`). The aggregation modes ar
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -453,6 +454,30 @@ def group_advantages(rewards: torch.Tensor, scale: str = "none", eps: float = 1e
     if scale == "batch":
         return centered / (rewards.std() + eps)
     return centered
+
+
+def soft_advantages(rewards: torch.Tensor, tau: float) -> torch.Tensor:
+    """DRO's soft advantages (Richemond et al., 2024; Kimi k1.5): A_pg = R_pg - tau * log mean_g exp(R_pg / tau);
+    rewards and result (P, G).
+
+    The baseline ``tau * log mean exp(R / tau)`` is a soft maximum of the group's rewards: the value of a policy
+    that reweights the group by ``exp(R / tau)``, which is what the regularised objective's optimum does. As
+    tau -> infinity it tends to the group mean (GRPO's advantage); as tau -> 0 to the group's maximum, so only the
+    best samples keep advantage 0 and every other one is pushed down. ``tau = 0`` gives that limit. DRO's loss
+    (:func:`dro`) uses tau = its ``beta``. Example: rewards [[1, 0]], tau 1 -> baseline log((e + 1) / 2) = 0.620,
+    advantages [[0.380, -0.620]]. A group whose rewards are all equal gets 0 everywhere.
+    """
+    rewards = _check_rewards(rewards)
+    if not tau >= 0 or not math.isfinite(tau):
+        raise ValueError(f"tau must be a finite number >= 0 (DRO's beta; 0 is the max), got {tau!r}")
+    r = rewards.double()  # float64: for a large tau the baseline is the mean plus a small correction
+    top = r.max(dim=1, keepdim=True).values  # (P, 1)
+    if tau == 0:
+        baseline = top
+    else:  # top + tau * log mean exp((R - top) / tau): no overflow for a small tau
+        baseline = top + tau * torch.log(torch.exp((r - top) / tau).mean(dim=1, keepdim=True))
+    advantages = (r - baseline).to(rewards.dtype)
+    return torch.where(zero_variance_groups(rewards)[:, None], torch.zeros_like(advantages), advantages)
 
 
 def drop_zero_variance_groups(

@@ -1,0 +1,177 @@
+"""Offline RL from a buffer of logged rollouts, with DRO (Chapter 10).
+
+Online GRPO samples every batch from the policy it trains. Offline, the samples were drawn earlier, by other
+policies (here the SFT start and a few GRPO checkpoints), and kept with what the loss needs: the prompt, each
+completion's tokens and its log-probs under the policy that sampled it, and its reward. Training then never
+samples::
+
+    buffer = collect_buffer({"sft": sft_sampler, "grpo@50": ckpt_sampler}, renderer, task, num_groups=256)
+    buffer.save("runs/buffer.pt")
+    result = train_offline(GRPOConfig(loss_fn="dro", dro_beta=0.05, ...), buffer)
+
+The loss must tolerate samples from a policy far from the one being trained. DRO (Richemond et al., 2024; the
+Kimi k1.5 report, 2025) does it with two pieces, both here:
+
+- the *soft* advantage, ``R - beta * log mean exp(R / beta)`` over the group
+  (:func:`edurl.llm.losses.soft_advantages`), which the client computes, as Tinker's docs say;
+- the loss ``-(log pi * A - beta / 2 * (log pi - log q)**2)`` (:func:`edurl.llm.losses.dro`), whose quadratic
+  penalty keeps the policy near the sampler ``q`` of each logged token. With ``beta -> 0`` nothing does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from edurl.llm import losses as L
+from edurl.llm.clients import SamplingClient
+from edurl.llm.datum import build_datum
+from edurl.llm.grpo import GRPOConfig, Rollout, update
+from edurl.llm.loop import GRPOResult, problem_seed, run_training_loop
+from edurl.llm.renderer import ChatMLRenderer
+from edurl.llm.rewards import grade
+from edurl.llm.sampling import SamplingParams
+from edurl.utils import progress
+
+__all__ = ["ADVANTAGES", "RolloutBuffer", "collect_buffer", "train_offline"]
+
+ADVANTAGES = ("soft", "mean")
+
+
+@dataclass
+class RolloutBuffer:
+    """Groups of completions sampled by earlier policies: group i is ``group_size`` completions of
+    ``prompts[i]``, each with its tokens, its sampler's log-probs, its reward and whether it was correct."""
+
+    prompts: list[list[int]] = field(default_factory=list)
+    completions: list[list[list[int]]] = field(default_factory=list)
+    logprobs: list[list[list[float]]] = field(default_factory=list)
+    rewards: list[list[float]] = field(default_factory=list)
+    correct: list[list[float]] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
+    """The name of the policy that sampled each group."""
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __add__(self, other: RolloutBuffer) -> RolloutBuffer:
+        return RolloutBuffer(
+            *(getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__)  # type: ignore[arg-type]
+        )
+
+    def summary(self) -> pd.DataFrame:
+        """One row per source policy: its groups, mean reward, share correct and completion length."""
+        rows = [
+            {
+                "source": s,
+                "reward": r,
+                "correct": sum(c) / len(c),
+                "tokens": sum(map(len, comps)) / len(comps),
+            }
+            for s, r, c, comps in zip(
+                self.source, (sum(r) / len(r) for r in self.rewards), self.correct, self.completions
+            )
+        ]
+        table = pd.DataFrame(rows).groupby("source", sort=False)
+        return table.agg(
+            groups=("reward", "size"), reward=("reward", "mean"), correct=("correct", "mean"), tokens=("tokens", "mean")
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Write the buffer to one file (``torch.save`` of plain lists); read it with :meth:`load`."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({k: getattr(self, k) for k in self.__dataclass_fields__}, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> RolloutBuffer:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"no rollout buffer at {path}; write one with collect_buffer(...).save(path)")
+        return cls(**torch.load(path, weights_only=True))
+
+
+def collect_buffer(
+    samplers: Mapping[str, SamplingClient],
+    renderer: ChatMLRenderer,
+    task,
+    num_groups: int,
+    group_size: int = 8,
+    max_tokens: int = 16,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress_bar: bool = True,
+) -> RolloutBuffer:
+    """``num_groups`` groups of ``group_size`` completions from each sampler, on training problems that differ
+    between samplers (seeded by ``seed`` and the sampler's position), graded by the task's verifier."""
+    if not samplers:
+        raise ValueError("samplers is empty; pass e.g. {'sft': trainer.save_weights_and_get_sampling_client()}")
+    buffer = RolloutBuffer()
+    stop = renderer.get_stop_sequences()
+    jobs = [(name, start) for name in samplers for start in range(0, num_groups, batch_size)]
+    for name, start in progress(jobs, desc="rollout buffer", disable=not progress_bar):
+        k = list(samplers).index(name)
+        chunk_seed = problem_seed(seed, 1_000_000 * (k + 1) + start)
+        problems = task.sample(min(batch_size, num_groups - start), split="train", seed=chunk_seed)
+        prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop, seed=chunk_seed)
+        for problem, prompt, response in zip(
+            problems, prompts, samplers[name].sample_batch(prompts, group_size, params)
+        ):
+            parsed = [renderer.parse_response(s.tokens) for s in response.sequences]
+            grades = [grade(message["content"], problem.answer, complete=ok) for message, ok in parsed]
+            buffer.prompts.append(list(prompt))
+            buffer.completions.append([list(s.tokens) for s in response.sequences])
+            buffer.logprobs.append([list(s.logprobs) for s in response.sequences])
+            buffer.rewards.append([g.reward for g in grades])
+            buffer.correct.append([float(g.correct) for g in grades])
+            buffer.source.append(name)
+    return buffer
+
+
+def train_offline(config: GRPOConfig, buffer: RolloutBuffer, advantage: str = "soft") -> GRPOResult:
+    """Train from ``buffer`` alone, starting from the config's SFT warm start: each step draws
+    ``config.batch_size`` groups from the buffer (seeded by (seed, step)), computes their advantages (``"soft"``:
+    DRO's, with tau = ``config.dro_beta``; ``"mean"``: GRPO's, ``config.advantage_scale``), and takes
+    :func:`edurl.llm.grpo.update` with ``config.loss_fn`` (``"dro"`` for DRO; the others for comparison), the
+    logged log-probs as the sampler's. Held-out evaluation, logging and checkpoints are GRPO's loop's. Logs
+    ``buffer/reward`` and ``buffer/correct``: the drawn groups', which the policy being trained did not sample."""
+    if advantage not in ADVANTAGES:
+        raise ValueError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
+    if config.batch_size > len(buffer):
+        raise ValueError(
+            f"batch_size={config.batch_size} groups per step, but the buffer holds {len(buffer)}; collect more "
+            "groups or lower batch_size"
+        )
+    sizes = {len(c) for c in buffer.completions}
+    if sizes != {config.group_size}:
+        raise ValueError(
+            f"the buffer's groups have {sorted(sizes)} completions, config.group_size is {config.group_size}"
+        )
+
+    def offline_step(trainer, renderer, task, step):
+        generator = torch.Generator().manual_seed(problem_seed(config.seed, step))
+        drawn = torch.randperm(len(buffer), generator=generator)[: config.batch_size].tolist()
+        rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
+        if advantage == "soft":
+            adv = L.soft_advantages(rewards, config.dro_beta)
+        else:
+            adv = L.group_advantages(rewards, config.advantage_scale)
+        datums = [
+            build_datum(buffer.prompts[i], tokens, logprobs, float(adv[n, j]))
+            for n, i in enumerate(drawn)
+            for j, (tokens, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i]))
+        ]
+        row = {
+            "buffer/reward": float(rewards.mean()),
+            "buffer/correct": sum(sum(buffer.correct[i]) for i in drawn) / (len(drawn) * config.group_size),
+            "buffer/advantage": float(adv.mean()),
+        }
+        return update(config, trainer, Rollout(step, datums, row))
+
+    return run_training_loop(config, offline_step, f"offline {config.loss_fn}", postfix="buffer/correct")

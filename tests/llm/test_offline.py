@@ -1,0 +1,110 @@
+"""Offline RL from a rollout buffer (edurl.llm.offline) and DRO's soft advantage (losses.soft_advantages)."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from edurl.llm import losses as L
+from edurl.llm.loop import make_training_client
+from edurl.llm.offline import RolloutBuffer, collect_buffer, train_offline
+
+from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
+
+WARM = replace(TINY_SFT, max_steps=150)
+
+
+def test_soft_advantages_by_hand():
+    a = L.soft_advantages(torch.tensor([[1.0, 0.0]]), 1.0)
+    baseline = math.log((math.e + 1) / 2)  # log mean(e^1, e^0)
+    assert torch.allclose(a, torch.tensor([[1 - baseline, -baseline]]))
+    r = torch.tensor([[1.0, 0.0, 0.5, 1.0], [0.2, 0.2, 0.2, 0.2]])
+    assert torch.allclose(L.soft_advantages(r, 1e5), L.group_advantages(r), atol=1e-5)  # large tau: the mean
+    assert torch.equal(L.soft_advantages(r, 0.0), torch.tensor([[0.0, -1.0, -0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert torch.allclose(L.soft_advantages(r, 1e-3), L.soft_advantages(r, 0.0), atol=1e-3)  # no overflow
+    assert L.soft_advantages(r, 0.3)[1].eq(0).all()  # a uniform group carries nothing
+    with pytest.raises(ValueError, match="tau must be"):
+        L.soft_advantages(r, -1.0)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EDURL_CACHE", str(tmp_path_factory.getbasetemp() / "edurl-cache"))
+    root = tmp_path_factory.mktemp("offline")
+    config = tiny(root, sft=WARM, max_tokens=14, batch_size=4, max_steps=4, eval_every=4)
+    trainer, renderer, task = make_training_client(config)
+    start = trainer.save_weights_and_get_sampling_client("sft")
+    yield config, trainer, renderer, task, start, root
+    mp.undo()
+
+
+def test_buffer_holds_what_the_loss_needs_and_round_trips(setup):
+    config, trainer, renderer, task, start, root = setup
+    buffer = collect_buffer({"sft": start}, renderer, task, 6, group_size=4, max_tokens=14, progress_bar=False)
+    assert len(buffer) == 6 and buffer.source == ["sft"] * 6
+    for comps, lps in zip(buffer.completions, buffer.logprobs):
+        assert len(comps) == 4 and [len(c) for c in comps] == [len(lp) for lp in lps]
+    again = RolloutBuffer.load(buffer.save(root / "b.pt"))
+    assert again == buffer
+    both = buffer + again
+    assert len(both) == 12
+    table = both.summary()
+    assert table.loc["sft", "groups"] == 12
+    assert table.loc["sft", "correct"] == pytest.approx(sum(map(sum, buffer.correct)) / 24)
+    with pytest.raises(FileNotFoundError, match="collect_buffer"):
+        RolloutBuffer.load(root / "missing.pt")
+
+
+def test_offline_training_uses_the_logged_logprobs(setup):
+    config, trainer, renderer, task, start, root = setup
+    # a buffer sampled by the warm start itself: step 0 is then on-policy, so sampler and trainer agree
+    buffer = collect_buffer({"sft": start}, renderer, task, 8, group_size=4, max_tokens=14, progress_bar=False)
+    run = train_offline(replace(config, loss_fn="dro", dro_beta=0.1, log_dir=str(root / "dro")), buffer)
+    m = run.metrics
+    assert m["optim/kl_sample_train_v2"].iloc[0] < 1e-9
+    assert m["optim/kl_sample_train_v2"].iloc[-1] > 1e-6  # later steps train on what the start sampled
+    assert m["optim/grad_norm"].gt(0).all()
+    # a buffer from another policy (the start after these steps) is off-policy from step 0
+    moved = run.trainer.save_weights_and_get_sampling_client("moved")
+    other = collect_buffer({"moved": moved}, renderer, task, 8, group_size=4, max_tokens=14, progress_bar=False)
+    off = train_offline(replace(config, loss_fn="dro", max_steps=1, log_dir=str(root / "other")), other)
+    assert off.metrics["optim/kl_sample_train_v2"].iloc[0] > 1e-6
+
+
+def test_offline_batches_get_soft_advantages(setup, monkeypatch):
+    config, trainer, renderer, task, start, root = setup
+    buffer = collect_buffer({"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, progress_bar=False)
+    seen = []
+    real_update = train_offline.__globals__["update"]
+
+    def spy(config, trainer, rollout):
+        seen.append(rollout)
+        return real_update(config, trainer, rollout)
+
+    monkeypatch.setitem(train_offline.__globals__, "update", spy)
+    train_offline(replace(config, loss_fn="dro", dro_beta=0.3, max_steps=1, log_dir=str(root / "spy")), buffer)
+    (rollout,) = seen  # batch_size 4 of a 4-group buffer: every group, in some order
+    rewards_of = {tuple(p): r for p, r in zip(buffer.prompts, buffer.rewards)}
+    for k in range(0, 16, 4):
+        group = rollout.datums[k : k + 4]
+        first_action = int(group[0].loss_fn_inputs["mask"].nonzero()[0])
+        prompt = tuple(group[0].model_input.tokens[: first_action + 1])
+        expected = L.soft_advantages(torch.tensor([rewards_of[prompt]]), 0.3)[0]
+        got = [float(d.loss_fn_inputs["advantages"][first_action]) for d in group]
+        assert got == pytest.approx(expected.tolist(), abs=1e-6)
+    assert rollout.row["buffer/reward"] == pytest.approx(sum(map(sum, buffer.rewards)) / 16, abs=1e-6)
+
+
+def test_offline_refuses_bad_inputs(setup):
+    config, trainer, renderer, task, start, root = setup
+    buffer = collect_buffer({"sft": start}, renderer, task, 2, group_size=4, max_tokens=14, progress_bar=False)
+    with pytest.raises(ValueError, match="buffer holds 2"):
+        train_offline(config, buffer)
+    with pytest.raises(ValueError, match="group_size"):
+        train_offline(replace(config, batch_size=2, group_size=8), buffer)
+    with pytest.raises(ValueError, match="advantage must be"):
+        train_offline(replace(config, batch_size=2), buffer, advantage="max")
+    with pytest.raises(ValueError, match="samplers is empty"):
+        collect_buffer({}, renderer, task, 2)
