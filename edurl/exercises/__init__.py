@@ -32,6 +32,7 @@ from edurl.exercises.ch07 import (
 )
 from edurl.exercises.ch08 import check_bradley_terry_loss, check_dpo_loss, check_kl_shaped_rewards
 from edurl.exercises.ch09 import check_env, check_episode_mask
+from edurl.exercises.ch10 import check_soft_advantages, check_truncated_importance_weights
 from edurl.exercises.solutions import ch01 as _ch01_solutions
 from edurl.exercises.solutions import ch02 as _ch02_solutions
 from edurl.exercises.solutions import ch03 as _ch03_solutions
@@ -41,6 +42,7 @@ from edurl.exercises.solutions import ch06 as _ch06_solutions
 from edurl.exercises.solutions import ch07 as _ch07_solutions
 from edurl.exercises.solutions import ch08 as _ch08_solutions
 from edurl.exercises.solutions import ch09 as _ch09_solutions
+from edurl.exercises.solutions import ch10 as _ch10_solutions
 
 #: exercise name -> (chapter, checker, worked solution)
 EXERCISES = {
@@ -63,6 +65,12 @@ EXERCISES = {
     "kl_shaped_rewards": (8, check_kl_shaped_rewards, _ch08_solutions.kl_shaped_rewards),
     "episode_mask": (9, check_episode_mask, _ch09_solutions.episode_mask),
     "env": (9, check_env, _ch09_solutions.ReverseWordEnv),
+    "truncated_importance_weights": (
+        10,
+        check_truncated_importance_weights,
+        _ch10_solutions.truncated_importance_weights,
+    ),
+    "soft_advantages": (10, check_soft_advantages, _ch10_solutions.soft_advantages),
 }
 
 
@@ -111,4 +119,6 @@ __all__ = [
     "check_kl_shaped_rewards",
     "check_episode_mask",
     "check_env",
+    "check_truncated_importance_weights",
+    "check_soft_advantages",
 ]

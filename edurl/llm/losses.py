@@ -232,6 +232,24 @@ def dro(
     return -(train_logprobs * advantages - 0.5 * beta * log_ratio**2)
 
 
+def truncated_importance_weights(
+    train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor, cap: float = 2.0
+) -> torch.Tensor:
+    """Per-token ``min(r, cap)``, r = exp(train_logprobs - sampling_logprobs), on the action tokens (0 where
+    ``mask`` is 0), without gradient: truncated importance sampling (TIS; Yao et al., 2025), the weight that
+    corrects a stale or mismatched sampler's tokens while capping what one rare token can do. All (B, T).
+
+    ``-(weights * train_logprobs * A)`` is then a REINFORCE loss for the off-policy batch; it is :func:`cispo`
+    with the range [0, cap]. Example: log-ratios [0, log 3, -log 2] with cap 2 -> [1, 2, 0.5].
+    """
+    _check_inputs(train_logprobs, sampling_logprobs, train_logprobs)
+    check_same_shape(train_logprobs, mask, "train_logprobs", "mask")
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0 (TIS uses about 2), got {cap!r}")
+    ratio = torch.exp((train_logprobs - sampling_logprobs).detach())
+    return torch.where(mask != 0, ratio.clamp(max=cap), torch.zeros_like(ratio))
+
+
 LOSS_FNS: dict[str, Callable[..., torch.Tensor]] = {
     "importance_sampling": importance_sampling,
     "ppo": ppo,

@@ -1,0 +1,173 @@
+"""Chapter 10 checkers: pass the reference, the worked solutions and other correct ways of writing them; reject
+realistic buggy versions by name."""
+
+import math
+
+import pytest
+import torch
+
+from edurl import exercises
+from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
+from edurl.exercises.solutions import ch10
+from edurl.llm import losses
+
+from .conftest import assert_rejected
+
+# ---------------------------------------------------------------- 10.1 truncated_importance_weights
+
+
+def tis_min(lp, q, mask, cap):
+    with torch.no_grad():
+        return torch.minimum((lp - q).exp(), torch.full_like(lp, cap)) * mask
+
+
+def tis_log_space(lp, q, mask, cap):  # min in log space, then exp: the same weights
+    return ((lp.detach() - q).clamp(max=math.log(cap)).exp()) * (mask != 0)
+
+
+@pytest.mark.parametrize(
+    "fn", [losses.truncated_importance_weights, ch10.truncated_importance_weights, tis_min, tis_log_space]
+)
+def test_truncated_importance_weights_checker_passes(fn):
+    verdict = exercises.check_truncated_importance_weights(fn, verbose=False)
+    assert verdict.status == PASSED, verdict.message
+
+
+def tis_inverted(lp, q, mask, cap):
+    return (q - lp).detach().exp().clamp(max=cap) * mask
+
+
+def tis_no_cap(lp, q, mask, cap):
+    return (lp - q).detach().exp() * mask
+
+
+def tis_both_sides(lp, q, mask, cap):
+    return (lp - q).detach().exp().clamp(min=1 / cap, max=cap) * mask
+
+
+def tis_ppo(lp, q, mask, cap):
+    return (lp - q).detach().exp().clamp(0.8, 1.2) * mask
+
+
+def tis_no_exp(lp, q, mask, cap):
+    return (lp - q).detach().clamp(max=cap) * mask
+
+
+def tis_cap_in_log(lp, q, mask, cap):
+    return (lp - q).detach().clamp(max=cap).exp() * mask
+
+
+def tis_no_mask(lp, q, mask, cap):
+    return (lp - q).detach().exp().clamp(max=cap)
+
+
+def tis_with_grad(lp, q, mask, cap):
+    return (lp - q).exp().clamp(max=cap) * mask
+
+
+def tis_per_sequence(lp, q, mask, cap):
+    seq = ((lp - q) * mask).sum(-1, keepdim=True).detach().exp().clamp(max=cap)
+    return seq * mask
+
+
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (tis_inverted, "the ratio is upside down"),
+        (tis_no_cap, "the weights are not truncated"),
+        (tis_both_sides, "clipped the ratio from below"),
+        (tis_ppo, "PPO's range"),
+        (tis_no_exp, "the weight is the log-ratio itself"),
+        (tis_cap_in_log, "capped the log-ratio"),
+        (tis_no_mask, "the prompt and padding positions got weights"),
+        (tis_with_grad, "the weights carry a gradient"),
+        (tis_per_sequence, "one ratio per sequence"),
+    ],
+)
+def test_truncated_importance_weights_checker_rejects(buggy, message):
+    assert_rejected(exercises.check_truncated_importance_weights, buggy, message)
+
+
+def test_truncated_weights_times_reinforce_is_cispo_with_range_zero_to_cap():
+    g = torch.Generator().manual_seed(0)
+    q = -torch.rand(3, 7, generator=g) * 3
+    lp = (q + torch.randn(3, 7, generator=g)).requires_grad_(True)
+    adv, mask = torch.randn(3, 7, generator=g), torch.ones(3, 7)
+    tis = -(losses.truncated_importance_weights(lp, q, mask, 2.0) * lp * adv)
+    cispo = losses.cispo(lp, q, adv, clip_low_threshold=0.0, clip_high_threshold=2.0)
+    assert torch.allclose(tis, cispo)
+    (g1,) = torch.autograd.grad(tis.sum(), lp)
+    (g2,) = torch.autograd.grad(cispo.sum(), lp)
+    assert torch.allclose(g1, g2)
+
+
+# ---------------------------------------------------------------- 10.2 soft_advantages
+
+
+def soft_logsumexp(rewards, tau):
+    return rewards - tau * (torch.logsumexp(rewards / tau, dim=1, keepdim=True) - math.log(rewards.shape[1]))
+
+
+@pytest.mark.parametrize("fn", [losses.soft_advantages, ch10.soft_advantages, soft_logsumexp])
+def test_soft_advantages_checker_passes(fn):
+    verdict = exercises.check_soft_advantages(fn, verbose=False)
+    assert verdict.status == PASSED, verdict.message
+
+
+def soft_mean(r, tau):
+    return r - r.mean(1, keepdim=True)
+
+
+def soft_max(r, tau):
+    return r - r.amax(1, keepdim=True)
+
+
+def soft_lse(r, tau):
+    return r - tau * torch.logsumexp(r / tau, 1, keepdim=True)
+
+
+def soft_no_tau_outside(r, tau):
+    m = (r / tau).amax(1, keepdim=True)
+    return r - (m + ((r / tau - m).exp().mean(1, keepdim=True)).log())
+
+
+def soft_batch(r, tau):
+    return r - tau * (torch.logsumexp(r.reshape(-1) / tau, 0) - math.log(r.numel()))
+
+
+def soft_naive(r, tau):
+    return r - tau * (r / tau).exp().mean(1, keepdim=True).log()
+
+
+def soft_times_tau(r, tau):
+    return r - (r * tau).exp().mean(1, keepdim=True).log() / tau
+
+
+@pytest.mark.parametrize(
+    "buggy, message",
+    [
+        (soft_mean, "you subtracted the group mean"),
+        (soft_max, "you subtracted the group's maximum"),
+        (soft_lse, "log of a sum"),
+        (soft_no_tau_outside, "tau is missing outside the log"),
+        (soft_batch, "over the whole batch"),
+        (soft_naive, "overflows for a small tau"),
+        (soft_times_tau, "tau is used the other way round"),
+    ],
+)
+def test_soft_advantages_checker_rejects(buggy, message):
+    assert_rejected(exercises.check_soft_advantages, buggy, message)
+
+
+def test_unattempted_exercises_fall_back_to_the_reference():
+    def todo(*args):
+        raise NotImplementedError
+
+    for check, reference in [
+        (exercises.check_truncated_importance_weights, losses.truncated_importance_weights),
+        (exercises.check_soft_advantages, losses.soft_advantages),
+    ]:
+        verdict = check(todo, verbose=False)
+        assert verdict.status == NOT_ATTEMPTED and verdict.implementation is reference
+    assert exercises.check_soft_advantages(soft_mean, verbose=False).status == FAILED
+    assert "log mean exp" in exercises.show_solution("soft_advantages")
