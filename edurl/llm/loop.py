@@ -11,6 +11,7 @@ write ``metrics.jsonl`` and checkpoints, show a progress bar, and call a step fu
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,7 +136,9 @@ def run_training_loop(
             total=config.max_steps,
         )
         for step in bar:
+            t0 = time.perf_counter()
             row = step_fn(trainer, renderer, task, step)
+            row["time/step"] = time.perf_counter() - t0  # the step's wall time, evaluation excluded
             if not main:  # the other ranks wait for rank 0's evaluation at the next step's first exchange
                 continue
             if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
