@@ -32,7 +32,7 @@ from edurl.exercises.ch07 import (
 )
 from edurl.exercises.ch08 import check_bradley_terry_loss, check_dpo_loss, check_kl_shaped_rewards
 from edurl.exercises.ch09 import check_env, check_episode_mask
-from edurl.exercises.ch10 import check_soft_advantages, check_truncated_importance_weights
+from edurl.exercises.ch10 import check_offline_step, check_soft_advantages, check_truncated_importance_weights
 from edurl.exercises.solutions import ch01 as _ch01_solutions
 from edurl.exercises.solutions import ch02 as _ch02_solutions
 from edurl.exercises.solutions import ch03 as _ch03_solutions
@@ -71,6 +71,7 @@ EXERCISES = {
         _ch10_solutions.truncated_importance_weights,
     ),
     "soft_advantages": (10, check_soft_advantages, _ch10_solutions.soft_advantages),
+    "offline_step": (10, check_offline_step, _ch10_solutions.offline_step),
 }
 
 
@@ -121,4 +122,5 @@ __all__ = [
     "check_env",
     "check_truncated_importance_weights",
     "check_soft_advantages",
+    "check_offline_step",
 ]

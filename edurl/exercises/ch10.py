@@ -1,8 +1,10 @@
 """Checkers for Chapter 10's exercises: the truncated importance weight of a stale batch (10.1) and DRO's soft
-advantage (10.2). Each compares the learner's function with the library's in ``edurl.llm.losses``."""
+advantage (10.2), each compared with the library's in ``edurl.llm.losses``, and a whole offline DRO step (10.3),
+run beside :func:`edurl.llm.offline.offline_step`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -12,7 +14,7 @@ from edurl.exercises.solutions import ch10 as _solutions
 from edurl.llm.losses import soft_advantages as _library_soft
 from edurl.llm.losses import truncated_importance_weights as _library_tis
 
-__all__ = ["check_soft_advantages", "check_truncated_importance_weights"]
+__all__ = ["check_offline_step", "check_soft_advantages", "check_truncated_importance_weights"]
 
 
 # ================================================================ 10.1 truncated_importance_weights
@@ -284,3 +286,169 @@ def check_soft_advantages(fn, *, verbose: bool = True) -> Verdict:
         verbose=verbose,
         hints=_HINTS_SOFT,
     )
+
+
+# ================================================================ 10.3 offline_step (a whole step)
+#
+# As Chapter 7's capstone: the learner's step and the library's offline_step run for two steps each, from the same
+# weights and the same buffer, through trainers that record every call (edurl.exercises.ch07's recording clients),
+# and a mistake is named from the records: a sampler used at all, groups that are not the step's draw, log-probs that
+# are not the logged ones, GRPO's mean baseline where DRO's soft one belongs, the wrong loss or beta.
+
+#: the checked steps' settings: 4 groups x 4 completions, DRO with beta 0.5, two steps
+OFFLINE_CHECK = dict(batch_size=4, group_size=4, loss_fn="dro", dro_beta=0.5, learning_rate=1e-3, max_steps=2)
+
+
+def _reference_offline_step(config, trainer, buffer, step):
+    """The library's step (:func:`edurl.llm.offline.offline_step`) in the exercise's signature."""
+    from edurl.llm.offline import offline_step
+
+    return offline_step(config, trainer, buffer, step)
+
+
+def _offline_setup(base=None, config=None):
+    """The config, two recording trainers on the same weights, and a 12-group buffer sampled by those weights."""
+    from edurl.exercises.ch07 import _step_setup
+    from edurl.llm.grpo import GRPOConfig
+    from edurl.llm.offline import collect_buffer
+
+    config, trainers, renderer, task = _step_setup(base, config or GRPOConfig(**OFFLINE_CHECK, progress=False))
+    sampler = trainers[0]._trainer.save_weights_and_get_sampling_client("start")
+    buffer = collect_buffer(
+        {"start": sampler}, renderer, task, 12, config.group_size, config.max_tokens, seed=10, progress_bar=False
+    )
+    return config, trainers, buffer
+
+
+def _offline_advantages(got, rewards, config, n: int) -> str | None:
+    if got is None:
+        return f"step {n}: a completion's advantage varies along its tokens; every action token of it carries one."
+    rewards = rewards.double()
+    if torch.allclose(got, _library_soft(rewards, config.dro_beta), atol=1e-5):
+        return None
+    if torch.allclose(got, rewards - rewards.mean(dim=1, keepdim=True), atol=1e-5):
+        return (
+            f"step {n}: the advantages are GRPO's (each group's mean reward subtracted). DRO's baseline is the soft "
+            "maximum of exercise 10.2, with tau = config.dro_beta."
+        )
+    if torch.allclose(got, rewards, atol=1e-5):
+        return f"step {n}: the advantages are the raw rewards; subtract each group's soft baseline (exercise 10.2)."
+    return (
+        f"step {n}: the advantages differ from the soft advantages of each drawn group's logged rewards with "
+        "tau = config.dro_beta."
+    )
+
+
+def _offline_problem(log, row, ref_log, config, buffer, step) -> str | None:
+    from edurl.exercises.ch07 import _advantage_matrix, _check_layout, _check_update, _datums, _field, _match
+    from edurl.llm.offline import draw_groups
+
+    n = step + 1
+    if log.samples or log.samplers_made:
+        return (
+            f"step {n}: the step sampled from the model. Offline RL trains on the buffer alone: the completions, "
+            "their log-probs and their rewards are all in it."
+        )
+    if not log.forward_backward:
+        return f"step {n}: forward_backward was never called, so no gradient reached the weights."
+    datums, ref_datums = _datums(log), _datums(ref_log)
+    order = _match(datums, ref_datums) if len(datums) == len(ref_datums) else None
+    if order is None or sorted(order) != list(range(len(ref_datums))):
+        return (
+            f"step {n}: your datums are not this step's groups ({len(datums)} datums; expected config.batch_size x "
+            f"config.group_size = {len(ref_datums)}). Draw the groups with draw_groups(buffer, config.batch_size, "
+            "config.seed, step), and build one datum per completion from buffer.prompts[i] and the completion."
+        )
+    for k, (d, i) in enumerate(zip(datums, order)):
+        r = ref_datums[i]
+        if "logprobs" in d.loss_fn_inputs and torch.equal(_field(d, "mask"), _field(r, "mask")):
+            if not torch.allclose(_field(d, "logprobs"), _field(r, "logprobs"), atol=1e-6):
+                return (
+                    f"step {n}, datum {k}: its logprobs are not the logged ones (buffer.logprobs[i][j]). They are the "
+                    "log-probs of the policy that sampled the completion; DRO's penalty measures how far the trainer "
+                    "has moved from it, and with the trainer's own log-probs there is no penalty at all."
+                )
+    problem = _check_layout(datums, ref_datums, order, n)
+    if problem:
+        return problem
+    drawn = draw_groups(buffer, config.batch_size, config.seed, step)
+    rewards = torch.tensor([buffer.rewards[i] for i in drawn])
+    problem = _offline_advantages(
+        _advantage_matrix(datums, order, (config.batch_size, config.group_size)), rewards, config, n
+    ) or _check_update(log, ref_log, config, n)
+    if problem is None and not isinstance(row, dict):
+        problem = f"step {n}: expected the step's metrics as a dict, got {type(row).__name__}."
+    return problem
+
+
+def _compare_offline_steps(fn, base=None, config=None) -> Verdict:
+    from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, _where_it_raised
+    from edurl.exercises.ch07 import _same_weights, _sync
+
+    name = "Exercise 10.3 offline_step"
+    if not callable(fn):
+        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", _reference_offline_step)
+    config, (ref_trainer, trainer), buffer = _offline_setup(base, config)
+    for step in range(config.max_steps):
+        ref_log = ref_trainer.begin_step()
+        _reference_offline_step(config, ref_trainer, buffer, step)
+        log = trainer.begin_step()
+        try:
+            row = fn(config, trainer, buffer, step)
+        except NotImplementedError:
+            return Verdict(
+                name,
+                NOT_ATTEMPTED,
+                "Your function still raises NotImplementedError. Fill in the body and run this cell again; until then "
+                "the notebook trains with the library's offline_step.",
+                _reference_offline_step,
+            )
+        except Exception as err:  # a learner's bug is reported, never re-raised
+            return Verdict(
+                name,
+                FAILED,
+                f"step {step + 1}: your function raised {type(err).__name__}{_where_it_raised(err)}: {err}",
+                _reference_offline_step,
+            )
+        problem = _offline_problem(log, row, ref_log, config, buffer, step)
+        if problem is None and not _same_weights(trainer, ref_trainer):
+            problem = (
+                f"step {step + 1}: every call matched, but the weights after the step differ from the reference's: "
+                "change them only through forward_backward and optim_step."
+            )
+        if problem:
+            return Verdict(name, FAILED, problem, _reference_offline_step, case=f"step {step + 1}")
+        _sync(trainer, ref_trainer)
+    return Verdict(
+        name,
+        PASSED,
+        f"{config.max_steps} steps of {config.batch_size} logged groups x {config.group_size} completions: the same "
+        "datums, soft advantages, loss and gradients as the library's offline_step, and the same weights after each "
+        "update. The notebook now trains offline with your step.",
+        fn,
+    )
+
+
+_HINTS_OFFLINE = Hints(
+    idea=(
+        "An offline step is a GRPO step without the sampling: the groups come from the buffer, already graded and "
+        "with the log-probs of the policy that sampled them. Draw this step's groups, give each completion its soft "
+        "advantage, build the datums with the logged log-probs as the sampler's, and take one update with the loss "
+        "the config names (DRO)."
+    ),
+    formula="drawn = draw_groups(buffer, P, seed, step); A = soft_advantages(rewards[drawn], config.dro_beta); one "
+    "build_datum(prompt, completion, logged logprobs, A[n, j]) per completion; forward_backward(datums, config.loss_fn, "
+    "config.loss_fn_config(), aggregation=..., max_tokens=..., temperature=...); optim_step(AdamParams(lr)).",
+    solution=_solutions.offline_step,
+)
+
+
+@with_hints(_HINTS_OFFLINE)
+def check_offline_step(fn, *, verbose: bool = True) -> Verdict:
+    """Check a learner's ``offline_step(config, trainer, buffer, step) -> dict``: two steps beside the library's
+    :func:`edurl.llm.offline.offline_step`, from the same weights and buffer (Chapter 6's SFT checkpoint, cached)."""
+    verdict = _compare_offline_steps(fn)
+    verdict = dataclasses.replace(verdict, hints=_HINTS_OFFLINE)
+    if verbose:
+        print(verdict)
+    return verdict

@@ -37,7 +37,7 @@ from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
 from edurl.utils import progress
 
-__all__ = ["ADVANTAGES", "RolloutBuffer", "collect_buffer", "train_offline"]
+__all__ = ["ADVANTAGES", "RolloutBuffer", "collect_buffer", "draw_groups", "offline_step", "train_offline"]
 
 ADVANTAGES = ("soft", "mean")
 
@@ -134,13 +134,53 @@ def collect_buffer(
     return buffer
 
 
-def train_offline(config: GRPOConfig, buffer: RolloutBuffer, advantage: str = "soft") -> GRPOResult:
-    """Train from ``buffer`` alone, starting from the config's SFT warm start: each step draws
-    ``config.batch_size`` groups from the buffer (seeded by (seed, step)), computes their advantages (``"soft"``:
-    DRO's, with tau = ``config.dro_beta``; ``"mean"``: GRPO's, ``config.advantage_scale``), and takes
-    :func:`edurl.llm.grpo.update` with ``config.loss_fn`` (``"dro"`` for DRO; the others for comparison), the
-    logged log-probs as the sampler's. Held-out evaluation, logging and checkpoints are GRPO's loop's. Logs
-    ``buffer/reward`` and ``buffer/correct``: the drawn groups', which the policy being trained did not sample."""
+def draw_groups(buffer: RolloutBuffer, batch_size: int, seed: int, step: int) -> list[int]:
+    """The indices of the ``batch_size`` buffer groups that step ``step`` trains on: a function of (seed, step),
+    so a run repeats and resumes."""
+    generator = torch.Generator().manual_seed(problem_seed(seed, step))
+    return torch.randperm(len(buffer), generator=generator)[:batch_size].tolist()
+
+
+def offline_step(
+    config: GRPOConfig, trainer, buffer: RolloutBuffer, step: int, advantage: str = "soft", tau: float | None = None
+) -> dict[str, float]:
+    """One offline step: draw ``config.batch_size`` groups (:func:`draw_groups`), compute their advantages
+    (``"soft"``: :func:`edurl.llm.losses.soft_advantages` with ``tau``, by default ``config.dro_beta`` as in DRO's
+    derivation; ``"mean"``: GRPO's, ``config.advantage_scale``), build one datum per completion with its *logged*
+    log-probs as the sampler's, and take :func:`edurl.llm.grpo.update` with ``config.loss_fn``. Returns the metrics
+    row, with ``buffer/reward`` and ``buffer/correct``: the drawn groups', which the policy being trained did not
+    sample."""
+    drawn = draw_groups(buffer, config.batch_size, config.seed, step)
+    rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
+    if advantage == "soft":
+        adv = L.soft_advantages(rewards, config.dro_beta if tau is None else tau)
+    else:
+        adv = L.group_advantages(rewards, config.advantage_scale)
+    datums = [
+        build_datum(buffer.prompts[i], tokens, logprobs, float(adv[n, j]))
+        for n, i in enumerate(drawn)
+        for j, (tokens, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i]))
+    ]
+    row = {
+        "buffer/reward": float(rewards.mean()),
+        "buffer/correct": sum(sum(buffer.correct[i]) for i in drawn) / (len(drawn) * config.group_size),
+        "buffer/advantage": float(adv.mean()),
+    }
+    return update(config, trainer, Rollout(step, datums, row))
+
+
+def train_offline(
+    config: GRPOConfig,
+    buffer: RolloutBuffer,
+    advantage: str = "soft",
+    tau: float | None = None,
+    step_fn=None,
+) -> GRPOResult:
+    """Train from ``buffer`` alone, starting from the config's SFT warm start, one :func:`offline_step` per step
+    (``advantage`` and ``tau`` are its). Held-out evaluation, logging and checkpoints are GRPO's loop's.
+
+    ``step_fn(config, trainer, buffer, step) -> dict`` replaces :func:`offline_step` (Chapter 10's exercise 10.3
+    passes the learner's); it returns the step's metrics row and takes its one optimizer step itself."""
     if advantage not in ADVANTAGES:
         raise ValueError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
     if config.batch_size > len(buffer):
@@ -153,25 +193,15 @@ def train_offline(config: GRPOConfig, buffer: RolloutBuffer, advantage: str = "s
         raise ValueError(
             f"the buffer's groups have {sorted(sizes)} completions, config.group_size is {config.group_size}"
         )
+    if step_fn is not None and not callable(step_fn):
+        raise TypeError(f"step_fn must be a function step_fn(config, trainer, buffer, step) -> dict, got {step_fn!r}")
 
-    def offline_step(trainer, renderer, task, step):
-        generator = torch.Generator().manual_seed(problem_seed(config.seed, step))
-        drawn = torch.randperm(len(buffer), generator=generator)[: config.batch_size].tolist()
-        rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
-        if advantage == "soft":
-            adv = L.soft_advantages(rewards, config.dro_beta)
-        else:
-            adv = L.group_advantages(rewards, config.advantage_scale)
-        datums = [
-            build_datum(buffer.prompts[i], tokens, logprobs, float(adv[n, j]))
-            for n, i in enumerate(drawn)
-            for j, (tokens, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i]))
-        ]
-        row = {
-            "buffer/reward": float(rewards.mean()),
-            "buffer/correct": sum(sum(buffer.correct[i]) for i in drawn) / (len(drawn) * config.group_size),
-            "buffer/advantage": float(adv.mean()),
-        }
-        return update(config, trainer, Rollout(step, datums, row))
+    def loop_step(trainer, renderer, task, step):
+        if step_fn is None:
+            return offline_step(config, trainer, buffer, step, advantage, tau)
+        row = step_fn(config, trainer, buffer, step)
+        if not isinstance(row, dict):
+            raise TypeError(f"step_fn returned {type(row).__name__}; it must return the step's metrics as a dict")
+        return dict(row)
 
-    return run_training_loop(config, offline_step, f"offline {config.loss_fn}", postfix="buffer/correct")
+    return run_training_loop(config, loop_step, f"offline {config.loss_fn}", postfix="buffer/correct")

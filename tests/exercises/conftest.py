@@ -1,7 +1,12 @@
 import inspect
 import re
 
+import pytest
+
 from edurl.exercises._core import FAILED
+from edurl.llm.sft import SFTConfig, load_or_train_sft
+
+from ..llm.conftest import SMALL
 
 
 def _statements(fn) -> list[str]:
@@ -29,3 +34,23 @@ def assert_rejected(check, buggy, hint: str):
     assert hint in verdict.message, f"expected {hint!r} in the checker's message, got: {verdict.message}"
     assert_gives_nothing_away(verdict)
     return verdict
+
+
+# a small warm start that answers in the right format most of the time, so its groups mix rewards 0 and -0.1
+WARM = SFTConfig(model=SMALL, max_steps=300, batch_size=32, warmup_steps=10, num_threads=1, target_pass_at_1=None)
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory):
+    import os
+
+    old = os.environ.get("EDURL_CACHE")
+    os.environ["EDURL_CACHE"] = str(tmp_path_factory.mktemp("edurl-cache"))
+    try:
+        model, tokenizer, _, _ = load_or_train_sft(WARM, progress=False)
+    finally:
+        if old is None:
+            del os.environ["EDURL_CACHE"]
+        else:
+            os.environ["EDURL_CACHE"] = old
+    return model, tokenizer

@@ -11,29 +11,8 @@ from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unma
 from edurl.exercises.solutions import ch07 as solutions
 from edurl.llm.clients import AdamParams
 from edurl.llm.grpo import GRPOConfig
-from edurl.llm.sft import SFTConfig, load_or_train_sft
 
-from ..llm.conftest import SMALL
-from .conftest import assert_gives_nothing_away
-
-# a small warm start that answers in the right format most of the time, so its groups mix rewards 0 and -0.1
-WARM = SFTConfig(model=SMALL, max_steps=300, batch_size=32, warmup_steps=10, num_threads=1, target_pass_at_1=None)
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    import os
-
-    old = os.environ.get("EDURL_CACHE")
-    os.environ["EDURL_CACHE"] = str(tmp_path_factory.mktemp("edurl-cache"))
-    try:
-        model, tokenizer, _, _ = load_or_train_sft(WARM, progress=False)
-    finally:
-        if old is None:
-            del os.environ["EDURL_CACHE"]
-        else:
-            os.environ["EDURL_CACHE"] = old
-    return model, tokenizer
+from .conftest import WARM, assert_gives_nothing_away
 
 
 def check(fn, base):

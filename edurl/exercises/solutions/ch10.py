@@ -1,5 +1,5 @@
 """Worked solutions for Chapter 10. Open them with ``edurl.exercises.show_solution(name)``, name one of
-"truncated_importance_weights" and "soft_advantages"."""
+"truncated_importance_weights", "soft_advantages" and "offline_step"."""
 
 import torch
 
@@ -30,3 +30,33 @@ def soft_advantages(rewards, tau):
     top = scaled.max(dim=1, keepdim=True).values  # (P, 1)
     log_mean_exp = top + torch.log(torch.exp(scaled - top).mean(dim=1, keepdim=True))
     return rewards - tau * log_mean_exp
+
+
+def offline_step(config, trainer, buffer, step):
+    """Exercise 10.3: one step of offline DRO on groups logged in ``buffer`` (a RolloutBuffer).
+
+    No sampling: the buffer holds each group's prompt, its completions with the log-probs of the policy that
+    sampled them, and their rewards. Draw this step's groups, give each completion its soft advantage, build one
+    datum per completion with the *logged* log-probs (DRO's penalty measures the drift from them), and take one
+    update with the config's loss (dro) and beta.
+    """
+    from edurl.llm import AdamParams, build_datum
+    from edurl.llm.offline import draw_groups
+
+    drawn = draw_groups(buffer, config.batch_size, config.seed, step)  # this step's groups
+    rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
+    advantages = soft_advantages(rewards, config.dro_beta)  # exercise 10.2, tau = beta
+    datums = []
+    for n, i in enumerate(drawn):
+        for j, (completion, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i])):
+            datums.append(build_datum(buffer.prompts[i], completion, logprobs, float(advantages[n, j])))
+    out = trainer.forward_backward(
+        datums,
+        config.loss_fn,
+        config.loss_fn_config(),  # {"beta": config.dro_beta}
+        aggregation=config.aggregation,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+    ).result()
+    trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
+    return {"optim/loss": out.loss, "buffer/reward": float(rewards.mean())}
