@@ -288,7 +288,7 @@ GUESS_ILLEGAL_MAX, CREDIT_GAP_MIN, GUESS_CENTRAL_GAIN_MIN, CALC_RATE_GAIN_MIN = 
 # recorded, not asserted (seeds 0-9, one thread): the win rate's gain in 40 steps (-5.9 to +18.4 points, median
 # +2.3), and the calculator's accuracy (with the tool after RL 3.5 % to 96 %: on seeds 1, 5 and 9 the warm start never
 # learned to copy the tool's result into its answer, and 30 RL steps did not teach it)
-CALC_SFT = dict(game="calculator", max_steps=1000, batch_size=32)
+CALC_SFT = dict(game="calculator", max_steps=1000, batch_size=32, tool_fraction=0.75)
 CALC_RL = dict(max_steps=30, batch_size=8, group_size=8, num_eval=100)
 
 
@@ -381,6 +381,57 @@ def multiturn_calc(seed: int, threads: int) -> dict:
     }
 
 
+# notebook 10's settings (the default GRPO recipe from the Chapter 6 warm start, 60 steps)
+OFF_STEPS = 60
+STALE_KS = (2, 8)
+STALE_LOSSES = ("importance_sampling", "ppo", "cispo")
+BUFFER_GROUPS = 320  # per source policy: the warm start and the online run's steps 20 and 40
+OFFLINE_RUNS = (("dro", 0.1, "mean"), ("dro", 0.0, "mean"), ("dro", 0.1, "soft"), ("ppo", 0.1, "mean"))
+
+
+def off_policy(seed: int, threads: int) -> dict:
+    """Notebook 10: the staleness sweep (k = 0, 2, 8 with three losses) and offline RL from a buffer logged by the
+    warm start and the on-policy run's checkpoints."""
+    from dataclasses import replace
+
+    from edurl.llm.grpo import GRPOConfig, train_grpo
+    from edurl.llm.loop import make_training_client
+    from edurl.llm.offline import collect_buffer, train_offline
+
+    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
+    base = GRPOConfig(seed=seed, max_steps=OFF_STEPS, num_threads=threads, progress=False, eval_every=OFF_STEPS)
+    stats = {}
+
+    def record(name, result):
+        m = result.metrics
+        stats[f"{name}_pass"] = result.final.pass_at_1
+        stats[f"{name}_kl_v2"] = float(m["optim/kl_sample_train_v2"].mean())
+        stats[f"{name}_clip"] = float(m["optim/clip_fraction"].mean())
+
+    third = OFF_STEPS // 3  # checkpoints at a third and two thirds of the run: steps 20 and 40
+    online = train_grpo(replace(base, save_every=third, log_dir=str(root / "online")))
+    stats["start_pass"] = online.start.pass_at_1
+    record("k0", online)
+    for k in STALE_KS:
+        for loss in STALE_LOSSES:
+            c = replace(base, loss_fn=loss, max_steps_off_policy=k, concurrent_sampler=False)
+            record(f"k{k}_{loss}", train_grpo(replace(c, log_dir=str(root / f"k{k}_{loss}"))))
+    trainer, renderer, task = make_training_client(replace(base, log_dir=str(root / "buffer")))
+    samplers = {"sft": trainer.save_weights_and_get_sampling_client("sft")}
+    for s in (third, 2 * third):
+        trainer.load_state(root / "online" / "checkpoints" / f"step_{s:06d}")
+        samplers[f"grpo@{s}"] = trainer.save_weights_and_get_sampling_client(f"grpo@{s}")
+    buffer = collect_buffer(samplers, renderer, task, BUFFER_GROUPS, seed=seed, progress_bar=False)
+    for source, row in buffer.summary().iterrows():
+        stats[f"buffer_{source}_correct"] = float(row["correct"])
+    for loss, beta, advantage in OFFLINE_RUNS:
+        c = replace(base, loss_fn=loss, dro_beta=beta, log_dir=str(root / f"off_{loss}_{beta}_{advantage}"))
+        result = train_offline(c, buffer, advantage)
+        stats[f"off_{loss}_{beta}_{advantage}_pass"] = result.final.pass_at_1
+        stats[f"off_{loss}_{beta}_{advantage}_kl_v2"] = float(result.metrics["optim/kl_sample_train_v2"].iloc[-1])
+    return stats
+
+
 def _derive_multiturn(stats: dict) -> dict:
     """Notebook 09's asserted differences, from the recorded values."""
     if "guess_end_win" in stats:
@@ -409,6 +460,7 @@ EXPERIMENTS = {
     "rlhf": (rlhf, True),
     "multiturn_guess": (multiturn_guess, True),
     "multiturn_calc": (multiturn_calc, True),
+    "off_policy": (off_policy, True),
 }
 
 

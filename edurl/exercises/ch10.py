@@ -293,7 +293,7 @@ def check_soft_advantages(fn, *, verbose: bool = True) -> Verdict:
 # As Chapter 7's capstone: the learner's step and the library's offline_step run for two steps each, from the same
 # weights and the same buffer, through trainers that record every call (edurl.exercises.ch07's recording clients),
 # and a mistake is named from the records: a sampler used at all, groups that are not the step's draw, log-probs that
-# are not the logged ones, GRPO's mean baseline where DRO's soft one belongs, the wrong loss or beta.
+# are not the logged ones, a baseline other than each group's mean, the wrong loss or beta.
 
 #: the checked steps' settings: 4 groups x 4 completions, DRO with beta 0.5, two steps
 OFFLINE_CHECK = dict(batch_size=4, group_size=4, loss_fn="dro", dro_beta=0.5, learning_rate=1e-3, max_steps=2)
@@ -324,19 +324,19 @@ def _offline_advantages(got, rewards, config, n: int) -> str | None:
     if got is None:
         return f"step {n}: a completion's advantage varies along its tokens; every action token of it carries one."
     rewards = rewards.double()
-    if torch.allclose(got, _library_soft(rewards, config.dro_beta), atol=1e-5):
+    expected = rewards - rewards.mean(dim=1, keepdim=True)
+    if torch.allclose(got, expected, atol=1e-5):
         return None
-    if torch.allclose(got, rewards - rewards.mean(dim=1, keepdim=True), atol=1e-5):
+    if torch.allclose(got, _library_soft(rewards, config.dro_beta), atol=1e-5):
         return (
-            f"step {n}: the advantages are GRPO's (each group's mean reward subtracted). DRO's baseline is the soft "
-            "maximum of exercise 10.2, with tau = config.dro_beta."
+            f"step {n}: the advantages are DRO's soft ones. This step uses GRPO's: each group's mean reward "
+            "subtracted (the notebook runs the soft ones next, and compares)."
         )
     if torch.allclose(got, rewards, atol=1e-5):
-        return f"step {n}: the advantages are the raw rewards; subtract each group's soft baseline (exercise 10.2)."
-    return (
-        f"step {n}: the advantages differ from the soft advantages of each drawn group's logged rewards with "
-        "tau = config.dro_beta."
-    )
+        return f"step {n}: the advantages are the raw rewards; subtract each group's mean reward."
+    if torch.allclose(got, rewards - rewards.mean(), atol=1e-5):
+        return f"step {n}: the baseline is the mean over the whole batch; take each group's own mean."
+    return f"step {n}: the advantages differ from each drawn group's logged rewards minus the group's mean."
 
 
 def _offline_problem(log, row, ref_log, config, buffer, step) -> str | None:
@@ -423,7 +423,7 @@ def _compare_offline_steps(fn, base=None, config=None) -> Verdict:
         name,
         PASSED,
         f"{config.max_steps} steps of {config.batch_size} logged groups x {config.group_size} completions: the same "
-        "datums, soft advantages, loss and gradients as the library's offline_step, and the same weights after each "
+        "datums, advantages, loss and gradients as the library's offline_step, and the same weights after each "
         "update. The notebook now trains offline with your step.",
         fn,
     )
@@ -432,11 +432,11 @@ def _compare_offline_steps(fn, base=None, config=None) -> Verdict:
 _HINTS_OFFLINE = Hints(
     idea=(
         "An offline step is a GRPO step without the sampling: the groups come from the buffer, already graded and "
-        "with the log-probs of the policy that sampled them. Draw this step's groups, give each completion its soft "
-        "advantage, build the datums with the logged log-probs as the sampler's, and take one update with the loss "
-        "the config names (DRO)."
+        "with the log-probs of the policy that sampled them. Draw this step's groups, centre each group's rewards, "
+        "build the datums with the logged log-probs as the sampler's, and take one update with the loss the config "
+        "names (DRO, whose penalty keeps the policy near those logged log-probs)."
     ),
-    formula="drawn = draw_groups(buffer, P, seed, step); A = soft_advantages(rewards[drawn], config.dro_beta); one "
+    formula="drawn = draw_groups(buffer, P, seed, step); A = rewards[drawn] - each row's mean; one "
     "build_datum(prompt, completion, logged logprobs, A[n, j]) per completion; forward_backward(datums, config.loss_fn, "
     "config.loss_fn_config(), aggregation=..., max_tokens=..., temperature=...); optim_step(AdamParams(lr)).",
     solution=_solutions.offline_step,

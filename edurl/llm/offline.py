@@ -7,20 +7,21 @@ samples::
 
     buffer = collect_buffer({"sft": sft_sampler, "grpo@50": ckpt_sampler}, renderer, task, num_groups=256)
     buffer.save("runs/buffer.pt")
-    result = train_offline(GRPOConfig(loss_fn="dro", dro_beta=0.05, ...), buffer)
+    result = train_offline(GRPOConfig(loss_fn="dro", dro_beta=0.1, ...), buffer)
 
 The loss must tolerate samples from a policy far from the one being trained. DRO (Richemond et al., 2024; the
 Kimi k1.5 report, 2025) does it with two pieces, both here:
 
 - the *soft* advantage, ``R - beta * log mean exp(R / beta)`` over the group
-  (:func:`edurl.llm.losses.soft_advantages`), which the client computes, as Tinker's docs say;
+  (:func:`edurl.llm.losses.soft_advantages`), which the client computes, as Tinker's docs say (here optional:
+  GRPO's mean baseline learned more in Chapter 10's study, see :func:`offline_step`);
 - the loss ``-(log pi * A - beta / 2 * (log pi - log q)**2)`` (:func:`edurl.llm.losses.dro`), whose quadratic
   penalty keeps the policy near the sampler ``q`` of each logged token. With ``beta -> 0`` nothing does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from edurl.utils import progress
 
 __all__ = ["ADVANTAGES", "RolloutBuffer", "collect_buffer", "draw_groups", "offline_step", "train_offline"]
 
-ADVANTAGES = ("soft", "mean")
+ADVANTAGES = ("mean", "soft")
 
 
 @dataclass
@@ -142,20 +143,30 @@ def draw_groups(buffer: RolloutBuffer, batch_size: int, seed: int, step: int) ->
 
 
 def offline_step(
-    config: GRPOConfig, trainer, buffer: RolloutBuffer, step: int, advantage: str = "soft", tau: float | None = None
+    config: GRPOConfig,
+    trainer,
+    buffer: RolloutBuffer,
+    step: int,
+    advantage: str | Callable = "mean",
+    tau: float | None = None,
 ) -> dict[str, float]:
-    """One offline step: draw ``config.batch_size`` groups (:func:`draw_groups`), compute their advantages
-    (``"soft"``: :func:`edurl.llm.losses.soft_advantages` with ``tau``, by default ``config.dro_beta`` as in DRO's
-    derivation; ``"mean"``: GRPO's, ``config.advantage_scale``), build one datum per completion with its *logged*
-    log-probs as the sampler's, and take :func:`edurl.llm.grpo.update` with ``config.loss_fn``. Returns the metrics
-    row, with ``buffer/reward`` and ``buffer/correct``: the drawn groups', which the policy being trained did not
-    sample."""
+    """One offline step: draw ``config.batch_size`` groups (:func:`draw_groups`), compute their advantages, build
+    one datum per completion with its *logged* log-probs as the sampler's, and take :func:`edurl.llm.grpo.update`
+    with ``config.loss_fn``. Returns the metrics row, with ``buffer/reward`` and ``buffer/correct``: the drawn
+    groups', which the policy being trained did not sample.
+
+    ``advantage`` is ``"mean"`` (GRPO's, with ``config.advantage_scale``), ``"soft"``
+    (:func:`edurl.llm.losses.soft_advantages` with ``tau``, by default ``config.dro_beta`` as in DRO's derivation),
+    or a function ``f(rewards, tau) -> advantages`` (a learner's soft advantages). "mean" is the default because it
+    learned more in Chapter 10's study: with a small tau the soft baseline sits near each group's best reward, so
+    almost every completion is pushed down, on every one of its tokens."""
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
-    if advantage == "soft":
-        adv = L.soft_advantages(rewards, config.dro_beta if tau is None else tau)
-    else:
+    if advantage == "mean":
         adv = L.group_advantages(rewards, config.advantage_scale)
+    else:
+        soft = L.soft_advantages if advantage == "soft" else advantage
+        adv = soft(rewards, config.dro_beta if tau is None else tau)
     datums = [
         build_datum(buffer.prompts[i], tokens, logprobs, float(adv[n, j]))
         for n, i in enumerate(drawn)
@@ -172,7 +183,7 @@ def offline_step(
 def train_offline(
     config: GRPOConfig,
     buffer: RolloutBuffer,
-    advantage: str = "soft",
+    advantage: str | Callable = "mean",
     tau: float | None = None,
     step_fn=None,
 ) -> GRPOResult:
@@ -181,8 +192,8 @@ def train_offline(
 
     ``step_fn(config, trainer, buffer, step) -> dict`` replaces :func:`offline_step` (Chapter 10's exercise 10.3
     passes the learner's); it returns the step's metrics row and takes its one optimizer step itself."""
-    if advantage not in ADVANTAGES:
-        raise ValueError(f"advantage must be one of {ADVANTAGES}, got {advantage!r}")
+    if not (callable(advantage) or advantage in ADVANTAGES):
+        raise ValueError(f"advantage must be one of {ADVANTAGES} or a function f(rewards, tau), got {advantage!r}")
     if config.batch_size > len(buffer):
         raise ValueError(
             f"batch_size={config.batch_size} groups per step, but the buffer holds {len(buffer)}; collect more "

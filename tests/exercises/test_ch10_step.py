@@ -27,10 +27,12 @@ def buggy_step(bug: str):
         seed = step if bug == "unseeded draw" else config.seed
         drawn = draw_groups(buffer, config.batch_size, seed, step if bug != "unseeded draw" else 1000 + step)
         rewards = torch.tensor([buffer.rewards[i] for i in drawn])
-        if bug == "mean advantages":
-            adv = rewards - rewards.mean(dim=1, keepdim=True)
+        if bug == "soft advantages":
+            adv = solutions.soft_advantages(rewards, config.dro_beta)
+        elif bug == "batch mean":
+            adv = rewards - rewards.mean()
         else:
-            adv = solutions.soft_advantages(rewards, 1.0 if bug == "tau 1" else config.dro_beta)
+            adv = rewards - rewards.mean(dim=1, keepdim=True)
         datums = []
         for n, i in enumerate(drawn):
             for j, (completion, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i])):
@@ -68,8 +70,8 @@ def test_offline_step_checker_passes(fn, base):
     [
         ("samples", "the step sampled from the model"),
         ("unseeded draw", "not this step's groups"),
-        ("mean advantages", "the advantages are GRPO's"),
-        ("tau 1", "differ from the soft advantages"),
+        ("soft advantages", "the advantages are DRO's soft ones"),
+        ("batch mean", "the mean over the whole batch"),
         ("own logprobs", "not the logged ones"),
         ("wrong loss", "forward_backward was called with loss_fn='importance_sampling'"),
         ("no beta", "loss_fn_config={'beta': 0.05}"),

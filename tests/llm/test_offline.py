@@ -84,8 +84,12 @@ def test_offline_batches_get_soft_advantages(setup, monkeypatch):
         return real_update(config, trainer, rollout)
 
     monkeypatch.setitem(train_offline.__globals__, "update", spy)
-    train_offline(replace(config, loss_fn="dro", dro_beta=0.3, max_steps=1, log_dir=str(root / "spy")), buffer)
-    (rollout,) = seen  # batch_size 4 of a 4-group buffer: every group, in some order
+    train_offline(replace(config, loss_fn="dro", dro_beta=0.3, max_steps=1, log_dir=str(root / "spy")), buffer, "soft")
+    train_offline(replace(config, loss_fn="dro", max_steps=1, log_dir=str(root / "mean")), buffer)  # the default
+    train_offline(  # a learner's soft advantages, by function
+        replace(config, loss_fn="dro", dro_beta=0.3, max_steps=1, log_dir=str(root / "fn")), buffer, L.soft_advantages
+    )
+    rollout, mean_rollout, fn_rollout = seen  # batch_size 4 of a 4-group buffer: every group, in some order
     rewards_of = {tuple(p): r for p, r in zip(buffer.prompts, buffer.rewards)}
     for k in range(0, 16, 4):
         group = rollout.datums[k : k + 4]
@@ -94,6 +98,12 @@ def test_offline_batches_get_soft_advantages(setup, monkeypatch):
         expected = L.soft_advantages(torch.tensor([rewards_of[prompt]]), 0.3)[0]
         got = [float(d.loss_fn_inputs["advantages"][first_action]) for d in group]
         assert got == pytest.approx(expected.tolist(), abs=1e-6)
+        mean = L.group_advantages(torch.tensor([rewards_of[prompt]]))[0]
+        got_mean = [float(d.loss_fn_inputs["advantages"][first_action]) for d in mean_rollout.datums[k : k + 4]]
+        assert got_mean == pytest.approx(mean.tolist(), abs=1e-6)
+    assert [d.loss_fn_inputs["advantages"].tolist() for d in fn_rollout.datums] == [
+        d.loss_fn_inputs["advantages"].tolist() for d in rollout.datums
+    ]
     assert rollout.row["buffer/reward"] == pytest.approx(sum(map(sum, buffer.rewards)) / 16, abs=1e-6)
 
 

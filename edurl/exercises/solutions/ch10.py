@@ -36,8 +36,8 @@ def offline_step(config, trainer, buffer, step):
     """Exercise 10.3: one step of offline DRO on groups logged in ``buffer`` (a RolloutBuffer).
 
     No sampling: the buffer holds each group's prompt, its completions with the log-probs of the policy that
-    sampled them, and their rewards. Draw this step's groups, give each completion its soft advantage, build one
-    datum per completion with the *logged* log-probs (DRO's penalty measures the drift from them), and take one
+    sampled them, and their rewards. Draw this step's groups, centre each group's rewards (GRPO's advantage), build
+    one datum per completion with the *logged* log-probs (DRO's penalty measures the drift from them), and take one
     update with the config's loss (dro) and beta.
     """
     from edurl.llm import AdamParams, build_datum
@@ -45,7 +45,7 @@ def offline_step(config, trainer, buffer, step):
 
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)  # this step's groups
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
-    advantages = soft_advantages(rewards, config.dro_beta)  # exercise 10.2, tau = beta
+    advantages = rewards - rewards.mean(dim=1, keepdim=True)  # each group's mean as its baseline
     datums = []
     for n, i in enumerate(drawn):
         for j, (completion, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i])):
