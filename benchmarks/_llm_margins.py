@@ -288,7 +288,7 @@ GUESS_ILLEGAL_MAX, CREDIT_GAP_MIN, GUESS_CENTRAL_GAIN_MIN, CALC_RATE_GAIN_MIN = 
 # recorded, not asserted (seeds 0-9, one thread): the win rate's gain in 40 steps (-5.9 to +18.4 points, median
 # +2.3), and the calculator's accuracy (with the tool after RL 3.5 % to 96 %: on seeds 1, 5 and 9 the warm start never
 # learned to copy the tool's result into its answer, and 30 RL steps did not teach it)
-CALC_SFT = dict(game="calculator", max_steps=1000, batch_size=32, tool_fraction=0.75)
+CALC_SFT = dict(game="calculator", max_steps=1000, batch_size=32)
 CALC_RL = dict(max_steps=30, batch_size=8, group_size=8, num_eval=100)
 
 
