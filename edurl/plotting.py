@@ -232,3 +232,49 @@ def plot_datum_layout(tokens: Sequence[str], mask: Sequence[float], width: int =
         frameon=False,
     )
     return ax
+
+
+def staleness_schedule(
+    max_steps_off_policy: int, steps: int = 8, sample_seconds: float = 1.0, train_seconds: float = 1.0
+) -> pd.DataFrame:
+    """When each batch is sampled and trained, for a sampler ``max_steps_off_policy`` = k steps ahead of the
+    trainer (:mod:`edurl.llm.off_policy`), with fixed durations. Batch s needs the weights of step max(0, s - k),
+    which exist once the trainer has finished step s - k - 1; the sampler does one batch at a time, and so does the
+    trainer. k = 0 is the synchronous loop. One row per batch: ``batch``, ``weights`` (the step whose weights
+    sampled it), ``staleness``, ``sample_start``, ``sample_end``, ``train_start``, ``train_end`` (seconds)."""
+    if not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
+        raise ValueError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
+    if not (sample_seconds > 0 and train_seconds > 0):
+        raise ValueError(f"durations must be > 0, got {sample_seconds!r} and {train_seconds!r}")
+    k, rows, sampler_free, trainer_free, trained = max_steps_off_policy, [], 0.0, 0.0, {}
+    for s in range(steps):
+        weights = max(0, s - k)
+        ready = trained.get(weights - 1, 0.0)  # weights w exist when step w - 1 is trained (w = 0: at the start)
+        sample_start = max(sampler_free, ready)
+        sampler_free = sample_start + sample_seconds
+        train_start = max(trainer_free, sampler_free)
+        trainer_free = trained[s] = train_start + train_seconds
+        rows.append((s, weights, s - weights, sample_start, sampler_free, train_start, trainer_free))
+    columns = ["batch", "weights", "staleness", "sample_start", "sample_end", "train_start", "train_end"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def plot_staleness_timeline(schedule: pd.DataFrame, ax: plt.Axes | None = None, title: str | None = None):
+    """Draw a :func:`staleness_schedule` (or measured times in its columns): the sampler's batches on one row,
+    labelled with the weights that sampled them, the trainer's on the other."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 1.8))
+    colors = plt.get_cmap("tab10")
+    for r in schedule.itertuples():
+        color = colors(r.batch % 10)
+        ax.barh(1, r.sample_end - r.sample_start, left=r.sample_start, color=color, alpha=0.55, edgecolor="k")
+        ax.text(
+            (r.sample_start + r.sample_end) / 2, 1, f"b{r.batch}\nw{r.weights}", ha="center", va="center", fontsize=8
+        )
+        ax.barh(0, r.train_end - r.train_start, left=r.train_start, color=color, alpha=0.9, edgecolor="k")
+        ax.text((r.train_start + r.train_end) / 2, 0, f"b{r.batch}", ha="center", va="center", fontsize=8)
+    ax.set_yticks([0, 1], ["trainer", "sampler"])
+    ax.set_xlabel("time (s)")
+    end = float(schedule["train_end"].iloc[-1])
+    ax.set_title(title or f"{len(schedule)} steps in {end:.1f} s (b: batch, w: the step whose weights sampled it)")
+    return ax

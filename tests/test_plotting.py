@@ -78,3 +78,22 @@ def test_datum_rows_break_lines_at_newlines_and_width():
     colours = [p.get_facecolor()[:3] for p in ax.patches]
     assert len(colours) == 3 and colours[0] == colours[1] != colours[2]
     plt.close("all")
+
+
+def test_staleness_schedule_by_hand():
+    from edurl.plotting import plot_staleness_timeline, staleness_schedule
+
+    sync = staleness_schedule(0, steps=3, sample_seconds=2.0, train_seconds=1.0)
+    assert list(sync["weights"]) == [0, 1, 2] and list(sync["staleness"]) == [0, 0, 0]
+    assert list(sync["train_end"]) == [3.0, 6.0, 9.0]  # sample, then train: 3 s a step
+    one = staleness_schedule(1, steps=4, sample_seconds=2.0, train_seconds=1.0)
+    assert list(one["weights"]) == [0, 0, 1, 2] and list(one["staleness"]) == [0, 1, 1, 1]
+    # batch 1 is sampled with the starting weights while batch 0 trains; then the sampler sets the pace: 2 s a step
+    assert list(one["sample_start"]) == [0.0, 2.0, 4.0, 6.0]
+    assert list(one["train_end"]) == [3.0, 5.0, 7.0, 9.0]
+    two = staleness_schedule(2, steps=5, sample_seconds=1.0, train_seconds=2.0)
+    assert list(two["staleness"]) == [0, 1, 2, 2, 2]
+    assert list(two["train_end"]) == [3.0, 5.0, 7.0, 9.0, 11.0]  # the trainer never waits once it has started
+    assert plot_staleness_timeline(one).get_title().startswith("4 steps in 9.0 s")
+    with pytest.raises(ValueError, match="int >= 0"):
+        staleness_schedule(-1)
