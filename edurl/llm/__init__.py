@@ -24,6 +24,9 @@ Modules, in the order the chapters teach them:
 * ``preference``     -- RLHF: simulated raters, reward models, DPO (Chapter 8)
 * ``envs``           -- multi-turn environments, rollouts and episodes as datums; guess-the-number, a calculator
 * ``multiturn``      -- the game warm starts and GRPO over whole episodes (Chapter 9)
+* ``off_policy``     -- a sampler k steps ahead of the trainer, in a thread of its own (Chapter 10)
+* ``offline``        -- a buffer of logged rollouts, and training from it alone with DRO (Chapter 10)
+* ``distributed``    -- data-parallel GRPO under torchrun: ranks, shares of the loss, summed gradients (Chapter 10)
 
 The reader's path through GRPO is two files, read downwards: ``grpo.grpo_step`` then ``losses.rl_objective``.
 Every submodule is imported here, so ``llm.grpo.train_grpo`` works after ``from edurl import llm`` alone.
@@ -32,6 +35,7 @@ Every submodule is imported here, so ``llm.grpo.train_grpo`` works after ``from 
 from edurl.llm import (
     clients,
     datum,
+    distributed,
     envs,
     evaluation,
     grpo,
@@ -40,6 +44,8 @@ from edurl.llm import (
     losses,
     model,
     multiturn,
+    off_policy,
+    offline,
     padding,
     policy,
     renderer,
@@ -54,10 +60,11 @@ from edurl.llm import (
 from edurl.llm.clients import AdamParams, SamplingClient, ServiceClient, TrainingClient
 from edurl.llm.datum import Datum, ModelInput, build_datum, build_supervised_datum
 from edurl.llm.evaluation import EvalResult, evaluate, sequence_logprobs
-from edurl.llm.grpo import GRPOConfig, GRPOResult, grpo_step, train_grpo
-from edurl.llm.loop import problem_seed
+from edurl.llm.grpo import GRPOConfig, GRPOResult, Rollout, collect, grpo_step, train_grpo, update
+from edurl.llm.loop import make_training_client, problem_seed
 from edurl.llm.losses import aggregate, group_advantages, rl_objective
 from edurl.llm.model import TinyLMConfig, build_tiny_lm, num_parameters
+from edurl.llm.offline import RolloutBuffer, collect_buffer, train_offline
 from edurl.llm.padding import pad
 from edurl.llm.policy import LoraSettings, load_policy
 from edurl.llm.renderer import ChatMLRenderer
@@ -68,6 +75,16 @@ from edurl.llm.tasks import ArithmeticTask, JsonlTask, Problem, TaskConfig, make
 from edurl.llm.tokenizer import build_bpe_tokenizer, build_char_tokenizer
 
 __all__ = [
+    "distributed",
+    "off_policy",
+    "offline",
+    "Rollout",
+    "collect",
+    "update",
+    "make_training_client",
+    "RolloutBuffer",
+    "collect_buffer",
+    "train_offline",
     # submodules
     "clients",
     "datum",
