@@ -78,7 +78,9 @@ class LaggedSampler:
         self.publish(start_step)
         self._thread = None
         if config.concurrent_sampler:
-            self._thread = threading.Thread(target=self._run, args=(start_step,), name="edurl-sampler", daemon=True)
+            self._thread = threading.Thread(
+                target=self._sample_ahead, args=(start_step,), name="edurl-sampler", daemon=True
+            )
             self._thread.start()
 
     def version_for(self, step: int) -> int:
@@ -149,7 +151,7 @@ class LaggedSampler:
         rollout.sampler_version = version
         return rollout
 
-    def _run(self, start_step: int) -> None:
+    def _sample_ahead(self, start_step: int) -> None:
         try:
             with torch_threads(self.config.num_threads):  # the thread count is set per thread
                 for step in range(start_step, self.config.max_steps):
