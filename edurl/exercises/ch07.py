@@ -978,48 +978,62 @@ def _sync(trainer, ref_trainer) -> None:
     trainer.optimizer.load_state_dict(copy.deepcopy(ref_trainer.optimizer.state_dict()))
 
 
-def _compare_steps(fn, base=None, config=None) -> Verdict:
-    name = "Exercise 7.4 grpo_step"
+def compare_two_steps(name, fn, reference, trainers, max_steps, run, problem, passed: str) -> Verdict:
+    """Run the learner's step ``fn`` beside ``reference`` for ``max_steps`` steps, each on its own recording trainer
+    (``trainers`` = (reference's, learner's), on the same weights): ``run(f, trainer, step)`` calls a step, and
+    ``problem(log, row, ref_log, ref_row, step)`` names what differs. After each step the learner's trainer gets the
+    reference's weights and Adam state back. Chapter 7's and Chapter 10's capstones share it."""
     if not callable(fn):
-        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", _reference_grpo_step)
-    config, (ref_trainer, trainer), renderer, task = _step_setup(base, config)
-    for step in range(config.max_steps):
+        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", reference)
+    ref_trainer, trainer = trainers
+    for step in range(max_steps):
         ref_log = ref_trainer.begin_step()
-        ref_row = _reference_grpo_step(config, ref_trainer, renderer, task, step)
+        ref_row = run(reference, ref_trainer, step)
         log = trainer.begin_step()
         try:
-            row = fn(config, trainer, renderer, task, step)
+            row = run(fn, trainer, step)
         except NotImplementedError:
             return Verdict(
                 name,
                 NOT_ATTEMPTED,
                 "Your function still raises NotImplementedError. Fill in the body and run this cell again; until then "
-                "the notebook trains with the library's grpo_step.",
-                _reference_grpo_step,
+                "the notebook trains with the library's step.",
+                reference,
             )
         except Exception as err:  # a learner's bug is reported, never re-raised
             return Verdict(
                 name,
                 FAILED,
                 f"step {step + 1}: your function raised {type(err).__name__}{_where_it_raised(err)}: {err}",
-                _reference_grpo_step,
+                reference,
             )
-        problem = _step_problem(log, row, ref_log, ref_row, config, renderer, task, step)
-        if problem is None and not _same_weights(trainer, ref_trainer):
-            problem = (
+        found = problem(log, row, ref_log, ref_row, step)
+        if found is None and not _same_weights(trainer, ref_trainer):
+            found = (
                 f"step {step + 1}: every call matched, but the weights after the step differ from the reference's: "
                 "change them only through forward_backward and optim_step."
             )
-        if problem:
-            return Verdict(name, FAILED, problem, _reference_grpo_step, case=f"step {step + 1}")
+        if found:
+            return Verdict(name, FAILED, found, reference, case=f"step {step + 1}")
         _sync(trainer, ref_trainer)
-    return Verdict(
-        name,
-        PASSED,
+    return Verdict(name, PASSED, passed, fn)
+
+
+def _compare_steps(fn, base=None, config=None) -> Verdict:
+    config, trainers, renderer, task = _step_setup(base, config)
+    return compare_two_steps(
+        "Exercise 7.4 grpo_step",
+        fn,
+        _reference_grpo_step,
+        trainers,
+        config.max_steps,
+        lambda f, trainer, step: f(config, trainer, renderer, task, step),
+        lambda log, row, ref_log, ref_row, step: _step_problem(
+            log, row, ref_log, ref_row, config, renderer, task, step
+        ),
         f"{config.max_steps} steps of {config.batch_size} problems x {config.group_size} completions: fresh samplers, "
         "the same datums, loss and gradients as the library's grpo_step, and the same weights after each update. The "
         "notebook now trains GRPO with your step.",
-        fn,
     )
 
 

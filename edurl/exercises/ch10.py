@@ -4,12 +4,11 @@ run beside :func:`edurl.llm.offline.offline_step`."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 
-from edurl.exercises._core import Case, Diagnosis, Hints, Verdict, compare_tensors, run_checker, with_hints
+from edurl.exercises._core import Case, Diagnosis, Hints, Verdict, compare_tensors, finish, run_checker, with_hints
 from edurl.exercises.solutions import ch10 as _solutions
 from edurl.llm.losses import soft_advantages as _library_soft
 from edurl.llm.losses import truncated_importance_weights as _library_tis
@@ -382,52 +381,24 @@ def _offline_problem(log, row, ref_log, config, buffer, step) -> str | None:
 
 
 def _compare_offline_steps(fn, base=None, config=None) -> Verdict:
-    from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, _where_it_raised
-    from edurl.exercises.ch07 import _same_weights, _sync
+    from edurl.exercises.ch07 import compare_two_steps
 
-    name = "Exercise 10.3 offline_step"
-    if not callable(fn):
-        return Verdict(name, FAILED, f"expected a function, got {type(fn).__name__}.", _reference_offline_step)
-    config, (ref_trainer, trainer), buffer = _offline_setup(base, config)
-    for step in range(config.max_steps):
-        ref_log = ref_trainer.begin_step()
-        _reference_offline_step(config, ref_trainer, buffer, step)
-        log = trainer.begin_step()
-        try:
-            row = fn(config, trainer, buffer, step)
-        except NotImplementedError:
-            return Verdict(
-                name,
-                NOT_ATTEMPTED,
-                "Your function still raises NotImplementedError. Fill in the body and run this cell again; until then "
-                "the notebook trains with the library's offline_step.",
-                _reference_offline_step,
-            )
-        except Exception as err:  # a learner's bug is reported, never re-raised
-            return Verdict(
-                name,
-                FAILED,
-                f"step {step + 1}: your function raised {type(err).__name__}{_where_it_raised(err)}: {err}",
-                _reference_offline_step,
-            )
-        problem = _offline_problem(log, row, ref_log, config, buffer, step)
-        if problem is None and not _same_weights(trainer, ref_trainer):
-            problem = (
-                f"step {step + 1}: every call matched, but the weights after the step differ from the reference's: "
-                "change them only through forward_backward and optim_step."
-            )
-        if problem:
-            return Verdict(name, FAILED, problem, _reference_offline_step, case=f"step {step + 1}")
-        _sync(trainer, ref_trainer)
-    return Verdict(
-        name,
-        PASSED,
+    config, trainers, buffer = _offline_setup(base, config)
+    return compare_two_steps(
+        "Exercise 10.3 offline_step",
+        fn,
+        _reference_offline_step,
+        trainers,
+        config.max_steps,
+        lambda f, trainer, step: f(config, trainer, buffer, step),
+        lambda log, row, ref_log, ref_row, step: _offline_problem(log, row, ref_log, config, buffer, step),
         f"{config.max_steps} steps of {config.batch_size} logged groups x {config.group_size} completions: the same "
         "datums, advantages, loss and gradients as the library's offline_step, and the same weights after each "
         "update. The notebook now trains offline with your step.",
-        fn,
     )
 
+
+REFERENCE_TAKES_OVER = "The notebook trains with the library's offline_step; fix yours and run this cell again."
 
 _HINTS_OFFLINE = Hints(
     idea=(
@@ -447,8 +418,4 @@ _HINTS_OFFLINE = Hints(
 def check_offline_step(fn, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``offline_step(config, trainer, buffer, step) -> dict``: two steps beside the library's
     :func:`edurl.llm.offline.offline_step`, from the same weights and buffer (Chapter 6's SFT checkpoint, cached)."""
-    verdict = _compare_offline_steps(fn)
-    verdict = dataclasses.replace(verdict, hints=_HINTS_OFFLINE)
-    if verbose:
-        print(verdict)
-    return verdict
+    return finish(_compare_offline_steps(fn), _HINTS_OFFLINE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
