@@ -432,6 +432,45 @@ def off_policy(seed: int, threads: int) -> dict:
     return stats
 
 
+def stale_gradients(seed: int, threads: int) -> dict:
+    """Notebook 10, section 2: how far ppo's and cispo's gradients are from importance_sampling's on a batch sampled
+    at step 0, scored by the weights of step 0 (fresh) and after 8 more GRPO steps (stale)."""
+    from dataclasses import replace
+
+    import torch
+
+    from edurl import llm
+    from edurl.llm.grpo import GRPOConfig
+    from edurl.utils import torch_threads
+
+    base = GRPOConfig(max_steps=OFF_STEPS, eval_every=OFF_STEPS, num_threads=threads, device="cpu", seed=seed)
+    trainer, renderer, task = llm.make_training_client(replace(base, log_dir=tempfile.mkdtemp(prefix="edurl-margins-")))
+    stop = renderer.get_stop_sequences()
+    batch = llm.collect(base, trainer.save_weights_and_get_sampling_client("step 0"), renderer, task, 0, stop).datums
+
+    def gradient(loss):
+        trainer.model.zero_grad(set_to_none=True)
+        out = trainer.forward_backward(batch, loss, aggregation=base.aggregation, max_tokens=base.max_tokens).result()
+        return torch.cat([p.grad.flatten() for p in trainer.trainable_parameters()]), out.metrics
+
+    def gaps(label):
+        g, _ = gradient("importance_sampling")
+        stats = {}
+        for loss in ("ppo", "cispo"):
+            h, m = gradient(loss)
+            stats[f"{label}_{loss}_gap"] = float((h - g).norm() / g.norm())
+            stats[f"{label}_{loss}_clip"] = m["optim/clip_fraction"]
+        return stats
+
+    with torch_threads(threads):
+        stats = gaps("fresh")
+        for step in range(8):
+            sampler = trainer.save_weights_and_get_sampling_client()
+            llm.update(base, trainer, llm.collect(base, sampler, renderer, task, 1 + step, stop))
+        stats.update(gaps("stale"))
+    return stats
+
+
 def _derive_multiturn(stats: dict) -> dict:
     """Notebook 09's asserted differences, from the recorded values."""
     if "guess_end_win" in stats:
@@ -461,6 +500,7 @@ EXPERIMENTS = {
     "multiturn_guess": (multiturn_guess, True),
     "multiturn_calc": (multiturn_calc, True),
     "off_policy": (off_policy, True),
+    "stale_gradients": (stale_gradients, True),
 }
 
 
