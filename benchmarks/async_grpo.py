@@ -46,13 +46,17 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="CPU cores the run may use")
+    parser.add_argument(
+        "--async-threads", type=int, default=None, help="torch threads of each async side (default: cores // 2)"
+    )
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="edurl-async-") as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
             base = GRPOConfig(seed=seed, max_steps=args.steps, eval_every=args.steps, progress=False)
             sync = run(replace(base, num_threads=args.cores, log_dir=f"{tmp}/sync{seed}"))
-            lagged = replace(base, max_steps_off_policy=1, num_threads=max(1, args.cores // 2))
+            side = args.async_threads or max(1, args.cores // 2)
+            lagged = replace(base, max_steps_off_policy=1, num_threads=side)
             asyn = run(replace(lagged, log_dir=f"{tmp}/async{seed}"))
             rows.append(
                 {
