@@ -135,6 +135,11 @@ def collect_buffer(
     return buffer
 
 
+def _check_advantage(advantage) -> None:
+    if not (callable(advantage) or advantage in ADVANTAGES):
+        raise ValueError(f"advantage must be one of {ADVANTAGES} or a function f(rewards, tau), got {advantage!r}")
+
+
 def draw_groups(buffer: RolloutBuffer, batch_size: int, seed: int, step: int) -> list[int]:
     """The indices of the ``batch_size`` buffer groups that step ``step`` trains on: a function of (seed, step),
     so a run repeats and resumes."""
@@ -160,6 +165,7 @@ def offline_step(
     or a function ``f(rewards, tau) -> advantages`` (a learner's soft advantages). "mean" is the default because it
     learned more in Chapter 10's study: with a small tau the soft baseline sits near each group's best reward, so
     almost every completion is pushed down, on every one of its tokens."""
+    _check_advantage(advantage)
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
     if advantage == "mean":
@@ -192,8 +198,7 @@ def train_offline(
 
     ``step_fn(config, trainer, buffer, step) -> dict`` replaces :func:`offline_step` (Chapter 10's exercise 10.3
     passes the learner's); it returns the step's metrics row and takes its one optimizer step itself."""
-    if not (callable(advantage) or advantage in ADVANTAGES):
-        raise ValueError(f"advantage must be one of {ADVANTAGES} or a function f(rewards, tau), got {advantage!r}")
+    _check_advantage(advantage)
     if config.batch_size > len(buffer):
         raise ValueError(
             f"batch_size={config.batch_size} groups per step, but the buffer holds {len(buffer)}; collect more "

@@ -8,7 +8,7 @@ import torch
 
 from edurl.llm import losses as L
 from edurl.llm.loop import make_training_client
-from edurl.llm.offline import RolloutBuffer, collect_buffer, train_offline
+from edurl.llm.offline import RolloutBuffer, collect_buffer, offline_step, train_offline
 
 from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
 
@@ -116,5 +116,7 @@ def test_offline_refuses_bad_inputs(setup):
         train_offline(replace(config, batch_size=2, group_size=8), buffer)
     with pytest.raises(ValueError, match="advantage must be"):
         train_offline(replace(config, batch_size=2), buffer, advantage="max")
+    with pytest.raises(ValueError, match="advantage must be"):  # called directly, before any work
+        offline_step(replace(config, batch_size=2), trainer, buffer, 0, advantage="max")
     with pytest.raises(ValueError, match="samplers is empty"):
         collect_buffer({}, renderer, task, 2)
