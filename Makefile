@@ -1,6 +1,8 @@
 # Two commands do all the setup (see README.md):
 #   make lab    venv + edurl (editable, with the dev extra) + Jupyter kernel, then JupyterLab on notebooks/
-#   make test   venv + edurl, then the unit tests and every notebook under nbval
+#   make test   venv + edurl, then the unit tests and every notebook under nbval, the book, and the browser tests
+# and one more for reading:
+#   make book   the course as a book in _build/html (reuses the notebook executions of `make test`)
 #
 # Without an NVIDIA GPU, the CPU build of torch is installed first, so that pip never pulls the
 # multi-GB CUDA wheels. Override TORCH_CPU_SPEC (e.g. with --index-url ...) if your machine needs it.
@@ -17,7 +19,12 @@ TEST_ENV = EDURL_MAX_THREADS=$(TEST_THREADS) OMP_NUM_THREADS=$(TEST_THREADS)
 BIN := $(VENV)/bin
 HAS_NVIDIA_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: setup lab lint format test unit notebooks gpu-check clean-venv
+# JupyterLab refuses to start as root without --allow-root; containers and cloud machines often run as root.
+LAB_ROOT_FLAG := $(shell [ "$$(id -u 2>/dev/null)" = 0 ] && echo --allow-root)
+# Extra `jupyter lab` options, e.g. LAB_ARGS="--no-browser --port=8890" (the browser tests pass a port and a token).
+LAB_ARGS ?=
+
+.PHONY: setup lab lint format test unit notebooks book browser-tests gpu-check clean-venv
 
 setup: $(VENV)/.edurl-installed
 
@@ -35,7 +42,7 @@ endif
 
 lab: setup
 	$(BIN)/python -m ipykernel install --user --name edurl --display-name "Python (edurl)"
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
 # Lint and format checks (ruff, configured in pyproject.toml); `make format` rewrites the files instead.
 lint: setup
@@ -46,15 +53,38 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Lint, then unit tests and notebooks in one pytest run; --dist loadscope keeps each notebook's cells on one worker.
+# Lint, then unit tests and notebooks in one pytest run (--dist loadscope keeps each notebook's cells on one
+# worker; book/nbcapture.py keeps each notebook's outputs in _build/executed), then the book from those outputs,
+# then the browser tests on the book and JupyterLab.
 test: setup lint
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope tests notebooks --nbval-lax --nbval-current-env
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope -m "not browser" tests notebooks --nbval-lax --nbval-current-env
+	$(BIN)/python book/build.py --no-execute
+	$(MAKE) --no-print-directory browser-tests VENV=$(VENV)
 
 unit: setup
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not browser" tests
 
 notebooks: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope notebooks --nbval-lax --nbval-current-env
+
+# The book (Sphinx + MyST-NB, offline): notebooks without a fresh executed copy in _build/executed run first,
+# under the same nbval command; then Sphinx with -W. Open _build/html/index.html.
+book: setup
+	$(TEST_ENV) $(BIN)/python book/build.py --workers $(PYTEST_WORKERS)
+
+# The browser tests need a Chromium. Where none is found and apt-get works as root, Debian's chromium is
+# installed; otherwise the tests skip and say why (under CI=true a skip is a failure).
+browser-tests: setup
+	@if [ -z "$$EDURL_CHROMIUM" ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1 \
+	    && ! command -v google-chrome >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "No Chromium found: installing Debian's chromium for the browser tests (apt-get install chromium)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "No Chromium found, and apt-get is not usable as root: the browser tests will skip. Install chromium (or set EDURL_CHROMIUM) to run them."; \
+	  fi; \
+	fi
+	$(BIN)/python -m pytest -m browser -rs tests/browser
 
 # On a machine with an NVIDIA GPU: the CUDA tests, every notebook with EDURL_DEVICE=cuda, PPO env-steps/s and
 # LLM sampler/GRPO-step timings, in one table (gpu_check.json). Without a GPU it says so and exits 0.

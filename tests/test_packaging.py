@@ -31,8 +31,9 @@ def test_environment_yml_matches_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     conda_side = {}
     for dep in env["dependencies"]:
-        if isinstance(dep, dict):
-            assert dep["pip"] == ["-e ."], "environment.yml installs edurl itself with `pip: [-e .]`"
+        if isinstance(dep, dict):  # the pip section: edurl itself, last, and packages conda-forge lacks
+            assert dep["pip"][-1] == "-e .", "environment.yml installs edurl itself with `pip: [..., -e .]`"
+            conda_side.update(_split(r) for r in dep["pip"][:-1])
             continue
         name, spec = _split(dep)
         if name in ("python", "pip"):

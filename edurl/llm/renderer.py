@@ -37,11 +37,10 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
 class ChatMLRenderer:
     """ChatML prompts and replies as token ids.
 
-    Parameters
-    ----------
-    tokenizer: a tokenizer whose vocabulary has ``<|im_start|>`` and ``<|im_end|>``.
-    default_system: a system message inserted when the conversation has none
-        (Qwen2.5's template does this with "You are Qwen, ..."); None for none.
+    Args:
+        tokenizer: a tokenizer whose vocabulary has ``<|im_start|>`` and ``<|im_end|>``.
+        default_system: a system message inserted when the conversation has none
+            (Qwen2.5's template does this with "You are Qwen, ..."); None for none.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, default_system: str | None = None):

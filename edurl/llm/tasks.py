@@ -119,17 +119,16 @@ class TaskConfig:
 class ArithmeticTask:
     """Addition and subtraction of numbers with up to ``num_digits`` digits.
 
-    Parameters
-    ----------
-    num_digits: the difficulty knob; operands are drawn uniformly from
-        ``[0, 10**num_digits)``.
-    ops: any of ``"+"`` and ``"-"``.
-    allow_negative: if False (default), subtraction puts the larger operand
-        first so answers are never negative.
-    test_fraction, valid_fraction: the shares of all possible problems in the test and
-        validation splits; the rest is train.
-    styled: if True, problems are :class:`StyledProblem` s whose demonstrations vary in manner
-        (see :func:`style`); the questions and answers are those of the plain task.
+    Args:
+        num_digits: the difficulty knob; operands are drawn uniformly from
+            ``[0, 10**num_digits)``.
+        ops: any of ``"+"`` and ``"-"``.
+        allow_negative: if False (default), subtraction puts the larger operand
+            first so answers are never negative.
+        test_fraction, valid_fraction: the shares of all possible problems in the test and
+            validation splits; the rest is train.
+        styled: if True, problems are :class:`StyledProblem` s whose demonstrations vary in manner
+            (see :func:`style`); the questions and answers are those of the plain task.
     """
 
     def __init__(

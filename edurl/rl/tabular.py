@@ -12,7 +12,7 @@ terminal    (S,)       bool; arriving in a terminal state ends the episode, so V
 
 A policy is an ``(S, A)`` tensor of action probabilities; each row sums to 1.
 
-The Bellman expectation equation for a policy pi (Sutton & Barto, 2018, eq. 4.4):
+The Bellman expectation equation for a policy pi (Sutton & Barto, 2018, eq. 4.4)::
 
     V(s) = sum_a pi(a|s) [ R(s, a) + gamma * sum_s' P(s'|s, a) * V(s') ],   V(terminal) = 0
 
@@ -154,7 +154,7 @@ def _check_policy(policy: torch.Tensor, mdp: TabularMDP) -> None:
 
 
 def q_values(V: torch.Tensor, mdp: TabularMDP, gamma: float) -> torch.Tensor:
-    """One-step lookahead: Q(s, a) = R(s, a) + gamma * sum_s' P(s'|s, a) * V(s') * (1 - terminal(s')). Shape (S, A)."""
+    """One-step lookahead: ``Q(s, a) = R(s, a) + gamma * sum_s' P(s'|s, a) * V(s') * (1 - terminal(s'))``. Shape (S, A)."""
     _check_values(V, mdp)
     gamma = check_gamma(gamma)
     V_next = V.masked_fill(mdp.terminal, 0.0)  # nothing is collected after an episode ends
@@ -174,7 +174,7 @@ def bellman_backup(V: torch.Tensor, policy: torch.Tensor, mdp: TabularMDP, gamma
 def policy_evaluation(
     policy: torch.Tensor, mdp: TabularMDP, gamma: float, *, tol: float = 1e-10, max_iters: int = 100_000
 ) -> tuple[torch.Tensor, list[float]]:
-    """Iterate ``bellman_backup`` from V = 0 until max |V' - V| < tol.
+    """Iterate ``bellman_backup`` from V = 0 until ``max |V' - V| < tol``.
 
     Returns V (S,) and the list of those max changes, one per sweep, to plot convergence.
     Raises ``RuntimeError`` if it has not converged after ``max_iters`` sweeps (with gamma = 1 that
@@ -230,7 +230,7 @@ def uniform_policy(mdp: TabularMDP) -> torch.Tensor:
 def value_iteration(
     mdp: TabularMDP, gamma: float, *, tol: float = 1e-10, max_iters: int = 100_000
 ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
-    """Iterate V(s) <- max_a Q(s, a) (Bellman optimality) from V = 0 until max |V' - V| < tol.
+    """Iterate V(s) <- max_a Q(s, a) (Bellman optimality) from V = 0 until ``max |V' - V| < tol``.
 
     Returns V* (S,), the greedy policy for V* as one-hot (S, A), and the max change per sweep.
     """

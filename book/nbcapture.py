@@ -1,0 +1,89 @@
+"""A pytest plugin that keeps what nbval's execution of each notebook printed and drew.
+
+`make test` runs every notebook once under nbval. This plugin copies each cell's outputs into the notebook
+and, when every cell of a notebook has passed, writes it to _build/executed/NN_slug.ipynb with a stamp of
+what it was run from (the notebook's bytes and the edurl sources). `make book` (book/build.py) renders those
+copies, so the book shows outputs without executing the notebooks a second time; a copy whose stamp no
+longer matches is executed again, by the same nbval command.
+
+Loaded from the repository's conftest.py; it does nothing for items that are not nbval cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# The course's notebooks and where their executed copies go (the environment variables exist for the tests).
+NOTEBOOKS_DIR = Path(os.environ.get("EDURL_BOOK_NOTEBOOKS", ROOT / "notebooks"))
+EXECUTED_DIR = Path(os.environ.get("EDURL_BOOK_EXECUTED", ROOT / "_build" / "executed"))
+STAMP_KEY = "edurl_execution"
+
+
+def source_stamp(notebook: Path) -> dict:
+    """What an executed copy of `notebook` depends on: the notebook's bytes and every edurl source file."""
+    lib = hashlib.sha256()
+    for path in sorted((ROOT / "edurl").rglob("*.py")):
+        lib.update(str(path.relative_to(ROOT)).encode())
+        lib.update(path.read_bytes())
+    return {
+        "notebook_sha256": hashlib.sha256(Path(notebook).read_bytes()).hexdigest(),
+        "edurl_sha256": lib.hexdigest(),
+    }
+
+
+def executed_copy(notebook: Path) -> Path:
+    return EXECUTED_DIR / Path(notebook).name
+
+
+def is_fresh(notebook: Path) -> bool:
+    """Whether _build/executed holds a passing execution of this exact notebook and library."""
+    copy = executed_copy(notebook)
+    if not copy.exists():
+        return False
+    try:
+        stamp = json.loads(copy.read_text())["metadata"].get(STAMP_KEY, {})
+    except (ValueError, KeyError):
+        return False
+    return stamp == source_stamp(notebook)
+
+
+def _is_nbval_cell(item) -> bool:
+    return type(item).__name__ == "IPyNbCell" and hasattr(item, "cell") and hasattr(item.parent, "nb")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if not _is_nbval_cell(item) or call.when != "call":
+        return
+    report = outcome.get_result()
+    notebook = item.parent
+    path = Path(str(notebook.fspath))
+    if path.parent.resolve() != NOTEBOOKS_DIR.resolve():
+        return
+    if item.cell_num == 0:
+        executed_copy(path).unlink(missing_ok=True)  # a stale copy must not outlive a failing run
+        notebook._edurl_ok = True
+    if not report.passed and not report.skipped:
+        notebook._edurl_ok = False
+    outputs = [nbformat.from_dict(out) for out in (item.test_outputs or [])]
+    item.cell.outputs = outputs
+    item.cell.execution_count = item.cell_num + 1
+    for out in outputs:
+        if out.get("output_type") == "execute_result":
+            out["execution_count"] = item.cell_num + 1
+    n_code = sum(cell.cell_type == "code" for cell in notebook.nb.cells)
+    if item.cell_num == n_code - 1 and getattr(notebook, "_edurl_ok", False):
+        nb = notebook.nb
+        nb.metadata[STAMP_KEY] = source_stamp(path)
+        EXECUTED_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = executed_copy(path).with_suffix(".ipynb.tmp")
+        nbformat.write(nb, str(tmp))
+        tmp.replace(executed_copy(path))
