@@ -37,7 +37,7 @@ else
 	@echo "No NVIDIA GPU found: installing the CPU build of torch first ($(TORCH_CPU_SPEC))."
 	$(BIN)/python -m pip install $(TORCH_CPU_SPEC)
 endif
-	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install -e ".[dev,tinker]"
 	touch $@
 
 lab: setup

@@ -48,6 +48,16 @@ def _get(url: str) -> int:
         return 0
 
 
+def jupyter_env(work: Path) -> dict:
+    """The environment for `make lab`: Jupyter's data, config and runtime folders in `work`, so the kernel that
+    `make lab` registers (--user) goes there, pointing at this environment, and the user's own kernels and
+    settings (perhaps an "edurl" kernel of a venv since deleted) play no part."""
+    env = dict(os.environ)
+    for var in ("JUPYTER_DATA_DIR", "JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR"):
+        env[var] = str(work / var.lower())
+    return env
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """`make lab` on a free port; yields (base URL, token) and stops the server afterwards."""
@@ -78,6 +88,7 @@ def lab(tmp_path_factory):
             f"LAB_ARGS={lab_args}",
         ],
         cwd=ROOT,
+        env=jupyter_env(work),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -1,0 +1,72 @@
+"""``python -m edurl.serve --host 127.0.0.1 --port PORT --api-key KEY``: serve the Tinker API until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+import socket
+import sys
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: loopback only if every address it resolves to is
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except OSError:
+            return False
+        return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def resolve_key(host: str, api_key: str | None) -> tuple[str, bool]:
+    """The key to require, and whether it was made up here. A non-loopback address needs a key of your own."""
+    key = api_key or os.environ.get("EDURL_SERVE_API_KEY")
+    if key:
+        if not key.startswith("tml-"):
+            raise SystemExit("edurl.serve: the API key must start with 'tml-' (the tinker SDK refuses other keys)")
+        return key, False
+    if not is_loopback(host):
+        raise SystemExit(
+            f"edurl.serve: refusing to listen on {host} without an API key; pass --api-key tml-... "
+            "or set EDURL_SERVE_API_KEY (or bind to 127.0.0.1)"
+        )
+    return "tml-" + secrets.token_urlsafe(24), True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m edurl.serve", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None, help="the key clients must send (tml-...); or EDURL_SERVE_API_KEY")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: edurl.device())")
+    parser.add_argument("--state-dir", default=None, help="where save_state writes checkpoints (default: a temp dir)")
+    parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted (MiB)")
+    args = parser.parse_args(argv)
+    key, generated = resolve_key(args.host, args.api_key)
+    try:
+        import uvicorn
+
+        from edurl.serve import ModelRegistry, create_app
+    except ImportError as exc:
+        raise SystemExit(
+            f"edurl.serve needs the tinker extra (Python >= 3.11): pip install -e '.[tinker]' ({exc})"
+        ) from None
+    app = create_app(
+        key,
+        models=ModelRegistry(device=args.device),
+        state_dir=args.state_dir,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+    )
+    if generated:
+        print(f"edurl.serve: no --api-key given; clients must send this one: {key}", file=sys.stderr, flush=True)
+    print(f"edurl.serve: serving the Tinker API on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,655 @@
+"""A local server for the part of the Tinker HTTP API that training and sampling loops use.
+
+The official ``tinker`` SDK drives it unchanged: point ``tinker.ServiceClient(base_url=...)`` at it. Behind each
+verb is edurl's own in-process client (:mod:`edurl.llm.clients`), so a loop run through HTTP computes what the
+same loop computes in process.
+
+How a request flows:
+
+- Every request must carry the server's key in ``X-API-Key`` (compared in constant time); otherwise 401 and
+  nothing happens. Bodies above ``max_body_bytes`` get 413.
+- Verbs that do work (create_model, forward_backward, optim_step, save_*, load_weights, asample) return a
+  ``request_id`` at once and queue the work. A training client's operations run in the order of their
+  ``seq_id`` (the SDK may send the chunks of a large batch out of order); a repeated ``(model_id, seq_id)`` is
+  the same operation, not a new one. All model work runs on one worker thread, in arrival order.
+- ``retrieve_future`` long-polls: it waits up to ``poll_seconds`` for the result, then answers ``try_again``.
+  A failed operation answers ``{"error": ..., "category": "user"}``, which the SDK raises as
+  ``RequestFailedError``.
+- A malformed request gets a 4xx with the reason, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import itertools
+import json
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from edurl.llm.clients import LOSS_FN_NAMES, AdamParams, SamplingClient, ServiceClient, TrainingClient
+from edurl.llm.sampling import SamplingParams, sample
+from edurl.serve import wire
+from edurl.serve.models import ModelRegistry
+
+PROTO = "application/x-protobuf"
+API = "/api/v1"
+
+
+class UserError(ValueError):
+    """The request was understood but cannot be done (unknown model, bad loss config, ...): HTTP 400."""
+
+
+@dataclass
+class TrainingModel:
+    model_id: str
+    session_id: str
+    base_model: str
+    tokenizer_id: str
+    client: TrainingClient
+    lora_rank: int
+    next_seq: int = 1
+    pending: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> request_id, to recognise a resend
+    broken: str | None = None
+
+
+@dataclass
+class Sampler:
+    sampler_id: str
+    session_id: str
+    base_model: str
+    model_path: str | None
+    client: SamplingClient
+
+
+@dataclass
+class Session:
+    session_id: str
+    created: float
+    last_seen: float
+    models: list[str] = field(default_factory=list)
+    samplers: list[str] = field(default_factory=list)
+
+
+class Backend:
+    """Sessions, models, samplers and futures; the model work runs on one worker thread."""
+
+    def __init__(self, models: ModelRegistry, state_dir: Path, poll_seconds: float = 25.0, max_futures: int = 10_000):
+        self.models_registry = models
+        self.state_dir = state_dir
+        self.poll_seconds = poll_seconds
+        self.max_futures = max_futures
+        self.sessions: dict[str, Session] = {}
+        self.models: dict[str, TrainingModel] = {}
+        self.samplers: dict[str, Sampler] = {}
+        self.sampler_weights: dict[str, tuple[str, SamplingClient]] = {}  # tinker:// path -> (base, snapshot)
+        self.futures: dict[str, concurrent.futures.Future] = {}
+        self.future_owner: dict[str, str] = {}
+        self.lock = threading.RLock()
+        self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="edurl-serve")
+        self.counter = itertools.count()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise KeyError(f"unknown session_id {session_id!r}; create one with create_session")
+        session.last_seen = time.time()
+        return session
+
+    def new_session(self) -> str:
+        session_id = f"edurl-{uuid.uuid4().hex[:12]}"
+        with self.lock:
+            self.sessions[session_id] = Session(session_id, time.time(), time.time())
+        return session_id
+
+    def finish_session(self, session_id: str) -> None:
+        """Drop the session's models, samplers and futures: their memory goes with them."""
+        with self.lock:
+            session = self.sessions.pop(session_id, None)
+            if session is None:
+                return
+            for model_id in session.models:
+                self.models.pop(model_id, None)
+            for sampler_id in session.samplers:
+                self.samplers.pop(sampler_id, None)
+            for rid in [r for r, owner in self.future_owner.items() if owner == session_id]:
+                self.futures.pop(rid, None)
+                self.future_owner.pop(rid, None)
+
+    def _new_future(self, session_id: str) -> tuple[str, concurrent.futures.Future]:
+        rid = f"req-{next(self.counter)}-{uuid.uuid4().hex[:8]}"
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self.lock:
+            self.futures[rid] = fut
+            self.future_owner[rid] = session_id
+            while len(self.futures) > self.max_futures:  # oldest first; dicts keep insertion order
+                old = next(iter(self.futures))
+                self.futures.pop(old)
+                self.future_owner.pop(old, None)
+        return rid, fut
+
+    def _execute(self, fut: concurrent.futures.Future, fn) -> None:
+        def job():
+            try:
+                fut.set_result(fn())
+            except (UserError, wire.WireError, ValueError, TypeError, KeyError, RuntimeError) as exc:
+                fut.set_result({"error": str(exc), "category": "user"})
+            except Exception as exc:  # noqa: BLE001 - reported to the client, never kills the worker
+                fut.set_result({"error": f"{type(exc).__name__}: {exc}", "category": "server"})
+
+        self.worker.submit(job)
+
+    def submit(self, session_id: str, fn) -> str:
+        """Queue `fn` on the worker; its return value (a JSON dict or protobuf bytes) is the future's result."""
+        rid, fut = self._new_future(session_id)
+        self._execute(fut, fn)
+        return rid
+
+    def submit_ordered(self, model: TrainingModel, seq_id: int, fn) -> str:
+        """Queue a training operation to run in seq_id order; a resent seq_id returns the first request's id."""
+        with self.lock:
+            if seq_id in model.submitted:
+                return model.submitted[seq_id]
+            if seq_id < model.next_seq:
+                raise UserError(f"seq_id {seq_id} of {model.model_id} already ran (next is {model.next_seq})")
+            rid, fut = self._new_future(model.session_id)
+            model.submitted[seq_id] = rid
+            model.pending[seq_id] = (rid, (fut, fn))
+            while model.next_seq in model.pending:
+                _, (ready_fut, ready_fn) = model.pending.pop(model.next_seq)
+                self._execute(ready_fut, self._guard(model, ready_fn))
+                model.next_seq += 1
+        return rid
+
+    @staticmethod
+    def _guard(model: TrainingModel, fn):
+        """After a failed operation, the model's later operations fail too (the SDK does the same)."""
+
+        def run():
+            if model.broken:
+                raise UserError(f"an earlier operation on {model.model_id} failed: {model.broken}")
+            try:
+                return fn()
+            except Exception as exc:
+                model.broken = str(exc)
+                raise
+
+        return run
+
+    async def result(self, request_id: str):
+        fut = self.futures.get(request_id)
+        if fut is None:
+            return None
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), timeout=self.poll_seconds)
+        except asyncio.TimeoutError:
+            return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+
+    # ------------------------------------------------------------------ training
+    def create_model(self, body: dict) -> str:
+        session = self.session(body["session_id"])
+        base_model = body.get("base_model")
+        if not isinstance(base_model, str) or not base_model:
+            raise UserError("create_model needs a base_model: 'edurl/tiny-arithmetic' or a local Hugging Face folder")
+        lora = body.get("lora_config") or {}
+        rank = int(lora.get("rank", 32))
+        model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
+        seed = body.get("seed")
+
+        def make():
+            model, tokenizer, tokenizer_id = self.models_registry.load(base_model)
+            if seed is not None:
+                torch.manual_seed(int(seed))
+            client = ServiceClient(device=self.models_registry.device).create_lora_training_client(
+                (model, tokenizer), rank=rank
+            )
+            with self.lock:
+                self.models[model_id] = TrainingModel(
+                    model_id, session.session_id, base_model, tokenizer_id, client, rank
+                )
+                session.models.append(model_id)
+            return {"model_id": model_id, "type": "create_model"}
+
+        return self.submit(session.session_id, make)
+
+    def model(self, model_id: str) -> TrainingModel:
+        model = self.models.get(model_id)
+        if model is None:
+            raise KeyError(f"unknown model_id {model_id!r}; create it with create_model first")
+        self.session(model.session_id)
+        return model
+
+    def info(self, model_id: str) -> dict:
+        m = self.model(model_id)
+        data = {"arch": type(m.client.model).__name__, "model_name": m.base_model, "tokenizer_id": m.tokenizer_id}
+        return {
+            "model_id": model_id,
+            "model_data": data,
+            "is_lora": True,
+            "lora_rank": m.lora_rank,
+            "model_name": m.base_model,
+            "type": "get_info",
+        }
+
+    def forward_backward(self, raw: bytes) -> str:
+        request = wire.pb.ForwardBackwardRequest()
+        try:
+            request.ParseFromString(raw)
+        except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError
+            raise wire.WireError(f"the body is not a ForwardBackwardRequest protobuf: {exc}") from None
+        m = self.model(request.model_id)
+        loss_fn = request.loss_fn
+        if loss_fn not in LOSS_FN_NAMES:
+            raise UserError(f"unknown loss_fn {loss_fn!r}; edurl.serve implements {list(LOSS_FN_NAMES)}")
+        rl = loss_fn != "cross_entropy"
+        datums = wire.datums_from_request(request, rl)  # malformed data fails here, at submit time (HTTP 400)
+        config = wire.loss_fn_config(request) or None
+        forward_only = request.forward_only
+
+        def run():
+            client = m.client
+            if forward_only:
+                logprobs = client.compute_logprobs(datums)
+                return wire.forward_backward_output(logprobs, 0.0, {})
+            out = client.forward_backward(datums, loss_fn, config).result()
+            return wire.forward_backward_output([o["logprobs"] for o in out.loss_fn_outputs], out.loss, out.metrics)
+
+        return self.submit_ordered(m, int(request.seq_id), run)
+
+    def optim_step(self, body: dict) -> str:
+        m = self.model(body["model_id"])
+        given = body.get("adam_params") or {}
+        allowed = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
+        unknown = set(given) - allowed
+        if unknown:
+            raise UserError(f"adam_params has unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
+        params = AdamParams(**{k: float(v) for k, v in given.items()})  # Tinker's defaults come with the request
+
+        def run():
+            metrics = m.client.optim_step(params).result()
+            return {"metrics": metrics, "type": "optim_step"}
+
+        return self.submit_ordered(m, int(body["seq_id"]), run)
+
+    def _checkpoint_file(self, model_id: str, name: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        return self.state_dir / model_id.replace(":", "_") / f"{safe}.pt"
+
+    def save_weights(self, body: dict) -> str:
+        m = self.model(body["model_id"])
+        name = str(body.get("path") or f"step-{body.get('seq_id')}")
+        path = f"tinker://{m.model_id}/weights/{name}"
+
+        def run():
+            target = self._checkpoint_file(m.model_id, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            state = {
+                "base_model": m.base_model,
+                "lora_rank": m.lora_rank,
+                "trainable": {n: p.detach().cpu() for n, p in m.client.model.named_parameters() if p.requires_grad},
+                "optimizer": m.client.optimizer.state_dict() if m.client.optimizer is not None else None,
+            }
+            torch.save(state, target)
+            return {"path": path, "type": "save_weights"}
+
+        return self.submit_ordered(m, int(body["seq_id"]), run)
+
+    def _read_checkpoint(self, path: str) -> dict:
+        prefix = "tinker://"
+        if not path.startswith(prefix) or "/weights/" not in path:
+            raise UserError(f"{path!r} is not a checkpoint path from save_state (tinker://<model>/weights/<name>)")
+        model_id, name = path[len(prefix) :].split("/weights/", 1)
+        file = self._checkpoint_file(model_id, name)
+        if not file.exists():
+            raise UserError(f"no checkpoint at {path!r} on this server")
+        return torch.load(file, map_location="cpu", weights_only=False)
+
+    def load_weights(self, body: dict) -> str:
+        path = str(body.get("path", ""))
+        with_optimizer = bool(body.get("optimizer", False))
+        if "model_id" in body:
+            m = self.model(body["model_id"])
+            return self.submit_ordered(m, int(body["seq_id"]), lambda: self._load_into(m, path, with_optimizer))
+        # create_training_client_from_state: a new model in the session, made from the checkpoint
+        session = self.session(body["session_id"])
+        model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
+
+        def make():
+            state = self._read_checkpoint(path)
+            base = body.get("base_model") or state["base_model"]
+            model, tokenizer, tokenizer_id = self.models_registry.load(base)
+            client = ServiceClient(device=self.models_registry.device).create_lora_training_client(
+                (model, tokenizer), rank=int(state["lora_rank"])
+            )
+            m = TrainingModel(model_id, session.session_id, base, tokenizer_id, client, int(state["lora_rank"]))
+            m.next_seq = 1
+            with self.lock:
+                self.models[model_id] = m
+                session.models.append(model_id)
+            return self._load_into(m, path, with_optimizer)
+
+        return self.submit(session.session_id, make)
+
+    def _load_into(self, m: TrainingModel, path: str, with_optimizer: bool) -> dict:
+        state = self._read_checkpoint(path)
+        params = dict(m.client.model.named_parameters())
+        missing = [n for n in state["trainable"] if n not in params]
+        if missing:
+            raise UserError(f"checkpoint {path!r} does not fit {m.model_id}: unknown parameters {missing[:3]}")
+        with torch.no_grad():
+            for n, value in state["trainable"].items():
+                params[n].copy_(value.to(params[n].device, params[n].dtype))
+        if with_optimizer and state.get("optimizer") is not None:
+            trainable = m.client._optimized_parameters()
+            m.client.optimizer = torch.optim.AdamW(trainable)
+            m.client.optimizer.load_state_dict(state["optimizer"])
+        return {"path": path, "model_id": m.model_id, "type": "load_weights"}
+
+    # ------------------------------------------------------------------ sampling
+    def _register_sampler(self, session: Session, base_model: str, model_path: str | None, client) -> str:
+        sampler_id = f"{session.session_id}:sample:{len(session.samplers)}-{uuid.uuid4().hex[:6]}"
+        with self.lock:
+            self.samplers[sampler_id] = Sampler(sampler_id, session.session_id, base_model, model_path, client)
+            session.samplers.append(sampler_id)
+        return sampler_id
+
+    def save_weights_for_sampler(self, body: dict) -> str:
+        m = self.model(body["model_id"])
+        session = self.session(m.session_id)
+        name = body.get("path")
+
+        def run():
+            snapshot = m.client.save_weights_and_get_sampling_client()
+            if name:
+                path = f"tinker://{m.model_id}/sampler_weights/{name}"
+                with self.lock:
+                    self.sampler_weights[path] = (m.base_model, snapshot)
+                return {"path": path, "type": "save_weights_for_sampler"}
+            sampler_id = self._register_sampler(session, m.base_model, None, snapshot)
+            return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+
+        return self.submit_ordered(m, int(body["seq_id"]), run)
+
+    def create_sampling_session(self, body: dict) -> dict:
+        session = self.session(body["session_id"])
+        model_path, base_model = body.get("model_path"), body.get("base_model")
+        if model_path:
+            if model_path not in self.sampler_weights:
+                raise UserError(f"no sampler weights at {model_path!r}; save them with save_weights_for_sampler(name)")
+            base, client = self.sampler_weights[model_path]
+        elif base_model:
+            model, tokenizer, _ = self.models_registry.load(base_model)
+            base, client = base_model, SamplingClient(model, tokenizer, name=base_model)
+        else:
+            raise UserError("create_sampling_session needs model_path or base_model")
+        sampler_id = self._register_sampler(session, base, model_path, client)
+        return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
+
+    def sampler(self, sampler_id: str) -> Sampler:
+        s = self.samplers.get(sampler_id)
+        if s is None:
+            raise KeyError(f"unknown sampling_session_id {sampler_id!r}")
+        self.session(s.session_id)
+        return s
+
+    def asample(self, body: dict) -> dict:
+        s = self.sampler(body["sampling_session_id"])
+        chunks = (body.get("prompt") or {}).get("chunks") or []
+        tokens: list[int] = []
+        for k, chunk in enumerate(chunks):
+            if chunk.get("type", "encoded_text") != "encoded_text":
+                raise UserError(f"prompt chunk {k} is {chunk.get('type')!r}; edurl.serve reads encoded_text only")
+            tokens += [int(t) for t in chunk.get("tokens", [])]
+        if not tokens:
+            raise UserError("the prompt has no tokens")
+        n = int(body.get("num_samples", 1))
+        if not 1 <= n <= 1024:
+            raise UserError(f"num_samples must be in [1, 1024], got {n}")
+        sp = body.get("sampling_params") or {}
+        tokenizer = s.client.tokenizer
+        stop = sp.get("stop", None)
+        stops: list[list[int]] = []
+        eos: list[int] | None = None  # None: the model's own end-of-sequence ids
+        if isinstance(stop, str):
+            stop = [stop]
+        if isinstance(stop, list):
+            if not stop:
+                eos = []  # Tinker: an empty list never stops before max_tokens
+            for item in stop:
+                stops.append([int(item)] if isinstance(item, int) else tokenizer.encode(item, add_special_tokens=False))
+        top_k = int(sp.get("top_k", -1))
+        if top_k not in (-1, 0):
+            raise UserError("top_k is not supported by edurl's sampler; send top_k=-1")
+        params = SamplingParams(
+            max_tokens=int(sp.get("max_tokens") or 32),
+            temperature=float(sp.get("temperature", 1.0)),
+            top_p=float(sp.get("top_p", 1.0)),
+            stop=stops,
+            seed=sp.get("seed"),
+        )
+        want_prompt_logprobs = bool(body.get("prompt_logprobs", False))
+        model, pad = s.client.model, tokenizer.pad_token_id
+
+        def run():
+            out = sample(model, [tokens], n, params, pad_token_id=pad, eos_token_id=eos)
+            prompt_lp = prompt_logprobs(model, tokens) if want_prompt_logprobs else None
+            return wire.sample_response(out, prompt_lp)
+
+        rid = self.submit(s.session_id, run)
+        return {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(n)]}
+
+
+def prompt_logprobs(model, tokens: list[int]) -> list[float]:
+    """log p(token_t | tokens_<t) for every prompt position; NaN at position 0, which has no context."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        ids = torch.tensor([tokens], device=device)
+        logits = model(input_ids=ids).logits.float()
+        lp = torch.log_softmax(logits[0, :-1], dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+    return [float("nan")] + lp.cpu().tolist()
+
+
+# ---------------------------------------------------------------------- the HTTP app
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+class _Limits:
+    """ASGI middleware: the API key (401 before anything else happens) and the body size (413)."""
+
+    def __init__(self, app, api_key: str, max_body_bytes: int):
+        self.app, self.api_key, self.max_body = app, api_key.encode(), max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        key = headers.get(b"x-api-key", b"")
+        if not hmac.compare_digest(key, self.api_key):
+            reason = "missing X-API-Key header" if not key else "wrong API key"
+            return await _error(401, f"{reason}: pass the key the server was started with").__call__(
+                scope, receive, send
+            )
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return await _error(413, f"request body of {int(length)} bytes is over the limit of {self.max_body}")(
+                scope, receive, send
+            )
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _error(413, f"request body is over the limit of {self.max_body} bytes")(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "use_pyqwest_transport": False,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "parallel_fwdbwd_chunks": True,
+}
+
+
+def create_app(
+    api_key: str,
+    models: ModelRegistry | None = None,
+    state_dir: str | Path | None = None,
+    max_body_bytes: int = 64 * 2**20,
+    poll_seconds: float = 25.0,
+) -> FastAPI:
+    """The FastAPI app. ``api_key`` must start with ``tml-`` (the SDK refuses other keys)."""
+    if not api_key.startswith("tml-"):
+        raise ValueError("the API key must start with 'tml-', as the tinker SDK requires of every key")
+    backend = Backend(
+        models or ModelRegistry(),
+        Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="edurl-serve-")),
+        poll_seconds=poll_seconds,
+    )
+    app = FastAPI(title="edurl.serve: a local Tinker-compatible server", docs_url=None, redoc_url=None)
+    app.state.backend = backend
+    app.add_middleware(_Limits, api_key=api_key, max_body_bytes=max_body_bytes)
+
+    async def body_json(request: Request) -> dict:
+        raw = await request.body()
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            raise wire.WireError("the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise wire.WireError("the body must be a JSON object")
+        return body
+
+    @app.exception_handler(wire.WireError)
+    @app.exception_handler(UserError)
+    async def bad_request(request: Request, exc: Exception):
+        return _error(400, str(exc))
+
+    @app.exception_handler(KeyError)
+    async def not_found(request: Request, exc: KeyError):
+        message = exc.args[0] if exc.args else str(exc)
+        if isinstance(message, str) and not message.startswith("unknown"):
+            return _error(400, f"the request lacks the field {message!r}")
+        return _error(404, str(message))
+
+    @app.exception_handler(404)
+    async def unknown_route(request: Request, exc):
+        return _error(
+            404,
+            f"edurl.serve does not implement {request.method} {request.url.path}. It serves the Tinker API's "
+            "training and sampling verbs under /api/v1 (see edurl/serve/app.py).",
+        )
+
+    @app.post(f"{API}/client/config")
+    async def client_config(request: Request):
+        return CLIENT_CONFIG
+
+    @app.post(f"{API}/client/dynamic_config")
+    async def dynamic_config(request: Request):
+        return {}
+
+    @app.get(f"{API}/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get(f"{API}/get_server_capabilities")
+    async def capabilities():
+        return {
+            "supported_models": [
+                {"model_name": name, "trainable": True, "sampleable": True} for name in backend.models_registry.names()
+            ]
+        }
+
+    @app.post(f"{API}/create_session")
+    async def create_session(request: Request):
+        await body_json(request)
+        return {"session_id": backend.new_session(), "type": "create_session"}
+
+    @app.post(f"{API}/session_heartbeat")
+    async def heartbeat(request: Request):
+        body = await body_json(request)
+        if body.get("session_id") not in backend.sessions:
+            return _error(410, "unknown or finished session")
+        backend.session(body["session_id"])
+        return {"type": "session_heartbeat"}
+
+    @app.post(f"{API}/sessions/{{session_id}}/finish")
+    async def finish(session_id: str):
+        backend.finish_session(session_id)
+        return {}
+
+    @app.post(f"{API}/telemetry")
+    async def telemetry(request: Request):
+        await request.body()  # accepted and dropped
+        return {"status": "accepted"}
+
+    def future_verb(name: str):
+        """A verb that queues work: its JSON body goes to the backend method of the same name."""
+        method = getattr(backend, name)
+
+        async def route(request: Request):
+            return {"request_id": method(await body_json(request))}
+
+        app.post(f"{API}/{name}", name=name)(route)
+
+    for verb in ("create_model", "optim_step", "save_weights", "load_weights", "save_weights_for_sampler"):
+        future_verb(verb)
+
+    @app.post(f"{API}/get_info")
+    async def get_info(request: Request):
+        return backend.info((await body_json(request))["model_id"])
+
+    @app.post(f"{API}/forward_backward")
+    async def forward_backward(request: Request):
+        return {"request_id": backend.forward_backward(await request.body())}
+
+    @app.post(f"{API}/create_sampling_session")
+    async def create_sampling_session(request: Request):
+        return backend.create_sampling_session(await body_json(request))
+
+    @app.get(f"{API}/samplers/{{sampler_id}}")
+    async def get_sampler(sampler_id: str):
+        s = backend.sampler(sampler_id)
+        return {"sampler_id": s.sampler_id, "base_model": s.base_model, "model_path": s.model_path}
+
+    @app.post(f"{API}/asample")
+    async def asample(request: Request):
+        return backend.asample(await body_json(request))
+
+    @app.post(f"{API}/retrieve_future")
+    async def retrieve_future(request: Request):
+        body = await body_json(request)
+        result = await backend.result(str(body.get("request_id")))
+        if result is None:
+            return _error(404, f"unknown request_id {body.get('request_id')!r}")
+        if isinstance(result, bytes):
+            return Response(result, media_type=PROTO)
+        return result
+
+    return app

@@ -1,0 +1,85 @@
+"""edurl.serve's HTTP edges without the SDK: keys, body limits, malformed requests, unknown verbs, binding."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from edurl.serve.__main__ import is_loopback, resolve_key
+
+from .conftest import KEY
+
+
+def post(url: str, path: str, key: str | None = KEY, headers: dict | None = None, **kwargs) -> httpx.Response:
+    headers = {**({"X-API-Key": key} if key is not None else {}), **(headers or {})}
+    return httpx.post(f"{url}/api/v1/{path}", headers=headers, timeout=30, **kwargs)
+
+
+def session(url: str) -> str:
+    return post(url, "create_session", json={"tags": []}).json()["session_id"]
+
+
+@pytest.mark.parametrize("key", [None, "tml-wrong", KEY + "x", ""])
+def test_requests_without_the_key_get_401_and_create_nothing(server_url, key):
+    r = post(server_url, "create_session", key=key, json={})
+    assert r.status_code == 401
+    assert "key" in r.json()["detail"]
+
+
+def test_a_malformed_forward_backward_gets_400_with_the_reason_and_the_server_keeps_serving(server_url):
+    r = post(
+        server_url,
+        "forward_backward",
+        content=b"\xff\x00 not a protobuf",
+        headers={"Content-Type": "application/x-protobuf"},
+    )
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["detail"]
+    assert post(server_url, "create_session", json={}).status_code == 200
+
+
+def test_a_bad_json_body_and_a_missing_field_get_400(server_url):
+    assert post(server_url, "create_model", content=b"{not json").status_code == 400
+    r = post(server_url, "create_model", json={"base_model": "edurl/tiny-arithmetic"})
+    assert r.status_code == 400 and "session_id" in r.json()["detail"]
+
+
+def test_an_unknown_base_model_fails_the_future_with_the_reason(server_url):
+    s = session(server_url)
+    rid = post(
+        server_url, "create_model", json={"session_id": s, "base_model": "/no/such/folder", "lora_config": {"rank": 8}}
+    ).json()["request_id"]
+    result = post(server_url, "retrieve_future", json={"request_id": rid}).json()
+    assert result["category"] == "user" and "unknown base_model" in result["error"]
+
+
+def test_an_unknown_verb_is_a_clear_404_not_a_hang(server_url):
+    r = post(server_url, "no_such_verb", json={})
+    assert r.status_code == 404 and "does not implement" in r.json()["detail"]
+
+
+def test_a_body_over_the_limit_gets_413(server_url):
+    r = post(server_url, "telemetry", content=b"x" * (65 * 2**20))
+    assert r.status_code == 413
+
+
+def test_a_finished_session_is_gone(server_url):
+    s = session(server_url)
+    assert post(server_url, "session_heartbeat", json={"session_id": s}).status_code == 200
+    assert post(server_url, f"sessions/{s}/finish", json={"reason": {"type": "success"}}).status_code == 200
+    assert post(server_url, "session_heartbeat", json={"session_id": s}).status_code == 410
+
+
+def test_binding_beyond_loopback_needs_a_key_of_ones_own(monkeypatch):
+    monkeypatch.delenv("EDURL_SERVE_API_KEY", raising=False)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.10")
+    with pytest.raises(SystemExit, match="without an API key"):
+        resolve_key("0.0.0.0", None)
+    key, generated = resolve_key("127.0.0.1", None)
+    assert generated and key.startswith("tml-")
+    assert resolve_key("0.0.0.0", "tml-mine") == ("tml-mine", False)
+    with pytest.raises(SystemExit, match="tml-"):
+        resolve_key("127.0.0.1", "sk-wrong-prefix")
+    monkeypatch.setenv("EDURL_SERVE_API_KEY", "tml-from-env")
+    assert resolve_key("0.0.0.0", None) == ("tml-from-env", False)

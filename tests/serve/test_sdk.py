@@ -1,0 +1,139 @@
+"""The official tinker SDK against edurl.serve: the public-contract path, on-policy log-probs, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from .conftest import KEY  # noqa: E402
+
+PROMPT = "<|im_start|>user\n27+58=?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def rl_datum(prompt: list[int], seq, advantage: float) -> types.Datum:
+    tokens = prompt + list(seq.tokens)
+    n_prompt = len(prompt) - 1
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "logprobs": [0.0] * n_prompt + list(seq.logprobs),
+            "advantages": [0.0] * n_prompt + [advantage] * len(seq.tokens),
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def training(server_url):
+    service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
+    client = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
+    return service, client
+
+
+def test_train_and_sample_through_the_sdk_on_policy(training):
+    _, tc = training
+    tokenizer = tc.get_tokenizer()  # AutoTokenizer on the folder that get_info names: offline
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=16, temperature=1.0)
+    res = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=4, sampling_params=params).result()
+    assert len(res.sequences) == 4
+    assert all(len(s.logprobs) == len(s.tokens) > 0 for s in res.sequences)
+    assert all(s.stop_reason in ("stop", "length") for s in res.sequences)
+
+    datums = [rl_datum(prompt, s, adv) for s, adv in zip(res.sequences, (1.0, -1.0, 0.5, -0.5))]
+    out = tc.forward_backward(datums, loss_fn="importance_sampling").result()
+    n_prompt = len(prompt) - 1
+    for seq, o in zip(res.sequences, out.loss_fn_outputs):
+        train = o["logprobs"].to_torch()[n_prompt:]
+        assert torch.allclose(train, torch.tensor(seq.logprobs), atol=1e-4), "on-policy: training = sampling log-probs"
+    assert math.isfinite(out.metrics["loss:sum"])
+
+    before = [o["logprobs"].to_torch() for o in out.loss_fn_outputs]
+    step = tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert step is not None
+    after = tc.forward(datums, loss_fn="importance_sampling").result()
+    moved = max(float((o["logprobs"].to_torch() - b).abs().max()) for o, b in zip(after.loss_fn_outputs, before))
+    assert moved > 1e-4, "optim_step changed the weights the next forward pass sees"
+
+
+def test_save_state_and_load_state_round_trip(training):
+    _, tc = training
+    tokenizer = tc.get_tokenizer()
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    probe = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(prompt[:-1]),
+            loss_fn_inputs={"target_tokens": prompt[1:], "weights": [1.0] * (len(prompt) - 1)},
+        )
+    ]
+    saved = tc.save_state("ckpt").result()
+    assert saved.path.startswith("tinker://")
+    lp_saved = tc.forward(probe, loss_fn="cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_torch()
+    tc.forward_backward(probe, loss_fn="cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    lp_moved = tc.forward(probe, loss_fn="cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_torch()
+    assert not torch.allclose(lp_moved, lp_saved, atol=1e-5)
+    tc.load_state(saved.path).result()
+    lp_loaded = tc.forward(probe, loss_fn="cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_torch()
+    assert torch.allclose(lp_loaded, lp_saved, atol=1e-6)
+
+
+def test_a_wrong_key_is_refused_by_the_sdk(server_url):
+    service = tinker.ServiceClient(base_url=server_url, api_key="tml-not-the-key")
+    with pytest.raises(tinker.AuthenticationError):
+        service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
+
+
+def test_named_sampler_weights_compute_logprobs_and_a_client_from_state(training):
+    service, tc = training
+    tokenizer = tc.get_tokenizer()
+    prompt = tokenizer.encode(PROMPT + "85", add_special_tokens=False)
+    probe = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(prompt[:-1]),
+            loss_fn_inputs={"target_tokens": prompt[1:], "weights": [1.0] * (len(prompt) - 1)},
+        )
+    ]
+    train_lp = tc.forward(probe, loss_fn="cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_torch()
+
+    path = tc.save_weights_for_sampler("named").result().path
+    sampler = service.create_sampling_client(model_path=path)
+    prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+    assert prompt_lp[0] is None  # the first token has no context
+    assert torch.allclose(torch.tensor(prompt_lp[1:]), train_lp, atol=1e-4)
+
+    saved = tc.save_state("for-a-new-client").result().path
+    other = service.create_training_client_from_state(saved)
+    other_lp = other.forward(probe, loss_fn="cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_torch()
+    assert torch.allclose(other_lp, train_lp, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "loss_fn, config",
+    [("ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}), ("cispo", None), ("dro", {"beta": 0.1})],
+)
+def test_every_rl_loss_runs_through_the_sdk(training, loss_fn, config):
+    _, tc = training
+    tokenizer = tc.get_tokenizer()
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    res = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=8)).result()
+    datums = [rl_datum(prompt, s, a) for s, a in zip(res.sequences, (1.0, -1.0))]
+    out = tc.forward_backward(datums, loss_fn=loss_fn, loss_fn_config=config).result()
+    assert math.isfinite(out.metrics["loss:sum"]) and len(out.loss_fn_outputs) == 2
+
+
+def test_an_unknown_loss_is_refused_with_the_list(training):
+    _, tc = training
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    with pytest.raises(tinker.BadRequestError, match="importance_sampling"):
+        tc.forward_backward([datum], loss_fn="gspo").result()
