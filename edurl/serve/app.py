@@ -25,6 +25,7 @@ import concurrent.futures
 import hmac
 import itertools
 import json
+import os
 import tempfile
 import threading
 import time
@@ -85,11 +86,21 @@ class Session:
 class Backend:
     """Sessions, models, samplers and futures; the model work runs on one worker thread."""
 
-    def __init__(self, models: ModelRegistry, state_dir: Path, poll_seconds: float = 25.0, max_futures: int = 10_000):
+    def __init__(
+        self,
+        models: ModelRegistry,
+        state_dir: Path,
+        poll_seconds: float = 25.0,
+        max_futures: int = 10_000,
+        session_timeout: float = 600.0,
+        batch_window: float = 0.005,
+    ):
         self.models_registry = models
         self.state_dir = state_dir
         self.poll_seconds = poll_seconds
         self.max_futures = max_futures
+        self.session_timeout = session_timeout  # a session silent this long (no heartbeat, no call) is dropped
+        self.batch_window = batch_window  # seconds a sampling batch waits for requests still on their way
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
@@ -99,6 +110,8 @@ class Backend:
         self.lock = threading.RLock()
         self.worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="edurl-serve")
         self.counter = itertools.count()
+        self.sample_queue: list[_SampleJob] = []
+        self.sample_calls = 0  # batched sampler calls made so far (the tests read it)
 
     # ------------------------------------------------------------------ bookkeeping
     def session(self, session_id: str) -> Session:
@@ -108,7 +121,17 @@ class Backend:
         session.last_seen = time.time()
         return session
 
+    def expire_idle_sessions(self) -> list[str]:
+        """Drop sessions whose client stopped sending heartbeats (the SDK sends one every 10 s): a client that
+        crashed without finishing its session does not keep its models in memory for ever."""
+        cutoff = time.time() - self.session_timeout
+        idle = [sid for sid, s in list(self.sessions.items()) if s.last_seen < cutoff]
+        for sid in idle:
+            self.finish_session(sid)
+        return idle
+
     def new_session(self) -> str:
+        self.expire_idle_sessions()
         session_id = f"edurl-{uuid.uuid4().hex[:12]}"
         with self.lock:
             self.sessions[session_id] = Session(session_id, time.time(), time.time())
@@ -206,7 +229,7 @@ class Backend:
         lora = body.get("lora_config") or {}
         rank = int(lora.get("rank", 32))
         model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
-        seed = body.get("seed")
+        seed = lora.get("seed", body.get("seed"))  # the SDK sends it inside lora_config
 
         def make():
             model, tokenizer, tokenizer_id = self.models_registry.load(base_model)
@@ -439,16 +462,76 @@ class Backend:
             stop=stops,
             seed=sp.get("seed"),
         )
-        want_prompt_logprobs = bool(body.get("prompt_logprobs", False))
-        model, pad = s.client.model, tokenizer.pad_token_id
-
-        def run():
-            out = sample(model, [tokens], n, params, pad_token_id=pad, eos_token_id=eos)
-            prompt_lp = prompt_logprobs(model, tokens) if want_prompt_logprobs else None
-            return wire.sample_response(out, prompt_lp)
-
-        rid = self.submit(s.session_id, run)
+        job = _SampleJob(
+            model=s.client.model,
+            pad=tokenizer.pad_token_id,
+            tokens=tokens,
+            n=n,
+            params=params,
+            eos=eos,
+            prompt_logprobs=bool(body.get("prompt_logprobs", False)),
+        )
+        rid, job.future = self._new_future(s.session_id)
+        with self.lock:
+            self.sample_queue.append(job)
+        self.worker.submit(self._drain_samples)
         return {"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(n)]}
+
+    def _drain_samples(self) -> None:
+        """Run every sampling request queued so far, batching those that can share one call.
+
+        The SDK sends one request per prompt; a GRPO step sends a batch of them at once. Requests for the same
+        model with the same settings become one batched ``sample`` call, as the in-process loop's
+        ``sample_batch`` makes them. A request with a seed runs alone, so that its draws depend on its seed only.
+        """
+        if not self.sample_queue:  # an earlier drain served this request already
+            return
+        if self.batch_window > 0:  # the SDK sends a step's requests within milliseconds: wait for the rest
+            time.sleep(self.batch_window)
+        with self.lock:
+            jobs, self.sample_queue = self.sample_queue, []
+        groups: dict[tuple, list[_SampleJob]] = {}
+        for job in jobs:
+            groups.setdefault(job.batch_key(), []).append(job)
+        for group in groups.values():
+            first = group[0]
+            try:
+                out = sample(
+                    first.model,
+                    [j.tokens for j in group],
+                    first.n,
+                    first.params,
+                    pad_token_id=first.pad,
+                    eos_token_id=first.eos,
+                )
+                self.sample_calls += 1
+                for i, job in enumerate(group):
+                    prompt_lp = prompt_logprobs(job.model, job.tokens) if job.prompt_logprobs else None
+                    job.future.set_result(wire.sample_response(out[i * job.n : (i + 1) * job.n], prompt_lp))
+            except Exception as exc:  # noqa: BLE001 - reported to each client, never kills the worker
+                for job in group:
+                    if not job.future.done():
+                        job.future.set_result({"error": f"{type(exc).__name__}: {exc}", "category": "user"})
+
+
+@dataclass
+class _SampleJob:
+    model: Any
+    pad: int | None
+    tokens: list[int]
+    n: int
+    params: SamplingParams
+    eos: list[int] | None
+    prompt_logprobs: bool
+    future: concurrent.futures.Future | None = None
+
+    def batch_key(self) -> tuple:
+        p = self.params
+        if p.seed is not None:
+            return (id(self),)
+        stops = tuple(tuple(x) for x in p.stop_sequences())
+        eos = None if self.eos is None else tuple(self.eos)
+        return (id(self.model), self.n, p.max_tokens, p.temperature, p.top_p, stops, eos)
 
 
 def prompt_logprobs(model, tokens: list[int]) -> list[float]:
@@ -459,6 +542,15 @@ def prompt_logprobs(model, tokens: list[int]) -> list[float]:
         logits = model(input_ids=ids).logits.float()
         lp = torch.log_softmax(logits[0, :-1], dim=-1).gather(1, ids[0, 1:, None])[:, 0]
     return [float("nan")] + lp.cpu().tolist()
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where that is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 # ---------------------------------------------------------------------- the HTTP app
@@ -546,8 +638,8 @@ def create_app(
             raise wire.WireError("the body must be a JSON object")
         return body
 
-    @app.exception_handler(wire.WireError)
-    @app.exception_handler(UserError)
+    @app.exception_handler(ValueError)  # WireError and UserError too: a request that cannot be served as sent
+    @app.exception_handler(TypeError)
     async def bad_request(request: Request, exc: Exception):
         return _error(400, str(exc))
 
@@ -573,6 +665,18 @@ def create_app(
     @app.post(f"{API}/client/dynamic_config")
     async def dynamic_config(request: Request):
         return {}
+
+    @app.get(f"{API}/edurl/stats")
+    async def stats():
+        """What the server holds now (not part of Tinker's API): the load test reads it for leaks."""
+        return {
+            "sessions": len(backend.sessions),
+            "models": len(backend.models),
+            "samplers": len(backend.samplers),
+            "futures": len(backend.futures),
+            "sample_calls": backend.sample_calls,
+            "rss_bytes": _rss_bytes(),
+        }
 
     @app.get(f"{API}/healthz")
     async def healthz():
@@ -631,7 +735,8 @@ def create_app(
 
     @app.post(f"{API}/create_sampling_session")
     async def create_sampling_session(request: Request):
-        return backend.create_sampling_session(await body_json(request))
+        # may load a base model: off the event loop, so heartbeats and other clients keep being answered
+        return await asyncio.to_thread(backend.create_sampling_session, await body_json(request))
 
     @app.get(f"{API}/samplers/{{sampler_id}}")
     async def get_sampler(sampler_id: str):

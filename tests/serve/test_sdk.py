@@ -137,3 +137,41 @@ def test_an_unknown_loss_is_refused_with_the_list(training):
     )
     with pytest.raises(tinker.BadRequestError, match="importance_sampling"):
         tc.forward_backward([datum], loss_fn="gspo").result()
+
+
+def test_a_seeded_client_takes_the_same_step_as_the_in_process_one(server_url):
+    """The seed reaches the LoRA initialisation (the SDK sends it inside lora_config), so the same datums give
+    the same gradient norm and the same weights after one step, through HTTP and in process."""
+    from edurl.llm.clients import AdamParams, ServiceClient
+    from edurl.llm.datum import build_datum
+    from edurl.llm.sft import load_or_train_sft
+
+    model, tokenizer, _, _ = load_or_train_sft(progress=False)
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    completion = tokenizer.encode("\\boxed{85}<|im_end|>", add_special_tokens=False)
+    torch.manual_seed(0)
+    local = ServiceClient(device="cpu").create_lora_training_client((model, tokenizer), rank=8)
+    probe = build_datum(prompt, completion, [0.0] * len(completion), 0.0)
+    lp = local.compute_logprobs([probe])[0][len(prompt) - 1 :].tolist()
+    datums = [build_datum(prompt, completion, lp, 1.0), build_datum(prompt, completion[:3], lp[:3], -1.0)]
+    sdk_datums = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(d.model_input.to_ints()),
+            loss_fn_inputs={k: d.loss_fn_inputs[k].tolist() for k in ("target_tokens", "logprobs", "advantages")},
+        )
+        for d in datums
+    ]
+    service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
+    remote = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8, seed=0).result()
+    adam = dict(learning_rate=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0)
+    local.forward_backward(datums, "importance_sampling").result()
+    local_norm = local.optim_step(AdamParams(**adam)).result()["optim/grad_norm"]
+    remote.forward_backward(sdk_datums, loss_fn="importance_sampling").result()
+    remote_norm = remote.optim_step(types.AdamParams(**adam)).result().metrics["optim/grad_norm"]
+    assert remote_norm == pytest.approx(local_norm, rel=1e-5)
+    after_local = local.compute_logprobs(datums)
+    after_remote = remote.forward(sdk_datums, loss_fn="importance_sampling").result().loss_fn_outputs
+    for d, lo, re in zip(datums, after_local, after_remote):
+        m = d.loss_fn_inputs["mask"].bool()
+        assert torch.allclose(re["logprobs"].to_torch()[m], lo[m], atol=1e-5)
+    service.close("success").result()

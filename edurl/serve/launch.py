@@ -1,0 +1,85 @@
+"""Start ``python -m edurl.serve`` in a subprocess on a free localhost port, and stop it again."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """``python -m edurl.serve`` on 127.0.0.1, for a notebook, a test or a benchmark.
+
+    It preloads ``edurl/tiny-arithmetic`` (Chapter 6's checkpoint) unless told otherwise.
+    ``with LocalServer() as server:`` gives ``server.url`` and ``server.api_key`` for
+    ``tinker.ServiceClient(base_url=server.url, api_key=server.api_key)``; the server stops when the block ends
+    (or at ``stop()``). Its output goes to ``log`` (a file path), or nowhere.
+    """
+
+    def __init__(
+        self,
+        device: str | None = None,
+        api_key: str | None = None,
+        log: str | None = None,
+        preload: tuple[str, ...] = ("edurl/tiny-arithmetic",),
+    ):
+        self.api_key = api_key or "tml-" + secrets.token_urlsafe(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.device, self.log, self.preload = device, log, preload
+        self.proc: subprocess.Popen | None = None
+        self._out = None
+
+    def start(self, timeout: float = 900.0) -> LocalServer:
+        """Start the server and wait until it answers (preloading may train the course's checkpoint first)."""
+        cmd = [sys.executable, "-m", "edurl.serve", "--port", str(self.port), "--api-key", self.api_key]
+        if self.device is not None:
+            cmd += ["--device", str(self.device)]
+        for name in self.preload:
+            cmd += ["--preload", name]
+        self._out = open(self.log, "w") if self.log else None  # noqa: SIM115 - closed in stop()
+        out = self._out or subprocess.DEVNULL
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"edurl.serve exited with status {self.proc.returncode}" + (f"; see {self.log}" if self.log else "")
+                )
+            try:
+                req = urllib.request.Request(f"{self.url}/api/v1/healthz", headers={"X-API-Key": self.api_key})
+                with urllib.request.urlopen(req, timeout=2) as res:
+                    if res.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"edurl.serve did not answer on {self.url} within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def __enter__(self) -> LocalServer:
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
