@@ -192,6 +192,22 @@ def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
                 )
 
 
+def _prompt_split(fields: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """Where each row's prompt ends, for scoring shared prompts once (:func:`token_logprobs` splits each row
+    at its first 1 here; the log-probs it returns are the same wherever the split falls).
+
+    edurl's RL datums mask the prompt, so the mask alone says it (and is used as it is). A Tinker datum has no mask: its loss covers
+    every position, the prompt's with advantage 0 and sampling log-prob 0. There the sampled tokens start at
+    the first position with a non-zero sampling log-prob or advantage, and splitting there lets a group's
+    shared prompt run once instead of once per row.
+    """
+    if "logprobs" not in fields or "advantages" not in fields:
+        return mask
+    sampled = ((fields["logprobs"] != 0) | (fields["advantages"] != 0)).to(mask.dtype)
+    covers_start = mask[:, :1].bool()  # a loss from position 0 on: no prompt was masked (a Tinker datum)
+    return torch.where(covers_start, mask * sampled, mask)
+
+
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """Set every dropout probability in ``model`` to 0, in place: ``nn.Dropout`` modules and the attention
     dropout of Hugging Face attention layers (their ``attention_dropout`` attribute). Returns ``model``."""
@@ -314,7 +330,7 @@ class TrainingClient:
         mask = f["mask"] if "mask" in f else attn.float()
         with torch.no_grad():
             lp, _ = self._train_logprobs(
-                ids, attn, f["target_tokens"], mask, reference=reference, temperature=temperature
+                ids, attn, f["target_tokens"], _prompt_split(f, mask), reference=reference, temperature=temperature
             )
         return [lp[i, : d.model_input.length].cpu() for i, d in enumerate(datums)]
 
@@ -364,15 +380,16 @@ class TrainingClient:
         self.model.train()  # dropout was switched off when the client was made; train() only matters for e.g. checkpointing
         ids, attn, f = self._batch(datums)
         mask = self._mask(datums, f, rl)
+        split = _prompt_split(f, mask)
         train_logprobs, entropy = self._train_logprobs(
-            ids, attn, f["target_tokens"], mask, with_entropy=True, temperature=temperature
+            ids, attn, f["target_tokens"], split, with_entropy=True, temperature=temperature
         )
         if rl:
             ref_logprobs = None
             if kl_coef > 0 or log_kl_ref:
                 with torch.no_grad():
                     ref_logprobs, _ = self._train_logprobs(
-                        ids, attn, f["target_tokens"], mask, reference=True, temperature=temperature
+                        ids, attn, f["target_tokens"], split, reference=True, temperature=temperature
                     )
             loss, metrics = L.rl_objective(
                 train_logprobs,

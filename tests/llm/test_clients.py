@@ -417,3 +417,31 @@ def test_cross_entropy_refuses_a_kl_term(trainer):
     d = build_supervised_datum(PROMPT + [5, 6, 7], [0.0] * len(PROMPT) + [1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="cross_entropy"):
         trainer.forward_backward([d], "cross_entropy", kl_coef=0.1)
+
+
+def test_maskless_tinker_style_datums_still_share_their_prompts(small_model, char_tokenizer, monkeypatch):
+    """A datum whose mask covers every position (as edurl.serve builds from a Tinker datum) is split where its
+    sampled tokens start, so a group's prompt runs once; the log-probs, loss and gradients do not change."""
+    import edurl.llm.shared_prefix as sp
+
+    service = ServiceClient(device="cpu")
+    trainers = [service.create_training_client((small_model, char_tokenizer), keep_reference=False) for _ in range(2)]
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    trainers[1].share_prompts = False
+    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4]])
+    for d in datums:
+        d.loss_fn_inputs["mask"] = torch.ones(d.model_input.length)
+    calls = []
+    real = sp.run_prompts
+    monkeypatch.setattr(
+        sp,
+        "run_prompts",
+        lambda forward, prompts, *a, **k: calls.append(len(prompts)) or real(forward, prompts, *a, **k),
+    )
+    outs = [t.forward_backward(datums, "importance_sampling").result() for t in trainers]
+    assert calls == [2], "two distinct prompts, each run once"
+    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5, abs=1e-6)
+    for a, b in zip(outs[0].loss_fn_outputs, outs[1].loss_fn_outputs):
+        assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+    for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
