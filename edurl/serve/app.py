@@ -193,8 +193,19 @@ class Backend:
             while model.next_seq in model.pending:
                 _, (ready_fut, ready_fn) = model.pending.pop(model.next_seq)
                 self._execute(ready_fut, self._guard(model, ready_fn))
+                model.submitted.pop(model.next_seq - 1024, None)  # resends come soon after; old ids can go
                 model.next_seq += 1
         return rid
+
+    def validate_ordered(self, model: TrainingModel, seq_id: int, prepare):
+        """``prepare()``, the submit-time checks of an ordered operation. If they fail, the request gets its 400,
+        and its seq_id is still used up by an operation that does nothing: the SDK counted it, and the
+        client's next operation carries the next seq_id, which would otherwise wait for this one for ever."""
+        try:
+            return prepare()
+        except Exception:
+            self.submit_ordered(model, seq_id, lambda: {"type": "refused_at_submit"})
+            raise
 
     @staticmethod
     def _guard(model: TrainingModel, fn):
@@ -274,11 +285,14 @@ class Backend:
             raise wire.WireError(f"the body is not a ForwardBackwardRequest protobuf: {exc}") from None
         m = self.model(request.model_id)
         loss_fn = request.loss_fn
-        if loss_fn not in LOSS_FN_NAMES:
-            raise UserError(f"unknown loss_fn {loss_fn!r}; edurl.serve implements {list(LOSS_FN_NAMES)}")
-        rl = loss_fn != "cross_entropy"
-        datums = wire.datums_from_request(request, rl)  # malformed data fails here, at submit time (HTTP 400)
-        config = wire.loss_fn_config(request) or None
+
+        def prepare():  # malformed data fails here, at submit time (HTTP 400)
+            if loss_fn not in LOSS_FN_NAMES:
+                raise UserError(f"unknown loss_fn {loss_fn!r}; edurl.serve implements {list(LOSS_FN_NAMES)}")
+            rl = loss_fn != "cross_entropy"
+            return wire.datums_from_request(request, rl), wire.loss_fn_config(request) or None
+
+        datums, config = self.validate_ordered(m, int(request.seq_id), prepare)
         forward_only = request.forward_only
 
         def run():
@@ -295,10 +309,14 @@ class Backend:
         m = self.model(body["model_id"])
         given = body.get("adam_params") or {}
         allowed = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
-        unknown = set(given) - allowed
-        if unknown:
-            raise UserError(f"adam_params has unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
-        params = AdamParams(**{k: float(v) for k, v in given.items()})  # Tinker's defaults come with the request
+
+        def prepare():
+            unknown = set(given) - allowed
+            if unknown:
+                raise UserError(f"adam_params has unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
+            return AdamParams(**{k: float(v) for k, v in given.items()})  # Tinker's defaults come with the request
+
+        params = self.validate_ordered(m, int(body["seq_id"]), prepare)
 
         def run():
             metrics = m.client.optim_step(params).result()

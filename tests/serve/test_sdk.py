@@ -137,6 +137,9 @@ def test_an_unknown_loss_is_refused_with_the_list(training):
     )
     with pytest.raises(tinker.BadRequestError, match="importance_sampling"):
         tc.forward_backward([datum], loss_fn="gspo").result()
+    # the refused call used up its seq_id: the client's next operation runs instead of waiting for it
+    out = tc.forward([datum], loss_fn="cross_entropy").result(timeout=60)
+    assert len(out.loss_fn_outputs) == 1
 
 
 def test_a_seeded_client_takes_the_same_step_as_the_in_process_one(server_url):
