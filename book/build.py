@@ -40,6 +40,7 @@ API_PAGES = {
     "envs": ("edurl.envs: environments", "edurl.envs"),
     "llm": ("edurl.llm: RL for language models", "edurl.llm"),
     "recipes": ("edurl.recipes: command-line runs", "edurl.recipes"),
+    "serve": ("edurl.serve: a local Tinker-compatible server", "edurl.serve"),
     "exercises": ("edurl.exercises: the checkers", "edurl.exercises"),
 }
 

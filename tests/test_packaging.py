@@ -59,3 +59,21 @@ def test_readme_makefile_and_ci_agree():
     assert "jupyter lab notebooks/" in makefile and "ipykernel install" in makefile
     assert "--nbval-lax" in makefile and "torch==2.13.0" in makefile
     assert "make test" in ci and "mktemp -d" in ci
+
+
+def test_the_local_server_launcher_imports_without_the_tinker_sdk():
+    """Notebook 7 imports LocalServer before it checks for the SDK (which needs Python >= 3.11); only the app
+    itself needs the SDK's wire schema, and says so."""
+    import subprocess
+
+    block = "import sys; sys.modules['tinker'] = None; "  # as if the SDK were not installed
+    ok = subprocess.run(
+        [sys.executable, "-c", block + "from edurl.serve.launch import LocalServer; import edurl.serve.__main__"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    app = subprocess.run(
+        [sys.executable, "-c", block + "from edurl.serve import create_app"], capture_output=True, text=True
+    )
+    assert app.returncode != 0 and "pip install -e '.[tinker]'" in app.stderr

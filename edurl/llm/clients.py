@@ -505,8 +505,11 @@ class TrainingClient:
             raise FileNotFoundError(f"no saved state at {file}; pass a folder written by save_state")
         return file, torch.load(file, map_location=self.device, weights_only=False)
 
-    def load_state(self, path: str | Path) -> dict[str, Any]:
-        """Restore weights and optimizer written by :meth:`save_state`. Returns its ``extra`` dict."""
+    def load_state(self, path: str | Path, optimizer: bool = True) -> dict[str, Any]:
+        """Restore weights and optimizer written by :meth:`save_state`. Returns its ``extra`` dict.
+
+        ``optimizer=False`` restores the weights only and keeps this client's optimizer (Tinker's ``load_state``;
+        its ``load_state_with_optimizer`` is the default here)."""
         file, state = self._read_state(path)
         named = dict(self.model.named_parameters())
         unknown = [k for k in state["weights"] if k not in named]
@@ -524,7 +527,7 @@ class TrainingClient:
                 torch.nn.Parameter(state["weights"][k].to(self.device, torch.float32).clone())
                 for k in self._trainable_names()
             ]
-        if state["optimizer"] is not None:
+        if optimizer and state["optimizer"] is not None:
             self.optimizer = torch.optim.AdamW(self._optimized_parameters())
             self.optimizer.load_state_dict(state["optimizer"])
         return state["extra"]

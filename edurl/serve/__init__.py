@@ -12,7 +12,16 @@ Only ``base_url`` (and the key) change for the hosted service. Needs the ``tinke
 ``pip install -e '.[tinker]'``.
 """
 
-from edurl.serve.app import create_app
 from edurl.serve.models import TINY_ARITHMETIC, ModelRegistry
 
 __all__ = ["ModelRegistry", "TINY_ARITHMETIC", "create_app"]
+
+
+def __getattr__(name: str):
+    # the app needs the tinker SDK's wire schema: imported on use, so that edurl.serve.launch (LocalServer) and
+    # the command line's own checks work, and say what is missing, without it
+    if name == "create_app":
+        from edurl.serve.app import create_app
+
+        return create_app
+    raise AttributeError(f"module 'edurl.serve' has no attribute {name!r}")

@@ -60,7 +60,7 @@ class TrainingModel:
     client: TrainingClient
     lora_rank: int
     next_seq: int = 1
-    pending: dict[int, tuple[str, Any]] = field(default_factory=dict)
+    pending: dict[int, tuple[concurrent.futures.Future, Any]] = field(default_factory=dict)
     submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> request_id, to recognise a resend
     broken: str | None = None
 
@@ -77,7 +77,6 @@ class Sampler:
 @dataclass
 class Session:
     session_id: str
-    created: float
     last_seen: float
     models: list[str] = field(default_factory=list)
     samplers: list[str] = field(default_factory=list)
@@ -134,7 +133,7 @@ class Backend:
         self.expire_idle_sessions()
         session_id = f"edurl-{uuid.uuid4().hex[:12]}"
         with self.lock:
-            self.sessions[session_id] = Session(session_id, time.time(), time.time())
+            self.sessions[session_id] = Session(session_id, time.time())
         return session_id
 
     def finish_session(self, session_id: str) -> None:
@@ -167,7 +166,7 @@ class Backend:
         def job():
             try:
                 fut.set_result(fn())
-            except (UserError, wire.WireError, ValueError, TypeError, KeyError, RuntimeError) as exc:
+            except (ValueError, TypeError, KeyError, RuntimeError) as exc:  # UserError, WireError among them
                 fut.set_result({"error": str(exc), "category": "user"})
             except Exception as exc:  # noqa: BLE001 - reported to the client, never kills the worker
                 fut.set_result({"error": f"{type(exc).__name__}: {exc}", "category": "server"})
@@ -189,9 +188,9 @@ class Backend:
                 raise UserError(f"seq_id {seq_id} of {model.model_id} already ran (next is {model.next_seq})")
             rid, fut = self._new_future(model.session_id)
             model.submitted[seq_id] = rid
-            model.pending[seq_id] = (rid, (fut, fn))
+            model.pending[seq_id] = (fut, fn)
             while model.next_seq in model.pending:
-                _, (ready_fut, ready_fn) = model.pending.pop(model.next_seq)
+                ready_fut, ready_fn = model.pending.pop(model.next_seq)
                 self._execute(ready_fut, self._guard(model, ready_fn))
                 model.submitted.pop(model.next_seq - 1024, None)  # resends come soon after; old ids can go
                 model.next_seq += 1
@@ -243,20 +242,24 @@ class Backend:
         seed = lora.get("seed", body.get("seed"))  # the SDK sends it inside lora_config
 
         def make():
-            model, tokenizer, tokenizer_id = self.models_registry.load(base_model)
-            if seed is not None:
-                torch.manual_seed(int(seed))
-            client = ServiceClient(device=self.models_registry.device).create_lora_training_client(
-                (model, tokenizer), rank=rank
-            )
-            with self.lock:
-                self.models[model_id] = TrainingModel(
-                    model_id, session.session_id, base_model, tokenizer_id, client, rank
-                )
-                session.models.append(model_id)
+            self._add_model(session, model_id, base_model, rank, seed)
             return {"model_id": model_id, "type": "create_model"}
 
         return self.submit(session.session_id, make)
+
+    def _add_model(self, session: Session, model_id: str, base_model: str, rank: int, seed=None) -> TrainingModel:
+        """A LoRA training client on ``base_model`` (seeded, if asked), registered in ``session``. Its
+        checkpoints go under the server's state folder, in a folder of its own."""
+        model, tokenizer, tokenizer_id = self.models_registry.load(base_model)
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        service = ServiceClient(device=self.models_registry.device, log_dir=self.state_dir / _safe(model_id))
+        client = service.create_lora_training_client((model, tokenizer), rank=rank)
+        m = TrainingModel(model_id, session.session_id, base_model, tokenizer_id, client, rank)
+        with self.lock:
+            self.models[model_id] = m
+            session.models.append(model_id)
+        return m
 
     def model(self, model_id: str) -> TrainingModel:
         model = self.models.get(model_id)
@@ -324,38 +327,28 @@ class Backend:
 
         return self.submit_ordered(m, int(body["seq_id"]), run)
 
-    def _checkpoint_file(self, model_id: str, name: str) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-        return self.state_dir / model_id.replace(":", "_") / f"{safe}.pt"
-
     def save_weights(self, body: dict) -> str:
+        """``save_state``: TrainingClient.save_state, with what a new client made from it needs in ``extra``."""
         m = self.model(body["model_id"])
-        name = str(body.get("path") or f"step-{body.get('seq_id')}")
+        name = _safe(str(body.get("path") or f"step-{body.get('seq_id')}"))
         path = f"tinker://{m.model_id}/weights/{name}"
 
         def run():
-            target = self._checkpoint_file(m.model_id, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            state = {
-                "base_model": m.base_model,
-                "lora_rank": m.lora_rank,
-                "trainable": {n: p.detach().cpu() for n, p in m.client.model.named_parameters() if p.requires_grad},
-                "optimizer": m.client.optimizer.state_dict() if m.client.optimizer is not None else None,
-            }
-            torch.save(state, target)
+            m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
             return {"path": path, "type": "save_weights"}
 
         return self.submit_ordered(m, int(body["seq_id"]), run)
 
-    def _read_checkpoint(self, path: str) -> dict:
+    def _checkpoint_dir(self, path: str) -> Path:
+        """The folder that ``save_state`` wrote for a ``tinker://<model>/weights/<name>`` path."""
         prefix = "tinker://"
         if not path.startswith(prefix) or "/weights/" not in path:
             raise UserError(f"{path!r} is not a checkpoint path from save_state (tinker://<model>/weights/<name>)")
         model_id, name = path[len(prefix) :].split("/weights/", 1)
-        file = self._checkpoint_file(model_id, name)
-        if not file.exists():
+        folder = self.state_dir / _safe(model_id) / "checkpoints" / _safe(name)
+        if not (folder / "state.pt").exists():
             raise UserError(f"no checkpoint at {path!r} on this server")
-        return torch.load(file, map_location="cpu", weights_only=False)
+        return folder
 
     def load_weights(self, body: dict) -> str:
         path = str(body.get("path", ""))
@@ -368,34 +361,18 @@ class Backend:
         model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
 
         def make():
-            state = self._read_checkpoint(path)
-            base = body.get("base_model") or state["base_model"]
-            model, tokenizer, tokenizer_id = self.models_registry.load(base)
-            client = ServiceClient(device=self.models_registry.device).create_lora_training_client(
-                (model, tokenizer), rank=int(state["lora_rank"])
-            )
-            m = TrainingModel(model_id, session.session_id, base, tokenizer_id, client, int(state["lora_rank"]))
-            m.next_seq = 1
-            with self.lock:
-                self.models[model_id] = m
-                session.models.append(model_id)
+            state = torch.load(self._checkpoint_dir(path) / "state.pt", map_location="cpu", weights_only=False)
+            base = body.get("base_model") or state["extra"]["base_model"]
+            m = self._add_model(session, model_id, base, int(state["extra"]["lora_rank"]))
             return self._load_into(m, path, with_optimizer)
 
         return self.submit(session.session_id, make)
 
     def _load_into(self, m: TrainingModel, path: str, with_optimizer: bool) -> dict:
-        state = self._read_checkpoint(path)
-        params = dict(m.client.model.named_parameters())
-        missing = [n for n in state["trainable"] if n not in params]
-        if missing:
-            raise UserError(f"checkpoint {path!r} does not fit {m.model_id}: unknown parameters {missing[:3]}")
-        with torch.no_grad():
-            for n, value in state["trainable"].items():
-                params[n].copy_(value.to(params[n].device, params[n].dtype))
-        if with_optimizer and state.get("optimizer") is not None:
-            trainable = m.client._optimized_parameters()
-            m.client.optimizer = torch.optim.AdamW(trainable)
-            m.client.optimizer.load_state_dict(state["optimizer"])
+        try:
+            m.client.load_state(self._checkpoint_dir(path), optimizer=with_optimizer)
+        except ValueError as exc:  # saved from another model
+            raise UserError(f"checkpoint {path!r} does not fit {m.model_id}: {exc}") from None
         return {"path": path, "model_id": m.model_id, "type": "load_weights"}
 
     # ------------------------------------------------------------------ sampling
@@ -550,6 +527,12 @@ class _SampleJob:
         stops = tuple(tuple(x) for x in p.stop_sequences())
         eos = None if self.eos is None else tuple(self.eos)
         return (id(self.model), self.n, p.max_tokens, p.temperature, p.top_p, stops, eos)
+
+
+def _safe(name: str) -> str:
+    """``name`` as one folder name: letters, digits, '-', '_' and '.', and never '.' or '..'."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return safe if safe.strip(".") else safe.replace(".", "_") or "_"
 
 
 def prompt_logprobs(model, tokens: list[int]) -> list[float]:

@@ -31,7 +31,6 @@ class WireError(ValueError):
 
 
 _DTYPES = {pb.DTYPE_FLOAT32: np.dtype("<f4"), pb.DTYPE_INT64: np.dtype("<i8"), pb.DTYPE_INT32: np.dtype("<i4")}
-RL_KEYS = ("target_tokens", "logprobs", "advantages")
 
 
 def tokens_from_chunks(chunks, where: str) -> list[int]:

@@ -180,6 +180,14 @@ def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model,
         assert torch.equal(a, b)
     with pytest.raises(FileNotFoundError, match="save_state"):
         other.load_state(tmp_path / "nope")
+    weights_only = ServiceClient(device="cpu").create_training_client((small_model, char_tokenizer))
+    weights_only.load_state(path, optimizer=False)  # Tinker's load_state: the weights, not the Adam moments
+    assert weights_only.optimizer is None
+    both = ServiceClient(device="cpu").create_training_client((small_model, char_tokenizer))
+    both.load_state(path)
+    assert both.optimizer is not None
+    for a, b in zip(weights_only.model.parameters(), both.model.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_cross_entropy_loss(trainer):

@@ -83,3 +83,12 @@ def test_binding_beyond_loopback_needs_a_key_of_ones_own(monkeypatch):
         resolve_key("127.0.0.1", "sk-wrong-prefix")
     monkeypatch.setenv("EDURL_SERVE_API_KEY", "tml-from-env")
     assert resolve_key("0.0.0.0", None) == ("tml-from-env", False)
+
+
+def test_checkpoint_names_stay_one_folder_deep():
+    from edurl.serve.app import _safe
+
+    for hostile in ("..", ".", "../../etc", "a/b", "", "x:y"):
+        safe = _safe(hostile)
+        assert "/" not in safe and safe not in ("", ".", ".."), (hostile, safe)
+    assert _safe("ckpt-1_a.b") == "ckpt-1_a.b"
