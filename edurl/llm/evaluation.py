@@ -62,7 +62,12 @@ def sequence_logprobs(
 
     ``out[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1])`` at ``temperature``.
     Summing over a completion's positions gives the log-prob of the whole completion.
+    ``tokens`` and ``attention_mask`` may be on any device: they are moved to the model's, and so is the result.
     """
+    device = next(model.parameters()).device
+    tokens = tokens.to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
     logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
     if temperature != 1.0:
         logits = logits / temperature
