@@ -29,6 +29,7 @@ from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
 from edurl.llm.sft import load_or_train_sft
 from edurl.llm.tasks import ArithmeticTask
+from edurl.recipes.tinker_rl_loop import make_datum
 from edurl.serve.launch import LocalServer
 
 KEY = "tml-serve-overhead"
@@ -85,21 +86,11 @@ def http_step(tc, renderer, problems, group: int, max_tokens: int) -> float:
     futures = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in prompts]
     seqs = [f.result().sequences for f in futures]
     adv = advantages(rewards_of(renderer, problems, [[list(s.tokens) for s in g] for g in seqs]))
-    datums = []
-    for prompt, g, row in zip(prompts, seqs, adv):
-        for s, a in zip(g, row):
-            tokens = prompt + list(s.tokens)
-            n_prompt = len(prompt) - 1
-            datums.append(
-                types.Datum(
-                    model_input=types.ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={
-                        "target_tokens": tokens[1:],
-                        "logprobs": [0.0] * n_prompt + list(s.logprobs),
-                        "advantages": [0.0] * n_prompt + [a] * len(s.tokens),
-                    },
-                )
-            )
+    datums = [
+        make_datum(prompt, list(s.tokens), list(s.logprobs), a)
+        for prompt, g, row in zip(prompts, seqs, adv)
+        for s, a in zip(g, row)
+    ]
     tc.forward_backward(datums, loss_fn="importance_sampling").result()
     tc.optim_step(types.AdamParams(learning_rate=LR, eps=1e-8, grad_clip_norm=1.0)).result()
     return time.perf_counter() - start

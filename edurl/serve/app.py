@@ -93,13 +93,16 @@ class Backend:
         max_futures: int = 10_000,
         session_timeout: float = 600.0,
         batch_window: float = 0.005,
+        max_batch_wait: float = 0.05,
     ):
         self.models_registry = models
         self.state_dir = state_dir
         self.poll_seconds = poll_seconds
         self.max_futures = max_futures
         self.session_timeout = session_timeout  # a session silent this long (no heartbeat, no call) is dropped
-        self.batch_window = batch_window  # seconds a sampling batch waits for requests still on their way
+        # a sampling batch waits while requests keep arriving (each within batch_window seconds of the one
+        # before), for at most max_batch_wait seconds in all
+        self.batch_window, self.max_batch_wait = batch_window, max_batch_wait
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainingModel] = {}
         self.samplers: dict[str, Sampler] = {}
@@ -481,8 +484,18 @@ class Backend:
         """
         if not self.sample_queue:  # an earlier drain served this request already
             return
-        if self.batch_window > 0:  # the SDK sends a step's requests within milliseconds: wait for the rest
+        # The SDK sends a step's requests one after another, a few milliseconds apart, so the first can arrive
+        # well before the last: wait until none has come for one window (a fixed wait split one step's
+        # requests into two batched calls, each as slow as one, since a call's time goes on its token steps)
+        waited, seen = 0.0, -1
+        while self.batch_window > 0 and waited < self.max_batch_wait:
+            with self.lock:
+                queued = len(self.sample_queue)
+            if queued == seen:
+                break
+            seen = queued
             time.sleep(self.batch_window)
+            waited += self.batch_window
         with self.lock:
             jobs, self.sample_queue = self.sample_queue, []
         groups: dict[tuple, list[_SampleJob]] = {}

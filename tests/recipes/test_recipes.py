@@ -8,6 +8,7 @@ from edurl.llm import GRPOConfig, SFTConfig
 from edurl.llm.model import TinyLMConfig
 from edurl.recipes import gae_visualizer, ppo_cartpole, reinforce_cartpole
 from edurl.recipes._cli import field_docs, parse_config
+from edurl.recipes.tinker_rl_loop import TinkerLoopConfig
 from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig
 
 
@@ -84,6 +85,7 @@ def test_every_config_field_is_documented():
         GRPOConfig,
         SFTConfig,
         TinyLMConfig,
+        TinkerLoopConfig,
     ):
         docs = field_docs(cls)
         assert set(docs) == set(cls.__dataclass_fields__), cls.__name__

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -59,6 +60,25 @@ def test_queued_requests_share_one_call_and_keep_their_own_answers(served):
     together = {q: completions(backend, rid) for q, rid in rids.items()}
     assert backend.sample_calls - calls == 1, "six queued requests with the same settings: one batched call"
     assert together == alone, "greedy completions are the same in a batch as alone, each under its own prompt"
+
+
+def test_requests_that_trickle_in_are_still_batched_together(tmp_path, served):
+    # the SDK's requests of one step arrive a few ms apart; a fixed 5 ms wait served the first few alone and
+    # the rest in a second call, which doubled the step's sampling time
+    _, _, tokenizer = served
+    backend = Backend(ModelRegistry(device="cpu", progress=False), tmp_path, batch_window=0.025, max_batch_wait=2.0)
+    session = backend.new_session()
+    sampler_id = backend.create_sampling_session({"session_id": session, "base_model": TINY_ARITHMETIC})[
+        "sampling_session_id"
+    ]
+    completions(backend, request(backend, sampler_id, tokenizer, QUESTIONS[0]))  # warm up
+    calls = backend.sample_calls
+    rids = []
+    for q in QUESTIONS + QUESTIONS[:2]:  # 8 requests over about 80 ms, 10 ms apart
+        rids.append(request(backend, sampler_id, tokenizer, q))
+        time.sleep(0.01)
+    assert all(len(completions(backend, rid)) == 2 for rid in rids)
+    assert backend.sample_calls - calls == 1
 
 
 def test_different_settings_and_seeded_requests_are_not_mixed(served):

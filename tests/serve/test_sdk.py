@@ -10,22 +10,15 @@ import torch
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
+from edurl.recipes.tinker_rl_loop import make_datum  # noqa: E402
+
 from .conftest import KEY  # noqa: E402
 
 PROMPT = "<|im_start|>user\n27+58=?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def rl_datum(prompt: list[int], seq, advantage: float) -> types.Datum:
-    tokens = prompt + list(seq.tokens)
-    n_prompt = len(prompt) - 1
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={
-            "target_tokens": tokens[1:],
-            "logprobs": [0.0] * n_prompt + list(seq.logprobs),
-            "advantages": [0.0] * n_prompt + [advantage] * len(seq.tokens),
-        },
-    )
+    return make_datum(prompt, list(seq.tokens), list(seq.logprobs), advantage)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,54 @@
+"""The cookbook-style loop (edurl.recipes.tinker_rl_loop), unmodified, against edurl.serve: its own process,
+its key from TINKER_API_KEY, as a learner runs it."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edurl import load_metrics
+
+from .conftest import KEY
+
+
+def test_the_cookbook_style_loop_runs_against_the_server_on_policy(server_url, tmp_path):
+    log_dir = tmp_path / "loop"
+    args = ["--base-url", server_url, "--max-steps", "3", "--batch-size", "6", "--group-size", "4"]
+    args += ["--num-eval", "16", "--eval-every", "2", "--log-dir", str(log_dir), "--no-progress"]
+    env = {**os.environ, "TINKER_API_KEY": KEY, "EDURL_MAX_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "edurl.recipes.tinker_rl_loop", *args], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held-out pass@1:" in proc.stdout
+    m = load_metrics(log_dir)
+    assert list(m["step"]) == [0, 1, 2]  # one row per step, as train_grpo writes them
+    assert m["test/start_pass_at_1"].notna().tolist() == [True, False, False]
+    assert m["test/pass_at_1"].notna().tolist() == [False, True, True]  # after every 2 steps, and after the last
+    trained = m.dropna(subset=["optim/loss"])
+    assert len(trained) >= 2 and all(math.isfinite(v) for v in trained["optim/loss"])
+    # on-policy every step: the training log-probs equal the sampler's (float rounding only)
+    assert (trained["optim/logprob_diff_max"] < 1e-4).all(), trained["optim/logprob_diff_max"]
+
+
+def test_a_bad_flag_fails_before_anything_is_created(server_url):
+    env = {**os.environ, "TINKER_API_KEY": KEY}
+    proc = subprocess.run(
+        [sys.executable, "-m", "edurl.recipes.tinker_rl_loop", "--base-url", server_url, "--group-size", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "group_size must be >= 2" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["batch_size", "max_steps"])
+def test_config_refuses_sizes_below_one(name):
+    from edurl.recipes.tinker_rl_loop import TinkerLoopConfig
+
+    with pytest.raises(ValueError, match=name):
+        TinkerLoopConfig(**{name: 0})
