@@ -20,7 +20,7 @@ The problems of step ``s`` and the seed of each sample request are those of ``tr
 one row per step, as ``train_grpo`` writes them: the reward, accuracy and loss, ``optim/logprob_diff_max`` (the largest gap between the training
 log-probs that ``forward_backward`` returns and the sampler's: on-policy, float rounding only), and the held-out
 greedy accuracy: ``test/start_pass_at_1`` before the first step (in row 0), ``test/pass_at_1`` after every
-``eval_every`` steps and after the last.
+``eval_every`` steps and after the last. Its learning curves go to ``<log_dir>/learning_curves.png``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from edurl.llm.loop import problem_seed
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sft import SFTConfig
-from edurl.metrics import MetricsLogger
+from edurl.metrics import MetricsLogger, load_metrics
 from edurl.recipes._cli import parse_config
 
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> Path:
         ]
         groups = [f.result().sequences for f in futures]
         # grade, centre per group, and keep the groups whose rewards differ (the others have advantage 0)
-        datums, sampled, rewards, correct = [], [], [], []
+        datums, sampled, rewards, correct, formats = [], [], [], [], []
         for problem, prompt, group in zip(problems, prompts, groups):
             grades = []
             for seq in group:
@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> Path:
             row = [g.reward for g in grades]
             rewards += row
             correct += [g.correct for g in grades]
+            formats += [g.format for g in grades]
             if max(row) == min(row):
                 continue
             mean = sum(row) / len(row)
@@ -186,6 +187,7 @@ def main(argv: list[str] | None = None) -> Path:
         metrics = {
             "env/all/reward/total": sum(rewards) / len(rewards),
             "env/all/correct": sum(correct) / len(correct),
+            "env/all/format": sum(formats) / len(formats),
             "env/all/by_group/frac_mixed": len(datums) / (P * G),
         }
         if datums:
@@ -210,9 +212,33 @@ def main(argv: list[str] | None = None) -> Path:
         logger.log(step=step, **metrics)  # as train_grpo logs: the row of step s, its evaluation after it
         bar.set_postfix(correct=f"{metrics['env/all/correct']:.2f}", refresh=False)
     logger.close()
+    png = save_curves(log_dir)
     print(f"held-out pass@1: {start:.1%} -> {metrics['test/pass_at_1']:.1%} ({config.num_eval} test problems, greedy)")
-    print(f"metrics: {log_dir / 'metrics.jsonl'}")
+    print(f"metrics: {log_dir / 'metrics.jsonl'}\nlearning curves: {png}")
     return log_dir
+
+
+PANELS = (
+    ("env/all/correct", "train correct (sampled)"),
+    ("test/pass_at_1", "held-out pass@1 (greedy)"),
+    ("env/all/by_group/frac_mixed", "frac_mixed (groups with signal)"),
+    ("optim/loss", "loss (Tinker's sum)"),
+    ("optim/logprob_diff_max", "max |training - sampler| log-prob"),
+    ("env/all/format", "format"),
+)
+
+
+def save_curves(log_dir: Path) -> Path:
+    """The run's learning curves, next to its metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from edurl.plotting import plot_grpo_metrics
+
+    fig = plot_grpo_metrics(load_metrics(log_dir), panels=PANELS)
+    png = log_dir / "learning_curves.png"
+    fig.savefig(png, dpi=110)
+    return png
 
 
 if __name__ == "__main__":

@@ -92,8 +92,8 @@ class Backend:
         poll_seconds: float = 25.0,
         max_futures: int = 10_000,
         session_timeout: float = 600.0,
-        batch_window: float = 0.005,
-        max_batch_wait: float = 0.05,
+        batch_window: float = 0.02,
+        max_batch_wait: float = 0.25,
     ):
         self.models_registry = models
         self.state_dir = state_dir
@@ -484,9 +484,10 @@ class Backend:
         """
         if not self.sample_queue:  # an earlier drain served this request already
             return
-        # The SDK sends a step's requests one after another, a few milliseconds apart, so the first can arrive
-        # well before the last: wait until none has come for one window (a fixed wait split one step's
-        # requests into two batched calls, each as slow as one, since a call's time goes on its token steps)
+        # The SDK sends a step's requests one after another, and they reach the server a few milliseconds apart
+        # (32 over 60-100 ms on 2 cores), so the first can arrive well before the last: wait until none has come
+        # for one window (a fixed 5 ms wait split a step's requests into two or three batched calls, each about
+        # as slow as one, since a call's time goes on its token steps)
         waited, seen = 0.0, -1
         while self.batch_window > 0 and waited < self.max_batch_wait:
             with self.lock:

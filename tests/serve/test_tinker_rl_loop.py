@@ -25,6 +25,7 @@ def test_the_cookbook_style_loop_runs_against_the_server_on_policy(server_url, t
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out pass@1:" in proc.stdout
+    assert (log_dir / "learning_curves.png").stat().st_size > 10_000
     m = load_metrics(log_dir)
     assert list(m["step"]) == [0, 1, 2]  # one row per step, as train_grpo writes them
     assert m["test/start_pass_at_1"].notna().tolist() == [True, False, False]
