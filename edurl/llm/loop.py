@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import torch
 
 from edurl.llm.clients import ServiceClient, TrainingClient
 from edurl.llm.distributed import SINGLE, World
@@ -71,6 +72,9 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
     else:
         base = config.base_model
     if config.lora_rank is not None:
+        # the adapter's random initialisation comes from the run's seed (as edurl.serve seeds it from lora_config's),
+        # not from whatever the global generator holds by now
+        torch.manual_seed(config.seed)
         trainer = service.create_lora_training_client(base, rank=config.lora_rank)
     else:
         trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0 or config.log_kl_ref)

@@ -302,3 +302,22 @@ def test_a_bad_reward_fn_says_what_is_wrong(tmp_path):
         train_grpo(tiny(tmp_path, max_steps=1), reward_fn=lambda pr, p, c: torch.full((4, 4), float("nan")))
     with pytest.raises(ValueError, match="pass one or the other"):
         train_grpo(tiny(tmp_path), step_fn=lambda *a: {}, reward_fn=lambda pr, p, c: torch.zeros(4, 4))
+
+
+def test_a_lora_run_initialises_its_adapter_from_its_seed(tmp_path):
+    # the adapter was drawn from whatever the global generator held, so two runs with one seed trained
+    # different adapters (in two processes: step 0's grad norm 342 and 384)
+    import torch
+
+    from edurl.llm.loop import make_training_client
+
+    def adapter(seed):
+        trainer, _, _ = make_training_client(tiny(tmp_path, lora_rank=4, seed=seed))
+        return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+    first = adapter(0)
+    torch.rand(7)  # the global generator moves on, as other work in the process would move it
+    again, other = adapter(0), adapter(1)
+    assert first.keys() == again.keys() and len(first) > 0
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    assert not all(torch.equal(first[n], other[n]) for n in first)
