@@ -40,6 +40,8 @@ from edurl.llm.sft import SFTConfig
 from edurl.metrics import MetricsLogger, load_metrics
 from edurl.recipes._cli import parse_config
 
+RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro")
+
 
 @dataclass
 class TinkerLoopConfig:
@@ -82,6 +84,8 @@ class TinkerLoopConfig:
         for name in ("lora_rank", "batch_size", "group_size", "max_steps", "max_tokens", "eval_every", "num_eval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.loss_fn not in RL_LOSSES:
+            raise ValueError(f"loss_fn must be one of {list(RL_LOSSES)} (Tinker's RL losses), got {self.loss_fn!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has no baseline, so every advantage is 0")
 

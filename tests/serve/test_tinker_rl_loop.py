@@ -47,9 +47,12 @@ def test_a_bad_flag_fails_before_anything_is_created(server_url):
     assert proc.returncode != 0 and "group_size must be >= 2" in proc.stderr
 
 
-@pytest.mark.parametrize("name", ["batch_size", "max_steps"])
-def test_config_refuses_sizes_below_one(name):
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"batch_size": 0}, "batch_size"), ({"max_steps": 0}, "max_steps"), ({"loss_fn": "cross_entropy"}, "loss_fn")],
+)
+def test_config_refuses_bad_values(kwargs, match):
     from edurl.recipes.tinker_rl_loop import TinkerLoopConfig
 
-    with pytest.raises(ValueError, match=name):
-        TinkerLoopConfig(**{name: 0})
+    with pytest.raises(ValueError, match=match):
+        TinkerLoopConfig(**kwargs)
