@@ -124,8 +124,8 @@ class GRPOConfig:
     log_dir: str = "runs/grpo_arithmetic"
     """Where metrics.jsonl and checkpoints go."""
     seed: int = 0
-    """Seeds everything: the SFT warm start, the problems and the sampling. The warm start is trained with
-    sft.seed = seed; a different sft.seed is refused rather than silently replaced."""
+    """Seeds everything: the SFT warm start, the LoRA adapter (with lora_rank), the problems and the sampling.
+    The warm start is trained with sft.seed = seed; a different sft.seed is refused rather than silently replaced."""
     num_threads: int = 2
     """torch CPU threads."""
     device: str | None = None
