@@ -96,12 +96,12 @@ def main() -> None:
     curves, seconds = {}, {}
     with tempfile.TemporaryDirectory() as tmp, LocalServer(device="cpu", api_key=KEY) as server:
         for seed in args.seeds:
-            for name, fn, where in (
-                ("in process", run_in_process, base_model),
-                ("HTTP (tinker SDK + edurl.serve)", run_http, server.url),
+            for name, slug, fn, where in (
+                ("in process", "in_process", run_in_process, base_model),
+                ("HTTP (tinker SDK + edurl.serve)", "http", run_http, server.url),
             ):
                 t0 = time.perf_counter()
-                curves[name, seed] = fn(args, seed, where, Path(tmp) / f"{name[:4]}_{seed}")
+                curves[name, seed] = fn(args, seed, where, Path(tmp) / f"{slug}_{seed}")
                 seconds[name, seed] = time.perf_counter() - t0
                 steps, values = curves[name, seed]
                 print(

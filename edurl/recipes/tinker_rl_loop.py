@@ -64,7 +64,7 @@ class TinkerLoopConfig:
     adam_eps: float = 1e-8
     """Adam's epsilon (edurl's default; Tinker's is 1e-12)."""
     loss_fn: str = "importance_sampling"
-    """The server's loss: importance_sampling, ppo or cispo (dro needs a mask on Tinker datums: README)."""
+    """The server's loss: importance_sampling, ppo, cispo or dro (dro also penalises the maskless prompt: README)."""
     max_tokens: int = 16
     """Most tokens a completion may have."""
     temperature: float = 1.0

@@ -36,7 +36,7 @@ def test_the_cookbook_style_loop_runs_against_the_server_on_policy(server_url, t
     assert (trained["optim/logprob_diff_max"] < 1e-4).all(), trained["optim/logprob_diff_max"]
 
 
-def test_a_bad_flag_fails_before_anything_is_created(server_url):
+def test_a_bad_value_on_the_command_line_is_refused_with_its_reason(server_url):
     env = {**os.environ, "TINKER_API_KEY": KEY}
     proc = subprocess.run(
         [sys.executable, "-m", "edurl.recipes.tinker_rl_loop", "--base-url", server_url, "--group-size", "1"],
