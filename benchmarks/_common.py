@@ -39,6 +39,31 @@ def run_edurl(name, make_config, train, seeds, greedy_episodes=0):
     return rows
 
 
+def run_edurl_stacked(name, config, train, greedy_episodes=0):
+    """One call that trains ``config.num_seeds`` seeds side by side; a row per seed (its solve point on the shared
+    clock) and the call's total wall seconds."""
+    t0 = time.perf_counter()
+    results = train(config)
+    total = time.perf_counter() - t0
+    rows = []
+    for i, r in enumerate(results):
+        row = {
+            "algo": name,
+            "seed": config.seed + i,
+            "solved": r.solved,
+            "episodes": r.solved_episode,
+            "steps": r.solved_step,
+            "seconds": r.solved_time,
+            "run_seconds": total,
+        }
+        if greedy_episodes and r.solved:
+            row["greedy"] = float(evaluate_policy(r.policy, "CartPole-v1", greedy_episodes, torch.device("cpu")).mean())
+        rows.append(row)
+        _print_row(row)
+    print(f"  {name}: all {len(results)} seeds in {total:.1f} s of wall time", flush=True)
+    return rows, total
+
+
 def run_sb3(name, make_model, seeds, budget, greedy_episodes=0):
     from stable_baselines3.common.callbacks import BaseCallback
 

@@ -1,20 +1,25 @@
 """PPO on CartPole-v1: edurl on Gymnasium vector envs, edurl on TorchCartPole, and Stable-Baselines3, in one run.
 
-    python benchmarks/cartpole.py            # 5 seeds each, about 4 minutes on 2 CPU cores
-    python benchmarks/cartpole.py --seeds 3
+    python benchmarks/cartpole.py            # 5 seeds each, then 8 seeds in one process; ~8 minutes on 2 CPU cores
+    python benchmarks/cartpole.py --seeds 3 --stack 0
 
 All three use the rl-baselines3-zoo CartPole-v1 PPO hyperparameters, which are edurl's PPOConfig
 defaults: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98, lambda 0.8, lr 1e-3 and clip
 0.2 both decayed linearly, entropy 0. Both libraries get a 200k-step budget (the schedules' horizon).
 "Solved" = the mean of the last 100 training-episode returns reaches 475; then the greedy policy plays
 100 fresh episodes. Every run uses one CPU thread. SB3 is in the `bench` extra: pip install -e ".[bench]".
+
+Last, ``--stack`` seeds (8) train side by side in one process (``PPOConfig(num_seeds=8)``, TorchCartPole), on
+1 and then on ``--stack-threads`` torch threads; a seed's "seconds to solve" is then on the shared clock, and the
+table adds the whole call's wall time over one seed's (the median single-seed TorchCartPole run above).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from _common import print_table, run_edurl, run_sb3, warm_up
+import numpy as np
+from _common import print_table, run_edurl, run_edurl_stacked, run_sb3, warm_up
 
 from edurl.rl import PPOConfig, train_ppo
 
@@ -48,6 +53,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--no-sb3", action="store_true", help="skip Stable-Baselines3")
+    parser.add_argument("--stack", type=int, default=8, help="seeds to train in one process (0: skip)")
+    parser.add_argument("--stack-threads", type=int, default=2, help="torch threads for the second stacked run")
     args = parser.parse_args()
     warm_up()
     seeds = list(range(args.seeds))
@@ -63,12 +70,32 @@ def main():
         )
     if not args.no_sb3:
         rows += run_sb3("SB3 PPO (zoo)", sb3_ppo, seeds, BUDGET, greedy_episodes=100)
+    totals = {}
+    for threads in sorted({1, args.stack_threads}) if args.stack else ():
+        name = f"edurl PPO, {args.stack} seeds in 1 process ({threads} thr)"
+        config = PPOConfig(
+            seed=0,
+            num_seeds=args.stack,
+            env_backend="torch",
+            total_steps=BUDGET,
+            device="cpu",
+            num_threads=threads,
+            progress=False,
+        )
+        stacked, totals[name] = run_edurl_stacked(name, config, train_ppo, greedy_episodes=100)
+        rows += stacked
     print_table(
         rows,
         "SB3 PPO (zoo)",
         f"PPO on CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean "
-        ">= 475; median (min-max) over solved seeds; 1 CPU thread",
+        ">= 475; median (min-max) over solved seeds; 1 CPU thread unless marked",
     )
+    single = np.median([r["run_seconds"] for r in rows if r["algo"] == "edurl PPO (TorchCartPole)"])
+    for name, total in totals.items():
+        print(
+            f"  {name}: {total:.1f} s for all of them = x{total / single:.2f} the median single-seed "
+            f"TorchCartPole run ({single:.1f} s), {total / args.stack:.1f} s per seed"
+        )
 
 
 if __name__ == "__main__":

@@ -64,9 +64,11 @@ def clip_fraction(
     mask: torch.Tensor | None = None,
     clip_low_threshold: float = 0.8,
     clip_high_threshold: float = 1.2,
+    dim: int | None = None,
 ) -> torch.Tensor:
     """Share of entries (where ``mask`` is nonzero; all, if None) whose ratio r lies strictly outside
-    ``[clip_low_threshold, clip_high_threshold]``: a 0-d float tensor, 0 if no entry counts.
+    ``[clip_low_threshold, clip_high_threshold]``: a 0-d float tensor, 0 if no entry counts (with ``dim``,
+    one share per slice along the other axes: PPO's seed stack passes ``dim=-1``).
 
     For PPO this bounds from above the share of samples whose gradient the clip removed: an entry outside the
     range loses its gradient only when its advantage's sign makes the clip bind. Example: ratios
@@ -79,7 +81,9 @@ def clip_fraction(
     ratio = torch.exp(train_logprobs - sampling_logprobs)
     outside = ((ratio < clip_low_threshold) | (ratio > clip_high_threshold)) & keep
     dtype = train_logprobs.dtype if train_logprobs.is_floating_point() else torch.get_default_dtype()
-    return outside.sum().to(dtype) / keep.sum().clamp_min(1).to(dtype)
+    if dim is None:
+        return outside.sum().to(dtype) / keep.sum().clamp_min(1).to(dtype)
+    return outside.sum(dim).to(dtype) / keep.sum(dim).clamp_min(1).to(dtype)
 
 
 def entropy(logp: torch.Tensor) -> torch.Tensor:

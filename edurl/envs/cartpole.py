@@ -13,6 +13,7 @@ the new episode's first, and the finished episode's last observation is in ``inf
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -49,19 +50,42 @@ class TorchCartPole:
         """(num_envs, 4): cart position, cart velocity, pole angle, pole angular velocity. Settable."""
         self.elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         """(num_envs,) steps taken in the current episode (for the time limit)."""
-        self._gen = torch.Generator(device=self.device)
-        self._gen.seed()
+        self._gens = [torch.Generator(device=self.device)]
+        self._gens[0].seed()
 
     def _random_states(self, n: int) -> torch.Tensor:
-        u = torch.rand(n, 4, generator=self._gen, device=self.device, dtype=self.dtype)
+        if len(self._gens) == 1:
+            u = torch.rand(n, 4, generator=self._gens[0], device=self.device, dtype=self.dtype)
+        else:  # one block of rows per generator, each drawn as its own env of n / G rows would draw it
+            rows = n // len(self._gens)
+            u = torch.cat([torch.rand(rows, 4, generator=g, device=self.device, dtype=self.dtype) for g in self._gens])
         return u * 0.1 - 0.05  # uniform in [-0.05, 0.05), as Gymnasium
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
-        if seed is not None:
-            self._gen.manual_seed(seed)
+    def reset(self, seed: int | Sequence[int] | None = None) -> tuple[torch.Tensor, dict]:
+        """Fresh start states for every env. ``seed`` is an int, or a list of G ints: then the envs form G
+        equal blocks, block g with its own generator seeded ``seed[g]``, so block g behaves exactly as a
+        ``TorchCartPole(num_envs // G)`` reset with ``seed[g]`` (how PPO runs several seeds in one env)."""
+        if isinstance(seed, Sequence):
+            if not seed or self.num_envs % len(seed):
+                raise ValueError(
+                    f"reset(seed=[...]) needs a non-empty list whose length divides num_envs ({self.num_envs}), "
+                    f"got {len(seed)} seeds."
+                )
+            self._gens = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seed]
+        elif seed is not None:
+            self._gens = [torch.Generator(device=self.device).manual_seed(seed)]
         self.state = self._random_states(self.num_envs)
         self.elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         return self.state.clone(), {}
+
+    def keep_blocks(self, blocks: Sequence[int]) -> None:
+        """After ``reset(seed=[...])`` with G seeds: keep only the blocks ``blocks`` (in this order), each with its
+        state, step count and generator as they are. PPO drops the envs of a seed that has finished this way."""
+        size = self.num_envs // len(self._gens)
+        rows = torch.cat([torch.arange(b * size, (b + 1) * size, device=self.device) for b in blocks])
+        self.state, self.elapsed = self.state[rows], self.elapsed[rows]
+        self._gens = [self._gens[b] for b in blocks]
+        self.num_envs = len(blocks) * size
 
     def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Advance every env one step. ``actions`` is (num_envs,) of 0 (push left) or 1 (push right)."""

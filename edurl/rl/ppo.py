@@ -15,8 +15,10 @@ Engstrom et al., 2020).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -28,6 +30,7 @@ from edurl.rl.advantages import gae
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
+from edurl.rl.seed_stack import ActorCriticStack, clip_grad_norm_per_seed_, inverse_cdf_sample
 from edurl.utils import progress, torch_threads
 
 __all__ = ["PPOBatch", "PPOConfig", "collect_batch", "make_env", "ppo_diagnostics", "ppo_update", "train_ppo"]
@@ -72,13 +75,17 @@ class PPOConfig(TrainerConfig):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy and value MLPs."""
     total_steps: int = 200_000
-    """Env-step budget (also the horizon of the learning-rate and clip schedules)."""
+    """Env-step budget per seed (also the horizon of the learning-rate and clip schedules)."""
+    num_seeds: int = 1
+    """Seeds trained side by side in one process: seed, seed + 1, ..., as a batch dimension
+    (edurl.rl.seed_stack). Seed i's run is the run num_seeds=1 makes with seed + i; train_ppo then
+    returns one TrainResult per seed."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(
             self,
-            positive_int=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_steps"),
+            positive_int=("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_steps", "num_seeds"),
             unit=("gamma", "lam"),
             nonneg=("learning_rate", "vf_coef", "ent_coef", "target_kl"),
             positive=("clip_eps", "max_grad_norm"),
@@ -103,21 +110,22 @@ def ppo_diagnostics(
     from samples of pi_old (Schulman, 2020, "Approximating KL divergence"); k3 is never negative and has
     lower variance. clip_fraction = share of samples with r outside [1 - eps, 1 + eps], where the clip cut
     the gradient (for samples whose advantage sign makes it bind): :func:`edurl.objectives.clip_fraction`,
-    the one Chapter 7 logs too. Returns (approx_kl_k1, approx_kl_k3, clip_fraction) as
-    0-d tensors, so the training loop never waits on a device sync.
+    the one Chapter 7 logs too. Returns (approx_kl_k1, approx_kl_k3, clip_fraction) as tensors, averaged over
+    the last axis: 0-d for a batch (B,), one per seed for a seed stack's (S, B). No device sync.
     """
     log_ratio = train_logprobs - sampling_logprobs
     ratio = log_ratio.exp()
     return (
-        (-log_ratio).mean(),
-        ((ratio - 1) - log_ratio).mean(),
-        clip_fraction(train_logprobs, sampling_logprobs, None, 1 - clip_eps, 1 + clip_eps),
+        (-log_ratio).mean(-1),
+        ((ratio - 1) - log_ratio).mean(-1),
+        clip_fraction(train_logprobs, sampling_logprobs, None, 1 - clip_eps, 1 + clip_eps, dim=-1),
     )
 
 
 @dataclass
 class PPOBatch:
-    """One update's batch, flattened over (T, N) into B = T * N samples; every field is a tensor with B rows.
+    """One update's batch, flattened over (T, N) into B = T * N samples; every field is a tensor with B rows
+    (with a leading seed axis, (S, B, ...), when a seed stack collected it: ``PPOConfig.num_seeds``).
 
     ``sampling_logprobs`` are log pi_old(a|s) of the policy that collected the batch; ``values`` its critic's
     V(s) at collection time; ``advantages`` and ``returns`` the GAE advantages and targets (Chapter 4).
@@ -148,10 +156,19 @@ class PPOBatch:
             yield perm[start : start + step]
 
 
+def _var(x: torch.Tensor) -> torch.Tensor:
+    """Sample variance along the last axis, keepdim. Written out because ``Tensor.var``'s float64 rounding on
+    CPU depends on how many rows there are, and a seed's numbers must not depend on how many seeds train
+    beside it (tests/rl/test_seed_stack.py)."""
+    centred = x - x.mean(-1, keepdim=True)
+    return centred.square().sum(-1, keepdim=True) / (x.shape[-1] - 1)
+
+
 def _standardised(adv: torch.Tensor, config: PPOConfig) -> torch.Tensor:
-    """Advantages to mean 0 and std 1 when ``config.normalize_advantages`` (and there are at least two)."""
-    if config.normalize_advantages and adv.numel() > 1:
-        return (adv - adv.mean()) / (adv.std() + 1e-8)
+    """Advantages to mean 0 and std 1 along the last axis (per seed, for a stack) when
+    ``config.normalize_advantages`` (and there are at least two)."""
+    if config.normalize_advantages and adv.shape[-1] > 1:
+        return (adv - adv.mean(-1, keepdim=True)) / (_var(adv).sqrt() + 1e-8)
     return adv
 
 
@@ -203,131 +220,349 @@ def ppo_update(
 def collect_batch(env, policy, value, obs, config: PPOConfig, device: torch.device, counter=None):
     """One update's experience: ``config.num_steps`` steps of ``env`` with ``policy`` (pi_old), the critic's
     values, and GAE(``config.lam``) advantages and targets, flattened into a :class:`PPOBatch`.
-    Returns ``(batch, rollout, obs to continue from, episode counter)``."""
-    ro, obs, counter = collect_rollout(env, policy, obs, config.num_steps, device, counter)
+    Returns ``(batch, rollout, obs to continue from, episode counter)``.
+
+    With an :class:`~edurl.rl.seed_stack.ActorCriticStack` as ``policy`` (and its ``values`` as ``value``)
+    the env holds S blocks of N envs, and the batch comes out seed-major: (S, T * N, ...).
+    """
+    with policy.acting() if hasattr(policy, "acting") else nullcontext():  # a stack's weights, built once
+        ro, obs, counter = collect_rollout(env, policy, obs, config.num_steps, device, counter)
+    S = getattr(policy, "num_seeds", 1)
+    T = config.num_steps
+
+    def seed_major(x: torch.Tensor) -> torch.Tensor:  # (T, S * N, ...) -> (S, T * N, ...), t-major within a seed
+        return x.unflatten(1, (S, -1)).transpose(0, 1).flatten(1, 2)
+
+    def time_major(x: torch.Tensor) -> torch.Tensor:  # (S, T * N) -> (T, S * N)
+        return x.unflatten(1, (T, -1)).transpose(0, 1).flatten(1, 2)
+
     with torch.no_grad():
-        values = value(ro.obs)  # (T, N)
-        next_values = value(ro.next_obs)  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
-    advantages, returns = gae(ro.rewards, values, next_values, ro.terminated, ro.truncated, config.gamma, config.lam)
-    batch = PPOBatch(
-        obs=ro.obs.flatten(0, 1),
-        actions=ro.actions.flatten(),
-        sampling_logprobs=ro.logprobs.flatten(),
-        advantages=advantages.flatten(),
-        returns=returns.flatten(),
-        values=values.flatten(),
+        values = value(seed_major(ro.obs))  # (S, T * N)
+        next_values = value(
+            seed_major(ro.next_obs)
+        )  # detail: V(final obs) bootstraps truncations; gae() zeroes terminals
+    advantages, returns = gae(
+        ro.rewards, time_major(values), time_major(next_values), ro.terminated, ro.truncated, config.gamma, config.lam
     )
+    batch = PPOBatch(
+        obs=seed_major(ro.obs),
+        actions=seed_major(ro.actions),
+        sampling_logprobs=seed_major(ro.logprobs),
+        advantages=seed_major(advantages),
+        returns=seed_major(returns),
+        values=values,
+    )
+    if not hasattr(policy, "num_seeds"):  # one module policy: a plain (B, ...) batch
+        batch = PPOBatch(*(getattr(batch, f).squeeze(0) for f in PPOBatch.__dataclass_fields__))
     return batch, ro, obs, counter
 
 
+def _stack_update(
+    stack: ActorCriticStack,
+    optimizer: torch.optim.Optimizer,
+    batch: PPOBatch,
+    config: PPOConfig,
+    clip_eps: float,
+    alive: list[bool],
+) -> list[int]:
+    """:func:`ppo_update` for a seed stack: the same loss per seed, summed over seeds (so each seed's row
+    gets its own gradient), each seed's gradient norm clipped on its own, each seed's epochs stopped by its
+    own ``target_kl``. ``optimizer`` holds ``stack.rows``; a seed that is not ``alive`` (solved and stopped),
+    or whose epochs have stopped, has its gradient set to None, which Adam skips: its parameters, moments and
+    step count stay as they are. Returns the epochs each seed ran (0 for a seed that was not alive)."""
+    S, B = batch.actions.shape
+    active = list(alive)
+    epochs = [config.update_epochs if on else 0 for on in active]
+    rows = torch.arange(S, device=stack.device)[:, None]
+    whole = _standardised(batch.advantages, config) if config.num_minibatches == 1 else None  # same every epoch
+    for epoch in range(config.update_epochs):
+        if config.num_minibatches == 1:
+            parts = [None]
+        else:
+            perm = stack.randperms(B, active)  # (S, B), one order per seed
+            parts = perm.chunk(config.num_minibatches, dim=1)
+        for idx in parts:
+            mb = (
+                batch
+                if idx is None
+                else PPOBatch(*(getattr(batch, f)[rows, idx] for f in PPOBatch.__dataclass_fields__))
+            )
+            train_logprobs, entropy, new_values = stack.evaluate(mb.obs, mb.actions)
+            adv = whole if idx is None else _standardised(mb.advantages, config)  # detail: per-minibatch, per seed
+            policy_loss = clipped_surrogate(train_logprobs, mb.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps)
+            if config.clip_value:
+                clipped = mb.values + (new_values - mb.values).clamp(-clip_eps, clip_eps)
+                value_loss = 0.5 * torch.max((new_values - mb.returns) ** 2, (clipped - mb.returns) ** 2)
+            else:
+                value_loss = 0.5 * (new_values - mb.returns) ** 2
+            loss = policy_loss.mean(-1) + config.vf_coef * value_loss.mean(-1) - config.ent_coef * entropy.mean(-1)
+            optimizer.zero_grad()
+            loss.sum().backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
+            for row, on in zip(stack.rows, active):
+                if not on:
+                    row.grad = None  # Adam skips it
+            clip_grad_norm_per_seed_(stack.rows, config.max_grad_norm)  # detail: global grad-norm clip, per seed
+            optimizer.step()
+        if config.target_kl is not None:
+            _, kl, _ = ppo_diagnostics(train_logprobs.detach(), mb.sampling_logprobs, clip_eps)
+            for s, value in enumerate(kl.tolist()):
+                if active[s] and value > config.target_kl:
+                    active[s], epochs[s] = False, epoch + 1  # detail: early stop once the k3 approx-KL passes
+            if not any(active):
+                break
+    return epochs
+
+
 @torch.no_grad()
-def _after_update(
-    policy: CategoricalPolicy, value: ValueNet, batch: PPOBatch, config: PPOConfig, clip_eps: float
-) -> dict[str, torch.Tensor]:
+def _after_update(policy, value, batch: PPOBatch, config: PPOConfig, clip_eps: float) -> dict[str, torch.Tensor]:
     """Diagnostics of the policy and critic the update produced, on the whole batch: how far it moved pi from
-    pi_old (approx KL, clip fraction), and its losses and entropy there. 0-d tensors: no device sync."""
+    pi_old (approx KL, clip fraction), and its losses and entropy there. Tensors averaged over the last axis
+    (0-d for one policy, (S,) for a seed stack): no device sync."""
     train_logprobs, entropy = policy.logprob_and_entropy(batch.obs, batch.actions)
     adv = _standardised(batch.advantages, config)
     k1, k3, clipped = ppo_diagnostics(train_logprobs, batch.sampling_logprobs, clip_eps)
     return {
-        "policy_loss": clipped_surrogate(
-            train_logprobs, batch.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps
-        ).mean(),
-        "value_loss": 0.5 * ((value(batch.obs) - batch.returns) ** 2).mean(),
-        "entropy": entropy.mean(),
+        "policy_loss": clipped_surrogate(train_logprobs, batch.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps).mean(
+            -1
+        ),
+        "value_loss": 0.5 * ((value(batch.obs) - batch.returns) ** 2).mean(-1),
+        "entropy": entropy.mean(-1),
         "approx_kl_k1": k1,
         "approx_kl_k3": k3,
         "clip_fraction": clipped,
     }
 
 
+class _ModuleSampler:
+    """A module policy acting as a stack of one seed acts: uniforms from the seed's own generator, inverted
+    through the CDF, so the library's update and a learner's ``update_fn`` see the same first rollouts."""
+
+    def __init__(self, policy: CategoricalPolicy, generator: torch.Generator):
+        self.policy, self.generator = policy, generator
+
+    @torch.no_grad()
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logp = torch.log_softmax(self.policy.net(obs), -1)
+        u = torch.rand(obs.shape[0], 1, generator=self.generator, device=obs.device, dtype=logp.dtype)
+        return inverse_cdf_sample(logp, u)
+
+
+class _SeedVectorEnvs:
+    """S Gymnasium vector envs of N envs each, stepped as one of S * N (block s reset with seed s)."""
+
+    def __init__(self, envs: list):
+        self.envs, self.num_envs = envs, sum(e.num_envs for e in envs)
+        self.metadata = envs[0].metadata
+        self.single_observation_space, self.single_action_space = (
+            envs[0].single_observation_space,
+            envs[0].single_action_space,
+        )
+
+    def reset(self, seed: list[int]):
+        obs = [env.reset(seed=s)[0] for env, s in zip(self.envs, seed)]
+        return np.concatenate(obs), {}
+
+    def keep_blocks(self, blocks: list[int]) -> None:
+        for b, env in enumerate(self.envs):
+            if b not in blocks:
+                env.close()
+        self.envs = [self.envs[b] for b in blocks]
+        self.num_envs = sum(e.num_envs for e in self.envs)
+
+    def step(self, actions):
+        outs = [env.step(a) for env, a in zip(self.envs, np.split(np.asarray(actions), len(self.envs)))]
+        final = np.empty(self.num_envs, dtype=object)
+        n = self.envs[0].num_envs
+        for s, (*_, info) in enumerate(outs):
+            if "final_obs" in info:
+                final[s * n : (s + 1) * n] = info["final_obs"]
+        arrays = [np.concatenate([o[k] for o in outs]) for k in range(4)]
+        return *arrays, {"final_obs": final}
+
+
 def make_env(config: PPOConfig, device: torch.device):
-    """The vector env ``config.env_backend`` names, reset with ``config.seed``: ``(env, obs, obs_dim, num_actions)``."""
+    """The vector env ``config.env_backend`` names, reset with ``config.seed``: ``(env, obs, obs_dim, num_actions)``.
+
+    With ``config.num_seeds`` = S > 1 it holds S blocks of ``num_envs`` envs, block s reset with
+    ``config.seed + s`` exactly as a one-seed env would be."""
+    seeds = [config.seed + s for s in range(config.num_seeds)]
     if config.env_backend == "torch":
         if config.env_id != "CartPole-v1":
             raise ValueError(f"env_backend='torch' has only CartPole-v1, got env_id={config.env_id!r}.")
         from edurl.envs import TorchCartPole
 
-        env = TorchCartPole(config.num_envs, device=device)
-        obs, _ = env.reset(seed=config.seed)
+        env = TorchCartPole(config.num_envs * len(seeds), device=device, dtype=torch.get_default_dtype())
+        obs, _ = env.reset(seed=seeds if len(seeds) > 1 else config.seed)
         return env, obs, env.obs_dim, env.num_actions
     if config.env_backend == "gymnasium":
-        env = make_vector_env(config.env_id, config.num_envs)
-        obs, _ = env.reset(seed=config.seed)
+        if len(seeds) == 1:
+            env = make_vector_env(config.env_id, config.num_envs)
+            obs, _ = env.reset(seed=config.seed)
+        else:
+            env = _SeedVectorEnvs([make_vector_env(config.env_id, config.num_envs) for _ in seeds])
+            obs, _ = env.reset(seed=seeds)
         return env, obs, env.single_observation_space.shape[0], env.single_action_space.n
     raise ValueError(f"env_backend must be 'gymnasium' or 'torch', got {config.env_backend!r}.")
 
 
-def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult:
+def _fused(device: torch.device) -> bool:
+    return device.type in ("cpu", "cuda")
+
+
+def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult | list[TrainResult]:
     """Train with PPO until solved (or ``total_steps``). ``result.updates`` holds the diagnostics per update,
     measured after each update on its whole batch.
 
+    The seeds ``config.seed`` ... ``config.seed + num_seeds - 1`` train side by side in one process
+    (:mod:`edurl.rl.seed_stack`), each until it solves; with ``num_seeds`` > 1 the result is a list, one
+    :class:`TrainResult` per seed, and seed i's equals that of ``num_seeds=1, seed=config.seed + i``.
+
     ``update_fn(policy, value, optimizer, batch, config, clip_eps)`` replaces :func:`ppo_update` (Chapter 5's
-    exercise 5.3 passes the learner's); it may return the number of epochs it ran (None counts as all).
+    exercise 5.3 passes the learner's) on ordinary modules and ``torch.optim.Adam``, one seed at a time;
+    it may return the number of epochs it ran (None counts as all).
     """
+    if update_fn is not None and config.num_seeds != 1:
+        raise ValueError(
+            f"update_fn trains one seed at a time, got num_seeds={config.num_seeds}: call train_ppo once per seed "
+            "(PPOConfig(seed=s)), or drop update_fn to train the seeds together with the library's update."
+        )
+    if config.seed + config.num_seeds > 2**32:
+        raise ValueError(f"seeds {config.seed}..{config.seed + config.num_seeds - 1} pass 2**32; lower PPOConfig.seed.")
     with torch_threads(config.num_threads, config.device):
-        return _train(config, update_fn or ppo_update)
+        results = _train(config, update_fn)
+    return results[0] if config.num_seeds == 1 else results
 
 
-def _train(config: PPOConfig, update_fn) -> TrainResult:
-    log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
+def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
+    seeds = [config.seed + s for s in range(config.num_seeds)]
+    logs = [EpisodeLog(config) for _ in seeds]  # their clocks start here: setup counts toward time-to-solve
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
-    policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
-    value = ValueNet(obs_dim, config.hidden_sizes).to(device)
-    params = list(policy.parameters()) + list(value.parameters())
-    # detail: Adam eps 1e-5; the fused kernel cuts per-step overhead, which dominates for nets this small
-    optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=device.type in ("cpu", "cuda"))
-    logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
+    if update_fn is None:
+        stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
+        # detail: Adam eps 1e-5; fused: one kernel for every seed's step, which matters for nets this small
+        optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
+        policy = sampler = stack
+        value = stack.values
+
+        def run_update(batch: PPOBatch, clip_eps: float, lr: float, alive: list[bool]) -> list[int]:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            return _stack_update(stack, optimizer, batch, config, clip_eps, alive)
+
+        def networks() -> list:
+            return stack.networks()
+
+        def keep(positions: list[int]) -> None:
+            """Drop the seeds that have finished: the stack, the optimiser, the env blocks and the counters
+            shrink to ``positions``, so the seeds still running no longer pay for those that are done."""
+            nonlocal optimizer, obs, counter
+            stack.keep(positions)
+            state = optimizer.state
+            optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
+            for row in stack.rows:
+                if row in state:
+                    optimizer.state[row] = state[row]
+            env.keep_blocks(positions)
+            rows = torch.cat([torch.arange(p * config.num_envs, (p + 1) * config.num_envs) for p in positions])
+            obs = obs[rows.to(obs.device)] if isinstance(obs, torch.Tensor) else obs[rows.numpy()]
+            counter.keep(rows.to(counter.ret.device))
+    else:  # the learner's update on one seed's modules
+        torch.manual_seed(config.seed)
+        policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
+        value = ValueNet(obs_dim, config.hidden_sizes).to(device)
+        params = list(policy.parameters()) + list(value.parameters())
+        optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
+        sampler = _ModuleSampler(policy, torch.Generator(device=device).manual_seed(config.seed))
+
+        def run_update(batch: PPOBatch, clip_eps: float, lr: float, alive: list[bool]) -> list[int]:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            epochs = update_fn(policy, value, optimizer, batch, config, clip_eps)
+            return [config.update_epochs if epochs is None else int(epochs)]
+
+        def networks() -> list:
+            return [(policy, value)]
+
+        keep = None  # one seed: when it finishes, the run ends
+
+    loggers = [None] * len(seeds)
+    if config.log_dir:
+        dirs = [config.log_dir] if len(seeds) == 1 else [f"{config.log_dir}/seed{s}" for s in seeds]
+        loggers = [MetricsLogger(d, if_exists="overwrite") for d in dirs]
 
     batch_size = config.num_envs * config.num_steps
     num_updates = max(1, config.total_steps // batch_size)
-    counter, updates = None, []
-    bar = progress(total=num_updates * batch_size, desc="PPO env steps", disable=not config.progress)
+    counter, updates = None, [[] for _ in seeds]
+    live = list(range(len(seeds)))  # the seeds still training, in stack order; one leaves when it has solved
+    final: dict[int, tuple] = {}  # a finished seed's networks, taken when it leaves
+    unit = "PPO env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
+    bar = progress(total=num_updates * batch_size, desc=unit, disable=not config.progress)
     for update in range(num_updates):
         # detail: learning_rate and clip_eps decay linearly to 0 over the budget
         frac = 1.0 - update / num_updates
         learning_rate = config.learning_rate * frac if config.anneal_lr else config.learning_rate
         clip_eps = config.clip_eps * frac if config.anneal_clip else config.clip_eps
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate
 
         # ---- rollout and advantages (no grad): pi_old is the policy right now
-        batch, ro, obs, counter = collect_batch(env, policy, value, obs, config, device, counter)
+        batch, ro, obs, counter = collect_batch(env, sampler, value, obs, config, device, counter)
 
         # ---- several epochs of minibatch steps on the same batch, then how far they moved the policy
-        epochs = update_fn(policy, value, optimizer, batch, config, clip_eps)
+        epochs = run_update(batch, clip_eps, learning_rate, [True] * len(live))
         stats = _after_update(policy, value, batch, config, clip_eps)
 
         # ---- bookkeeping (one host transfer per update)
         env_steps = (update + 1) * batch_size
-        log.add(ro.episode_returns, ro.episode_lengths, env_steps)
-        var_returns = batch.returns.var()
-        row = dict(zip(stats, torch.stack(list(stats.values())).tolist()))
-        row.update(
-            step=env_steps,
-            epochs=config.update_epochs if epochs is None else int(epochs),
-            learning_rate=learning_rate,
-            clip_eps=clip_eps,
-            explained_variance=float(1 - (batch.returns - batch.values).var() / var_returns)
-            if var_returns > 0
-            else float("nan"),
-        )
-        updates.append(row)
-        if logger:
-            logger.log(
-                env_steps,
-                **{f"optim/{k}": v for k, v in row.items() if k != "step"},
-                **{"episodes": len(log), "time/total": log.elapsed()},
+        resid = _var(batch.returns - batch.values).squeeze(-1)
+        var_returns = _var(batch.returns).squeeze(-1)
+        table = torch.stack([*stats.values(), resid, var_returns]).reshape(len(stats) + 2, -1).T.tolist()
+        owner = [e // config.num_envs for e in ro.episode_envs]
+        done = []
+        for pos, (s, seed_row) in enumerate(zip(live, table)):
+            mine = [i for i, o in enumerate(owner) if o == pos]
+            logs[s].add([ro.episode_returns[i] for i in mine], [ro.episode_lengths[i] for i in mine], env_steps)
+            *values, resid_s, var_s = seed_row
+            row = dict(zip(stats, values))
+            row.update(
+                step=env_steps,
+                epochs=epochs[pos],
+                learning_rate=learning_rate,
+                clip_eps=clip_eps,
+                explained_variance=1 - resid_s / var_s if var_s > 0 else float("nan"),
             )
+            updates[s].append(row)
+            if loggers[s]:
+                loggers[s].log(
+                    env_steps,
+                    **{f"optim/{k}": v for k, v in row.items() if k != "step"},
+                    **{"episodes": len(logs[s]), "time/total": logs[s].elapsed()},
+                )
+            if mine and logs[s].should_stop():
+                done.append(pos)
         bar.update(batch_size)
-        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", kl=f"{row['approx_kl_k3']:.4f}", refresh=False)
-        if ro.episode_returns and log.should_stop():
+        bar.set_postfix(
+            mean_return=f"{min(logs[s].recent_mean() for s in live):.0f}",
+            kl=f"{table[0][list(stats).index('approx_kl_k3')]:.4f}",
+            **({"solved": f"{len(seeds) - len(live) + len(done)}/{len(seeds)}"} if len(seeds) > 1 else {}),
+            refresh=False,
+        )
+        if len(done) == len(live):
             break
+        if done:
+            nets = networks()
+            final.update({live[pos]: nets[pos] for pos in done})
+            kept = [pos for pos in range(len(live)) if pos not in done]
+            keep(kept)
+            live = [live[pos] for pos in kept]
     bar.close()
-    if logger:
-        logger.close()
-    result = log.result(policy, value)
-    result.updates = pd.DataFrame(updates)
-    return result
+    final.update(zip(live, networks()))
+    results = []
+    for s, (log, logger, rows) in enumerate(zip(logs, loggers, updates)):
+        pol, val = final[s]
+        if logger:
+            logger.close()
+        result = log.result(pol, val)
+        result.updates = pd.DataFrame(rows)
+        results.append(result)
+    return results

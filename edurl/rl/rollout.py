@@ -110,6 +110,7 @@ class Rollout:
     truncated: torch.Tensor       # (T, N) bool
     episode_returns: list[float]  # returns of the episodes that finished during this rollout
     episode_lengths: list[int]
+    episode_envs: list[int] = None  # the env (column) each of those episodes ran in
     # fmt: on
 
 
@@ -119,6 +120,10 @@ class _EpisodeCounter:
     def __init__(self, n: int, device: torch.device):
         self.ret = torch.zeros(n, device=device)
         self.len = torch.zeros(n, dtype=torch.long, device=device)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the envs ``rows`` (PPO drops a finished seed's block of envs)."""
+        self.ret, self.len = self.ret[rows], self.len[rows]
 
     def step(self, rewards: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add one step; return (N,) return and length of the episodes that just ended (NaN / -1 elsewhere)."""
@@ -148,6 +153,7 @@ def collect_rollout(
     Returns the rollout, the observation to continue from, and the episode counter to pass back next time.
     """
     torch_env = _is_torch_env(envs)
+    dtype = torch.get_default_dtype()  # float32 unless a test asks for float64
     if not torch_env:
         autoreset = envs.metadata.get("autoreset_mode")
         if autoreset != gym.vector.AutoresetMode.SAME_STEP:
@@ -159,7 +165,7 @@ def collect_rollout(
     keys = ("obs", "actions", "logprobs", "rewards", "next_obs", "terminated", "truncated", "ep_ret", "ep_len")
     buf = {k: [] for k in keys}
     for _ in range(num_steps):
-        obs_t = obs if torch_env else torch.as_tensor(obs, dtype=torch.float32, device=device)
+        obs_t = obs if torch_env else torch.as_tensor(obs, dtype=dtype, device=device)
         actions, logprobs = policy.sample(obs_t)
         if torch_env:
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
@@ -185,10 +191,15 @@ def collect_rollout(
     stacked = {k: torch.stack(v) for k, v in buf.items()}
     ep_ret, ep_len = stacked.pop("ep_ret"), stacked.pop("ep_len")
     ended = ~torch.isnan(ep_ret)  # (T, N); row-major order = time order, then env index
-    stacked["obs"], stacked["next_obs"] = stacked["obs"].float(), stacked["next_obs"].float()
-    stacked["rewards"] = stacked["rewards"].float()
+    stacked["obs"], stacked["next_obs"] = stacked["obs"].to(dtype), stacked["next_obs"].to(dtype)
+    stacked["rewards"] = stacked["rewards"].to(dtype)
     return (
-        Rollout(**stacked, episode_returns=ep_ret[ended].tolist(), episode_lengths=ep_len[ended].tolist()),
+        Rollout(
+            **stacked,
+            episode_returns=ep_ret[ended].tolist(),
+            episode_lengths=ep_len[ended].tolist(),
+            episode_envs=ended.nonzero()[:, 1].tolist(),
+        ),
         obs,
         counter,
     )

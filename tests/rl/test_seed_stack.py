@@ -1,0 +1,203 @@
+"""Seeds as a batch dimension (PPOConfig.num_seeds): seed i of a stack is the run of seed i alone, and no
+gradient crosses from one seed to another."""
+
+import numpy as np
+import pytest
+import torch
+
+from edurl.envs import TorchCartPole
+from edurl.rl.networks import CategoricalPolicy, ValueNet
+from edurl.rl.ppo import PPOBatch, PPOConfig, _stack_update, ppo_update, train_ppo
+from edurl.rl.seed_stack import ActorCriticStack, clip_grad_norm_per_seed_
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def _flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.mark.parametrize(
+    "backend, extra",
+    [
+        ("torch", {}),
+        ("gymnasium", {}),
+        # minibatches draw a permutation per seed; target_kl stops seeds' epochs at different times
+        ("torch", {"num_minibatches": 4, "target_kl": 0.003, "clip_value": True, "ent_coef": 0.01}),
+    ],
+)
+def test_seed_i_of_a_stack_is_the_run_of_seed_i_alone(float64, backend, extra):
+    kw = dict(env_backend=backend, device="cpu", progress=False, total_steps=256 * 4, stop_when_solved=False, **extra)
+    stacked = train_ppo(PPOConfig(seed=5, num_seeds=3, **kw))
+    assert isinstance(stacked, list) and len(stacked) == 3
+    for i, result in enumerate(stacked):
+        alone = train_ppo(PPOConfig(seed=5 + i, **kw))
+        assert alone.config.seed == 5 + i
+        assert torch.equal(_flat(result.policy), _flat(alone.policy))  # bit for bit, after 4 updates
+        assert torch.equal(_flat(result.value), _flat(alone.value))
+        cols = ["episode", "step", "episode_return", "episode_length"]
+        assert result.episodes[cols].equals(alone.episodes[cols])
+        assert result.updates.equals(alone.updates)
+    if extra:
+        epochs = np.stack([r.updates["epochs"].to_numpy() for r in stacked])
+        assert (epochs < 20).any() and len(np.unique(epochs)) > 1  # the early stops were per seed and differed
+    first = [_flat(r.policy) for r in stacked]
+    assert not torch.equal(first[0], first[1])  # the seeds are different runs
+
+
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_a_solved_seed_leaves_while_the_others_go_on(backend):
+    """Seed-by-seed stopping: with stop_when_solved a seed leaves the stack (its envs, rows and optimiser state
+    are dropped), and each seed's result, including the ones that trained on after, is its own run's."""
+    kw = dict(env_backend=backend, device="cpu", progress=False, solve_threshold=30.0, solve_window=10)
+    stacked = train_ppo(PPOConfig(seed=0, num_seeds=3, total_steps=256 * 30, **kw))
+    for i, result in enumerate(stacked):
+        alone = train_ppo(PPOConfig(seed=i, total_steps=256 * 30, **kw))
+        assert result.solved and result.solved_step == alone.solved_step
+        assert len(result.episodes) == len(alone.episodes) and len(result.updates) == len(alone.updates)
+        assert torch.equal(_flat(result.policy), _flat(alone.policy))
+    assert len({len(r.updates) for r in stacked}) > 1  # they stopped at different updates
+
+
+def _adam(stack: ActorCriticStack) -> torch.optim.Adam:
+    return torch.optim.Adam(stack.rows, lr=1e-3, eps=1e-5, fused=True)
+
+
+def test_no_gradient_leaks_between_seeds():
+    stack = ActorCriticStack([0, 1, 2], obs_dim=4, num_actions=2)
+    obs, actions = torch.randn(3, 32, 4), torch.randint(0, 2, (3, 32))
+
+    def grads(scale_seed_1: float) -> list[torch.Tensor]:
+        for row in stack.rows:
+            row.grad = None
+        lp, ent, values = stack.evaluate(obs, actions)
+        loss = (lp.mean(-1) + values.pow(2).mean(-1) - 0.1 * ent.mean(-1)) * torch.tensor([1.0, scale_seed_1, 1.0])
+        loss.sum().backward()
+        return [row.grad.clone() for row in stack.rows]
+
+    base, perturbed = grads(1.0), grads(-7.0)
+    assert torch.equal(base[0], perturbed[0]) and torch.equal(base[2], perturbed[2])
+    assert not torch.allclose(base[1], perturbed[1])
+    # and through a whole update: a seed whose advantages are flipped changes no other seed's parameters
+    batch = PPOBatch(obs, actions, -torch.rand(3, 32), torch.randn(3, 32), torch.randn(3, 32), torch.randn(3, 32))
+    config = PPOConfig(update_epochs=3, num_envs=4, num_steps=8, num_minibatches=2)
+    after = []
+    for flip in (1.0, -1.0):
+        s = ActorCriticStack([0, 1, 2], 4, 2)
+        b = PPOBatch(**{**batch.__dict__, "advantages": batch.advantages * torch.tensor([[1.0], [flip], [1.0]])})
+        _stack_update(s, _adam(s), b, config, 0.2, [True] * 3)
+        after.append([row.detach().clone() for row in s.rows])
+    assert torch.equal(after[0][0], after[1][0]) and torch.equal(after[0][2], after[1][2])
+    assert not torch.equal(after[0][1], after[1][1])
+
+
+def test_a_seed_that_is_not_alive_is_left_exactly_as_it_was():
+    stack = ActorCriticStack([0, 1, 2], 4, 2)
+    before = [row.detach().clone() for row in stack.rows]
+    g = torch.Generator().manual_seed(1)
+    batch = PPOBatch(
+        torch.randn(3, 16, 4, generator=g),
+        torch.randint(0, 2, (3, 16), generator=g),
+        -torch.rand(3, 16, generator=g),
+        torch.randn(3, 16, generator=g),
+        torch.randn(3, 16, generator=g),
+        torch.randn(3, 16, generator=g),
+    )
+    optimizer = _adam(stack)
+    epochs = _stack_update(stack, optimizer, batch, PPOConfig(update_epochs=4), 0.2, [True, False, True])
+    assert epochs == [4, 0, 4]
+    assert torch.equal(stack.rows[1].detach(), before[1]) and stack.rows[1] not in optimizer.state
+    assert not torch.equal(stack.rows[0].detach(), before[0])
+    assert optimizer.state[stack.rows[0]]["step"].item() == 4
+
+
+def test_stack_networks_are_the_modules_a_seed_would_build():
+    stack = ActorCriticStack([3, 4], obs_dim=4, num_actions=2, hidden_sizes=(16, 8))
+    obs = torch.randn(2, 10, 4)
+    for s, (policy, value) in enumerate(stack.networks()):
+        torch.manual_seed(3 + s)
+        fresh_policy, fresh_value = CategoricalPolicy(4, 2, (16, 8)), ValueNet(4, (16, 8))
+        assert torch.equal(_flat(policy), _flat(fresh_policy)) and torch.equal(_flat(value), _flat(fresh_value))
+        # the stack's tanh is 2 sigmoid(2z) - 1 (see _mlp): equal to float32 rounding
+        torch.testing.assert_close(stack.logits(obs)[s], policy.net(obs[s]), atol=1e-6, rtol=0)
+        torch.testing.assert_close(stack.values(obs)[s], value(obs[s]), atol=1e-6, rtol=0)
+
+
+def test_stack_update_matches_ppo_update_on_modules(float64):
+    """The stack's update is the readable ppo_update (with torch's clip_grad_norm_ and Adam) on one seed."""
+    g = torch.Generator().manual_seed(0)
+    B = 64
+    fields = dict(
+        obs=torch.randn(B, 4, generator=g),
+        actions=torch.randint(0, 2, (B,), generator=g),
+        sampling_logprobs=-torch.rand(B, generator=g) - 0.3,
+        advantages=torch.randn(B, generator=g),
+        returns=torch.randn(B, generator=g),
+        values=torch.randn(B, generator=g),
+    )
+    config = PPOConfig(update_epochs=5, ent_coef=0.01, clip_value=True, max_grad_norm=0.05)
+    stack = ActorCriticStack([7], 4, 2)
+    optimizer = torch.optim.Adam(stack.rows, lr=1e-2, eps=1e-5, fused=True)
+    _stack_update(stack, optimizer, PPOBatch(**{k: v[None] for k, v in fields.items()}), config, 0.2, [True])
+    torch.manual_seed(7)
+    policy, value = CategoricalPolicy(4, 2), ValueNet(4)
+    params = list(policy.parameters()) + list(value.parameters())
+    ppo_update(policy, value, torch.optim.Adam(params, lr=1e-2, eps=1e-5, fused=True), PPOBatch(**fields), config, 0.2)
+    ((p_stack, v_stack),) = stack.networks()
+    assert not torch.allclose(_flat(p_stack), _flat(CategoricalPolicy(4, 2)))  # it did move
+    torch.testing.assert_close(_flat(p_stack), _flat(policy), atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(_flat(v_stack), _flat(value), atol=1e-9, rtol=1e-7)
+
+
+def test_per_seed_clipping_is_torch_clipping_on_each_seed_alone(float64):
+    torch.manual_seed(0)
+    rows = [torch.zeros(50, requires_grad=True) for _ in range(3)]
+    grads = [torch.randn(50) * scale for scale in (0.1, 3.0, 30.0)]  # one row below the limit, two above
+    for row, grad in zip(rows, grads):
+        row.grad = grad.clone()
+    norms = clip_grad_norm_per_seed_(rows, 1.0)
+    for row, grad, norm in zip(rows, grads, norms):
+        alone = torch.nn.Parameter(torch.zeros(50))
+        alone.grad = grad.clone()
+        torch.testing.assert_close(norm, torch.nn.utils.clip_grad_norm_([alone], 1.0))
+        torch.testing.assert_close(row.grad, alone.grad)
+    assert torch.equal(rows[0].grad, grads[0]) and rows[2].grad.norm() < 1.0 + 1e-9
+
+
+def test_torch_cartpole_blocks_step_like_separate_envs():
+    """Block g of a TorchCartPole reset with a list of seeds is a TorchCartPole of its own, resets included."""
+    together = TorchCartPole(6, dtype=torch.float64)
+    alone = [TorchCartPole(2, dtype=torch.float64) for _ in range(3)]
+    obs, _ = together.reset(seed=[10, 11, 12])
+    alone_obs = [env.reset(seed=10 + g)[0] for g, env in enumerate(alone)]
+    g = torch.Generator().manual_seed(0)
+    resets = 0
+    for _ in range(200):
+        assert torch.equal(obs, torch.cat(alone_obs))
+        actions = torch.randint(0, 2, (6,), generator=g)
+        obs, _, terminated, truncated, _ = together.step(actions)
+        alone_obs = [env.step(actions[2 * i : 2 * i + 2])[0] for i, env in enumerate(alone)]
+        resets += int((terminated | truncated).sum())
+    assert resets > 6  # autoresets happened, and drew from each block's own generator
+    with pytest.raises(ValueError, match="length divides num_envs"):
+        TorchCartPole(5).reset(seed=[1, 2])
+
+
+def test_update_fn_with_several_seeds_is_refused():
+    with pytest.raises(ValueError, match="update_fn trains one seed at a time"):
+        train_ppo(PPOConfig(num_seeds=2, progress=False), update_fn=ppo_update)
+    with pytest.raises(ValueError, match="num_seeds must be a positive int"):
+        PPOConfig(num_seeds=0)
+
+
+def test_several_seeds_log_one_folder_each(tmp_path):
+    train_ppo(
+        PPOConfig(seed=2, num_seeds=2, total_steps=512, env_backend="torch", progress=False, log_dir=str(tmp_path))
+    )
+    assert (tmp_path / "seed2" / "metrics.jsonl").exists() and (tmp_path / "seed3" / "metrics.jsonl").exists()
