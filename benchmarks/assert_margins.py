@@ -242,6 +242,22 @@ def ppo_cartpole(seed: int, threads: int) -> dict:
     }
 
 
+def ppo_stack(seed: int, threads: int) -> dict:
+    """Notebook 05, section 4's last cell: eight seeds, 8 * seed ... 8 * seed + 7, side by side in one process
+    (PPOConfig(num_seeds=8)) with the library's update; study seed k is the k-th group of eight."""
+    results = rl.train_ppo(
+        rl.PPOConfig(
+            seed=8 * seed, num_seeds=8, env_backend="torch", device="cpu", num_threads=threads, progress=False
+        )
+    )
+    steps = [r.solved_step for r in results if r.solved]
+    return {
+        "stack_solved": len(steps),
+        "stack_median_solved_step": float(np.median(steps)) if steps else math.nan,
+        "stack_max_solved_step": float(max(steps)) if steps else math.nan,
+    }
+
+
 def importance_sampling(seed: int, threads: int) -> dict:
     """Notebook 05, cell 3: importance-sampled estimates of E_pi[x] as pi = N(mu, 1) drifts from q = N(0, 1)."""
     df = importance_sampling_study(seed=seed)
@@ -280,6 +296,7 @@ EXPERIMENTS = {  # name: (function, whether it trains a torch network and so run
     "a2c_cartpole": (a2c_cartpole, True),
     "gae_study": (gae_study, True),
     "ppo_cartpole": (ppo_cartpole, True),
+    "ppo_stack": (ppo_stack, True),
     "importance_sampling": (importance_sampling, False),
     "clip_study": (clip_study, True),
 }
@@ -435,6 +452,15 @@ CHECKS = [
         low=0,
         inclusive=True,
         note="(r - 1) - log r >= 0 for every sample",
+    ),
+    Check("05", "assert sum(r.solved for r in many) >= 7", "ppo_stack", "stack_solved", low=7, inclusive=True),
+    Check(
+        "05",
+        "assert np.median(solved) < 150_000",
+        "ppo_stack",
+        "stack_median_solved_step",
+        high=150_000,
+        log=True,
     ),
     Check("05", 'u["approx_kl_k3"].median() < 0.05', "ppo_cartpole", "kl_k3_median", high=0.05),
     Check("05", 'assert 0 < u["clip_fraction"].median() < 0.3', "ppo_cartpole", "clip_fraction_median", 0, 0.3),

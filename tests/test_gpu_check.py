@@ -64,6 +64,8 @@ def test_ppo_throughput_runs_on_the_cpu(gpu_check):
     r = gpu_check.ppo_throughput("cpu", num_envs=4, num_steps=8, updates=2, rollouts=2)
     assert r["ppo_env_steps_per_s"] > 0 and r["rollout_env_steps_per_s"] > 0
     assert r["num_envs"] == 4 and r["device"] == "cpu"
+    many = gpu_check.ppo_throughput("cpu", num_envs=4, num_steps=8, updates=2, rollouts=2, num_seeds=3)
+    assert many["num_seeds"] == 3 and many["ppo_env_steps_per_s"] > 0
 
 
 def test_llm_throughput_runs_on_the_cpu(gpu_check):

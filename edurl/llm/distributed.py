@@ -158,6 +158,12 @@ def init_world(device: str | None = None) -> World:
 
     cuda = pick_device(device).type == "cuda"
     if cuda:
+        if local_rank >= (count := torch.cuda.device_count()):
+            raise RuntimeError(
+                f"LOCAL_RANK is {local_rank}, but this machine has {count} CUDA device(s), and each rank needs its "
+                f"own: start at most {count} processes per machine (torchrun --nproc_per_node {count}), or run "
+                "the ranks on the CPU over gloo (EDURL_DEVICE=cpu)."
+            )
         torch.cuda.set_device(local_rank)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if cuda else "gloo")

@@ -465,9 +465,10 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
                 if row in state:
                     optimizer.state[row] = state[row]
             env.keep_blocks(positions)
-            rows = torch.cat([torch.arange(p * config.num_envs, (p + 1) * config.num_envs) for p in positions])
-            obs = obs[rows.to(obs.device)] if isinstance(obs, torch.Tensor) else obs[rows.numpy()]
-            counter.keep(rows.to(counter.ret.device))
+            n = config.num_envs
+            rows = torch.cat([torch.arange(p * n, (p + 1) * n, device=device) for p in positions])
+            obs = obs[rows] if isinstance(obs, torch.Tensor) else obs[rows.cpu().numpy()]
+            counter.keep(rows)
     else:  # the learner's update on one seed's modules
         torch.manual_seed(config.seed)
         policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)

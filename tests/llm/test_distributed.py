@@ -132,6 +132,19 @@ def test_init_world_without_torchrun_is_a_single_process(monkeypatch):
         init_world()
 
 
+def test_more_ranks_than_gpus_is_refused_with_the_fix(monkeypatch):
+    """Two ranks on a one-GPU machine: rank 1 has no GPU of its own (the GPU run of notebook 10 hit this)."""
+    import edurl.utils
+
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(edurl.utils, "device", lambda device=None: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match=r"LOCAL_RANK is 1, but this machine has 1 CUDA device.*EDURL_DEVICE=cpu"):
+        init_world()
+
+
 def test_data_parallel_refuses_what_it_cannot_split(monkeypatch, tmp_path):
     monkeypatch.setattr("edurl.llm.grpo.init_world", lambda device=None: World(rank=0, size=2))
     base = dict(group_size=2, batch_size=4, max_steps=1, log_dir=str(tmp_path))

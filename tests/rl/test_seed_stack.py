@@ -201,3 +201,22 @@ def test_several_seeds_log_one_folder_each(tmp_path):
         PPOConfig(seed=2, num_seeds=2, total_steps=512, env_backend="torch", progress=False, log_dir=str(tmp_path))
     )
     assert (tmp_path / "seed2" / "metrics.jsonl").exists() and (tmp_path / "seed3" / "metrics.jsonl").exists()
+
+
+@pytest.mark.cuda
+def test_a_stack_trains_on_cuda():
+    results = train_ppo(
+        PPOConfig(
+            seed=0,
+            num_seeds=3,
+            env_backend="torch",
+            device="cuda",
+            num_envs=64,
+            total_steps=64 * 32 * 4,
+            stop_when_solved=False,
+            progress=False,
+        )
+    )
+    assert all(next(r.policy.parameters()).device.type == "cuda" for r in results)
+    assert all(len(r.updates) == 4 and len(r.episodes) > 0 for r in results)
+    assert not torch.equal(_flat(results[0].policy), _flat(results[1].policy))
