@@ -246,9 +246,7 @@ def ppo_stack(seed: int, threads: int) -> dict:
     """Notebook 05, section 4's last cell: eight seeds, 8 * seed ... 8 * seed + 7, side by side in one process
     (PPOConfig(num_seeds=8)) with the library's update; study seed k is the k-th group of eight."""
     results = rl.train_ppo(
-        rl.PPOConfig(
-            seed=8 * seed, num_seeds=8, env_backend="torch", device="cpu", num_threads=threads, progress=False
-        )
+        rl.PPOConfig(seed=8 * seed, num_seeds=8, env_backend="torch", device="cpu", num_threads=threads, progress=False)
     )
     steps = [r.solved_step for r in results if r.solved]
     return {
