@@ -8,20 +8,24 @@ with ``perf_counter`` over ``--steps`` steps after ``--warmup`` more, on random 
     python benchmarks/ppo_update_profile.py                  # 1 torch thread, 2000 timed steps
     python benchmarks/ppo_update_profile.py --threads 2 --steps 5000
 
-Prints ms per step and each phase's share, from one run on one machine.
+Prints ms per step and each phase's share, from one run on one machine. Then the same step as ``train_ppo``
+takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, per-seed clipping,
+Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step, and per seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
 from edurl.objectives import clipped_surrogate
 from edurl.rl import PPOConfig
 from edurl.rl.networks import CategoricalPolicy, ValueNet
-from edurl.rl.ppo import _standardised
+from edurl.rl.ppo import PPOBatch, _stack_update, _standardised
+from edurl.rl.seed_stack import ActorCriticStack
 
 PHASES = ("forward + loss", "zero_grad", "backward", "clip_grad_norm_", "optimizer.step")
 
@@ -58,11 +62,34 @@ def profile(steps: int, warmup: int, config: PPOConfig) -> dict[str, float]:
     return {phase: total / steps for phase, total in totals.items()}
 
 
+def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> float:
+    """Seconds per optimizer step of ``_stack_update`` (what ``train_ppo`` runs) for ``num_seeds`` seeds, on
+    random inputs of one minibatch's shape per seed."""
+    stack = ActorCriticStack(range(num_seeds), 4, 2, config.hidden_sizes)
+    optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=True)
+    n = config.num_envs * config.num_steps // config.num_minibatches
+    g = torch.Generator().manual_seed(0)
+    batch = PPOBatch(
+        torch.randn(num_seeds, n, 4, generator=g),
+        torch.randint(0, 2, (num_seeds, n), generator=g),
+        -torch.rand(num_seeds, n, generator=g),
+        torch.randn(num_seeds, n, generator=g),
+        torch.randn(num_seeds, n, generator=g),
+        torch.randn(num_seeds, n, generator=g),
+    )
+    alive = [True] * num_seeds
+    _stack_update(stack, optimizer, batch, replace(config, update_epochs=warmup), 0.2, alive)
+    t0 = time.perf_counter()
+    _stack_update(stack, optimizer, batch, replace(config, update_epochs=steps), 0.2, alive)
+    return (time.perf_counter() - t0) / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", default="1,8", help="seed-stack sizes to time (comma-separated; empty: none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = PPOConfig()
@@ -77,6 +104,12 @@ def main() -> None:
     for phase, seconds in per_step.items():
         print(f"{phase:<18} {seconds * 1e3:7.3f} {seconds / total:6.0%}")
     print(f"{'total':<18} {total * 1e3:7.3f}")
+    for num_seeds in [int(x) for x in args.seeds.split(",") if x]:
+        seconds = stack_step(num_seeds, args.steps, args.warmup, config)
+        print(
+            f"seed stack, {num_seeds} seed(s): {seconds * 1e3:.3f} ms per optimizer step, "
+            f"{seconds * 1e3 / num_seeds:.3f} ms per seed"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -435,7 +435,8 @@ def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult | list[TrainResu
 
 def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
     seeds = [config.seed + s for s in range(config.num_seeds)]
-    logs = [EpisodeLog(config) for _ in seeds]  # their clocks start here: setup counts toward time-to-solve
+    # one log per seed, holding the config of that seed's own run; their clocks start here (setup counts)
+    logs = [EpisodeLog(config if len(seeds) == 1 else replace(config, seed=s, num_seeds=1)) for s in seeds]
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
