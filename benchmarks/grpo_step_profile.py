@@ -1,0 +1,115 @@
+"""Where a GRPO step's time goes (issue 19), on the recipe's default run: 32 problems x 8 samples from the
+Chapter 6 SFT checkpoint, importance_sampling, token_mean, full fine-tune, on the CPU.
+
+The step (``edurl.llm.grpo.grpo_step``) is timed in pieces by wrapping the client methods it calls:
+
+* fresh sampler: ``save_weights_and_get_sampling_client`` (a copy of the weights);
+* decode: ``SamplingClient.sample_batch`` (prompt encoding and the decode loop, with log-probs);
+* grade + datums: the rest of ``time/sample`` (parsing, grading, group advantages, building datums);
+* forward_backward and optim_step: the two ``TrainingClient`` calls (``time/train`` is these and little else).
+
+It also logs, per step, the share of sequences whose advantage is exactly 0 (the groups whose 8 rewards are
+all equal): their gradient is 0, so a forward_backward that skipped them, keeping the denominator, would
+give the same update. That share bounds what such a skip could save of forward_backward.
+
+    python benchmarks/grpo_step_profile.py                 # seed 0, 30 steps (about a minute)
+    python benchmarks/grpo_step_profile.py --steps 100 --seed 1
+
+Prints ms per step for each piece (median over the steps after the first) and the zero-advantage share over
+the run. One run, one machine: compare pieces within a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import numpy as np
+
+from edurl.llm import clients, grpo
+from edurl.llm.grpo import GRPOConfig, train_grpo
+
+WRAPPED = {
+    "fresh sampler": (clients.TrainingClient, "save_weights_and_get_sampling_client"),
+    "decode": (clients.SamplingClient, "sample_batch"),
+    "forward_backward": (clients.TrainingClient, "forward_backward"),
+    "optim_step": (clients.TrainingClient, "optim_step"),
+}
+
+
+@contextmanager
+def timed_methods(calls: dict[str, list[float]]):
+    """Wrap ``grpo_step`` and the methods in WRAPPED: each call made inside a step appends its seconds to
+    ``calls[name]`` (the held-out evaluations decode too, outside the steps, and are left out)."""
+    originals = {name: getattr(cls, attr) for name, (cls, attr) in WRAPPED.items()}
+    step_fn, inside = grpo.grpo_step, [False]
+
+    def wrap(name, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            if inside[0]:
+                calls[name].append(time.perf_counter() - t0)  # the local clients finish before returning
+            return out
+
+        return timed
+
+    def step(*args, **kwargs):
+        inside[0] = True
+        try:
+            return step_fn(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    for name, (cls, attr) in WRAPPED.items():
+        setattr(cls, attr, wrap(name, originals[name]))
+    grpo.grpo_step = step
+    try:
+        yield
+    finally:
+        for name, (cls, attr) in WRAPPED.items():
+            setattr(cls, attr, originals[name])
+        grpo.grpo_step = step_fn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    config = GRPOConfig(seed=args.seed, max_steps=args.steps, eval_every=args.steps, progress=False)
+    calls: dict[str, list[float]] = defaultdict(list)
+    with timed_methods(calls):
+        result = train_grpo(config)
+    m = result.metrics.dropna(subset=["time/sample"]).reset_index(drop=True)
+    steps = len(m)
+    per_step = {name: np.array(times) for name, times in calls.items()}
+    if any(len(times) != steps for times in per_step.values()):
+        raise RuntimeError(
+            f"expected one call of each piece per step ({steps}), got { {k: len(v) for k, v in calls.items()} }"
+        )
+    per_step["grade + datums"] = m["time/sample"].to_numpy() - per_step["decode"]
+    step_total = per_step["fresh sampler"] + m["time/sample"].to_numpy() + m["time/train"].to_numpy()
+    later = slice(1, None)  # the first step pays one-time costs
+    total = float(np.median(step_total[later]))
+    print(
+        f"GRPO step, recipe defaults ({config.batch_size} problems x {config.group_size} samples, "
+        f"{config.loss_fn}, {config.aggregation}), seed {args.seed}, {steps} steps; median over steps 2-{steps}"
+    )
+    print(f"{'piece':<18} {'ms':>8} {'share':>6}")
+    order = ("fresh sampler", "decode", "grade + datums", "forward_backward", "optim_step")
+    for name in order:
+        ms = float(np.median(per_step[name][later])) * 1e3
+        print(f"{name:<18} {ms:8.1f} {ms / 1e3 / total:6.0%}")
+    print(f"{'whole step':<18} {total * 1e3:8.1f}")
+    zero = 1 - m["env/all/by_group/frac_mixed"].to_numpy()
+    print(
+        f"sequences with advantage exactly 0: median {np.median(zero):.0%} of a step "
+        f"(first 10 steps {np.mean(zero[:10]):.0%}, last 10 {np.mean(zero[-10:]):.0%})"
+    )
+
+
+if __name__ == "__main__":
+    main()
