@@ -30,11 +30,11 @@ __all__ = ["ActorCriticStack", "clip_grad_norm_per_seed_", "inverse_cdf_sample"]
 
 
 class ActorCriticStack:
-    """``len(seeds)`` pairs of (:class:`CategoricalPolicy`, :class:`ValueNet`), stacked row by row in ``flat``.
+    """``len(seeds)`` pairs of (:class:`CategoricalPolicy`, :class:`ValueNet`), one leaf tensor per seed in ``rows``.
 
     Seed s's networks are initialised exactly as ``torch.manual_seed(s)`` followed by
-    ``CategoricalPolicy(...)`` and ``ValueNet(...)`` would initialise them, and :meth:`networks` gives them
-    back as those modules. Observations go in seed-major, ``(S, M, obs_dim)``; outputs come out ``(S, M)``.
+    ``CategoricalPolicy(...)`` and ``ValueNet(...)`` would initialise them (so building a stack reseeds torch's
+    global generator, as ``edurl.seed_everything`` does), and :meth:`networks` gives them back as those modules. Observations go in seed-major, ``(S, M, obs_dim)``; outputs come out ``(S, M)``.
     """
 
     def __init__(
@@ -58,7 +58,7 @@ class ActorCriticStack:
             policy = CategoricalPolicy(obs_dim, num_actions, self.hidden_sizes)
             value = ValueNet(obs_dim, self.hidden_sizes)
             rows.append(torch.cat([w.detach().reshape(-1) for w in self._module_tensors(policy, value)]))
-        # (name, offset, shape) of every tensor in a row; weights stored (in, out), as baddbmm wants them
+        # per network, (offset, in, out) of each layer in a row; weights stored (in, out), as baddbmm wants them
         self._layout: dict[str, list[tuple[int, int, int]]] = {}
         self._sizes: list[int] = []  # numel of each weight and bias in row order
         offset = 0
@@ -93,8 +93,8 @@ class ActorCriticStack:
         h = sigmoid(2z): the factor 2 on z rides in the matmul, and tanh's "2h - 1" goes into the next layer,
         whose output is (2h - 1) @ W + b = 2 (h @ W) + (b - 1 @ W): hence ``alpha`` 2 and the bias b - sum_in W.
         Same function, two fewer passes over every hidden tensor, and on AVX-512 CPUs ``torch.tanh`` is also
-        ~6x slower than ``torch.sigmoid`` (340 vs 56 us on (8, 256, 64), torch 2.13, one thread). tanh was half
-        of a stacked PPO step's time.
+        ~6x slower than ``torch.sigmoid`` (340 vs 56 us on (8, 256, 64), torch 2.13, one thread). tanh and its
+        backward were about a third of a stacked PPO step's time (torch profiler, 8 seeds).
         """
         flat = torch.stack(self.rows)  # (S, P)
         pieces = iter(flat.split(self._sizes, dim=1))  # one op (and one backward) for every weight and bias
