@@ -41,7 +41,8 @@ def field_docs(cls) -> dict[str, str]:
 
 
 def save_learning_curve(result, path: Path, title: str) -> Path:
-    """Plot a TrainResult's training-episode returns (rolling mean of 100) against env steps and save a PNG."""
+    """Plot a TrainResult's training-episode returns (rolling mean of 100) against env steps and save a PNG;
+    for a list of them (``PPOConfig.num_seeds`` > 1), their mean with the min-max band across seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,10 +50,12 @@ def save_learning_curve(result, path: Path, title: str) -> Path:
 
     from edurl.plotting import plot_learning_curves
 
-    ax = plot_learning_curves({title: [result.episodes]}, x="step", y="episode_return", window=100)
-    ax.axhline(result.config.solve_threshold, color="gray", ls="--", lw=1, label="solved")
-    if result.solved:
-        ax.axvline(result.solved_step, color="green", ls=":", lw=1)
+    results = result if isinstance(result, list) else [result]
+    ax = plot_learning_curves({title: [r.episodes for r in results]}, x="step", y="episode_return", window=100)
+    ax.axhline(results[0].config.solve_threshold, color="gray", ls="--", lw=1, label="solved")
+    for r in results:
+        if r.solved:
+            ax.axvline(r.solved_step, color="green", ls=":", lw=1)
     path.parent.mkdir(parents=True, exist_ok=True)
     ax.figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(ax.figure)
@@ -69,12 +72,13 @@ def run_trainer_recipe(config_cls, train, name: str, argv=None):
 
 
 def report(result, png: Path) -> None:
-    if result.solved:
-        print(
-            f"solved after {result.solved_episode} episodes, {result.solved_step:,} env steps, "
-            f"{result.solved_time:.1f} s"
-        )
-    else:
-        tail = result.episodes["episode_return"].tail(result.config.solve_window).mean()
-        print(f"not solved: last {result.config.solve_window}-episode mean return {tail:.1f}")
+    """One line per seed (a list of results comes from ``PPOConfig.num_seeds`` > 1), then the PNG's path."""
+    results = result if isinstance(result, list) else [result]
+    for r in results:
+        who = f"seed {r.config.seed}: " if len(results) > 1 else ""
+        if r.solved:
+            print(f"{who}solved after {r.solved_episode} episodes, {r.solved_step:,} env steps, {r.solved_time:.1f} s")
+        else:
+            tail = r.episodes["episode_return"].tail(r.config.solve_window).mean()
+            print(f"{who}not solved: last {r.config.solve_window}-episode mean return {tail:.1f}")
     print(f"learning curve: {png}")

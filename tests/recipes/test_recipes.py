@@ -132,3 +132,13 @@ def test_ppo_recipe_on_the_torch_env(tmp_path):
     ppo_cartpole.main(["--env-backend", "torch", "--total-steps", "2560", "--log-dir", str(tmp_path), "--no-progress"])
     assert (tmp_path / "learning_curve.png").exists()
     assert "optim/approx_kl_k3" in load_metrics(tmp_path)
+
+
+def test_ppo_recipe_with_several_seeds(tmp_path, capsys):
+    """--num-seeds 3: one process, one metrics folder per seed, one line per seed, one PNG with the band."""
+    args = ["--env-backend", "torch", "--total-steps", "1024", "--num-seeds", "3", "--seed", "4"]
+    results = ppo_cartpole.main([*args, "--log-dir", str(tmp_path), "--no-progress"])
+    assert [r.config.seed for r in results] == [4, 5, 6]
+    out = capsys.readouterr().out
+    assert all(f"seed {s}: " in out for s in (4, 5, 6)) and (tmp_path / "learning_curve.png").exists()
+    assert all("optim/approx_kl_k3" in load_metrics(tmp_path / f"seed{s}") for s in (4, 5, 6))
