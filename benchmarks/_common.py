@@ -18,24 +18,28 @@ def warm_up() -> None:
     torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))])
 
 
+def _edurl_row(name, seed, r, run_seconds, greedy_episodes):
+    row = {
+        "algo": name,
+        "seed": seed,
+        "solved": r.solved,
+        "episodes": r.solved_episode,
+        "steps": r.solved_step,
+        "seconds": r.solved_time,
+        "run_seconds": run_seconds,
+    }
+    if greedy_episodes and r.solved:
+        row["greedy"] = float(evaluate_policy(r.policy, "CartPole-v1", greedy_episodes, torch.device("cpu")).mean())
+    _print_row(row)
+    return row
+
+
 def run_edurl(name, make_config, train, seeds, greedy_episodes=0):
     rows = []
     for seed in seeds:
         t0 = time.perf_counter()
         r = train(make_config(seed))
-        row = {
-            "algo": name,
-            "seed": seed,
-            "solved": r.solved,
-            "episodes": r.solved_episode,
-            "steps": r.solved_step,
-            "seconds": r.solved_time,
-            "run_seconds": time.perf_counter() - t0,
-        }
-        if greedy_episodes and r.solved:
-            row["greedy"] = float(evaluate_policy(r.policy, "CartPole-v1", greedy_episodes, torch.device("cpu")).mean())
-        rows.append(row)
-        _print_row(row)
+        rows.append(_edurl_row(name, seed, r, time.perf_counter() - t0, greedy_episodes))
     return rows
 
 
@@ -45,21 +49,7 @@ def run_edurl_stacked(name, config, train, greedy_episodes=0):
     t0 = time.perf_counter()
     results = train(config)
     total = time.perf_counter() - t0
-    rows = []
-    for i, r in enumerate(results):
-        row = {
-            "algo": name,
-            "seed": config.seed + i,
-            "solved": r.solved,
-            "episodes": r.solved_episode,
-            "steps": r.solved_step,
-            "seconds": r.solved_time,
-            "run_seconds": total,
-        }
-        if greedy_episodes and r.solved:
-            row["greedy"] = float(evaluate_policy(r.policy, "CartPole-v1", greedy_episodes, torch.device("cpu")).mean())
-        rows.append(row)
-        _print_row(row)
+    rows = [_edurl_row(name, config.seed + i, r, total, greedy_episodes) for i, r in enumerate(results)]
     print(f"  {name}: all {len(results)} seeds in {total:.1f} s of wall time", flush=True)
     return rows, total
 

@@ -263,16 +263,15 @@ def _stack_update(
     batch: PPOBatch,
     config: PPOConfig,
     clip_eps: float,
-    alive: list[bool],
 ) -> list[int]:
     """:func:`ppo_update` for a seed stack: the same loss per seed, summed over seeds (so each seed's row
     gets its own gradient), each seed's gradient norm clipped on its own, each seed's epochs stopped by its
-    own ``target_kl``. ``optimizer`` holds ``stack.rows``; a seed that is not ``alive`` (solved and stopped),
-    or whose epochs have stopped, has its gradient set to None, which Adam skips: its parameters, moments and
-    step count stay as they are. Returns the epochs each seed ran (0 for a seed that was not alive)."""
+    own ``target_kl``. ``optimizer`` holds ``stack.rows``; a seed whose epochs have stopped has its gradient
+    set to None, which Adam skips: its parameters, moments and step count stay as they are. Returns the epochs
+    each seed ran."""
     S, B = batch.actions.shape
-    active = list(alive)
-    epochs = [config.update_epochs if on else 0 for on in active]
+    active = [True] * S
+    epochs = [config.update_epochs] * S
     rows = torch.arange(S, device=stack.device)[:, None]
     whole = _standardised(batch.advantages, config) if config.num_minibatches == 1 else None  # same every epoch
     for epoch in range(config.update_epochs):
@@ -447,13 +446,13 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
         policy = sampler = stack
         value = stack.values
 
-        def run_update(batch: PPOBatch, clip_eps: float, lr: float, alive: list[bool]) -> list[int]:
+        def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            return _stack_update(stack, optimizer, batch, config, clip_eps, alive)
+            return _stack_update(stack, optimizer, batch, config, clip_eps)
 
-        def networks() -> list:
-            return stack.networks()
+        def networks(positions: list[int] | None = None) -> list:
+            return stack.networks(positions)
 
         def keep(positions: list[int]) -> None:
             """Drop the seeds that have finished: the stack, the optimiser, the env blocks and the counters
@@ -478,13 +477,13 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
         optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
         sampler = _ModuleSampler(policy, torch.Generator(device=device).manual_seed(config.seed))
 
-        def run_update(batch: PPOBatch, clip_eps: float, lr: float, alive: list[bool]) -> list[int]:
+        def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
             for group in optimizer.param_groups:
                 group["lr"] = lr
             epochs = update_fn(policy, value, optimizer, batch, config, clip_eps)
             return [config.update_epochs if epochs is None else int(epochs)]
 
-        def networks() -> list:
+        def networks(positions: list[int] | None = None) -> list:
             return [(policy, value)]
 
         keep = None  # one seed: when it finishes, the run ends
@@ -511,7 +510,7 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
         batch, ro, obs, counter = collect_batch(env, sampler, value, obs, config, device, counter)
 
         # ---- several epochs of minibatch steps on the same batch, then how far they moved the policy
-        epochs = run_update(batch, clip_eps, learning_rate, [True] * len(live))
+        epochs = run_update(batch, clip_eps, learning_rate)
         stats = _after_update(policy, value, batch, config, clip_eps)
 
         # ---- bookkeeping (one host transfer per update)
@@ -552,8 +551,7 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
         if len(done) == len(live):
             break
         if done:
-            nets = networks()
-            final.update({live[pos]: nets[pos] for pos in done})
+            final.update(zip([live[pos] for pos in done], networks(done)))
             kept = [pos for pos in range(len(live)) if pos not in done]
             keep(kept)
             live = [live[pos] for pos in kept]

@@ -110,7 +110,7 @@ class Rollout:
     truncated: torch.Tensor       # (T, N) bool
     episode_returns: list[float]  # returns of the episodes that finished during this rollout
     episode_lengths: list[int]
-    episode_envs: list[int] = None  # the env (column) each of those episodes ran in
+    episode_envs: list[int] | None = None  # the env (column) each of those episodes ran in
     # fmt: on
 
 

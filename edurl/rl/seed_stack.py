@@ -186,10 +186,11 @@ class ActorCriticStack:
         )
 
     @torch.no_grad()
-    def networks(self) -> list[tuple[CategoricalPolicy, ValueNet]]:
-        """Each seed's policy and value as ordinary modules (copies, on the stack's device and dtype)."""
+    def networks(self, positions: list[int] | None = None) -> list[tuple[CategoricalPolicy, ValueNet]]:
+        """Each seed's policy and value as ordinary modules (copies, on the stack's device and dtype); only the
+        seeds at ``positions`` (places in the stack) when given."""
         out = []
-        for row in self.rows:
+        for row in self.rows if positions is None else [self.rows[p] for p in positions]:
             policy = CategoricalPolicy(self.obs_dim, self.num_actions, self.hidden_sizes)
             value = ValueNet(self.obs_dim, self.hidden_sizes)
             policy.to(self.device, self.dtype), value.to(self.device, self.dtype)
