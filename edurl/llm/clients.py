@@ -243,6 +243,11 @@ class TrainingClient:
         self.device = next(model.parameters()).device
         self.share_prompts = True
         """Run a prompt shared by several datums once (:mod:`edurl.llm.shared_prefix`); False: score whole rows."""
+        self.skip_zero_advantage = True
+        """In an RL ``forward_backward`` whose loss is 0 at advantage 0 (:data:`edurl.llm.losses.ZERO_AT_ZERO_ADVANTAGE`,
+        no KL term in the loss), score the datums whose advantages are all 0 without building a graph: their
+        gradient is 0, so the backward pass skips them. The loss, its denominator, the metrics and every
+        datum's returned log-probs are those of the full batch. False: one pass with gradients over every datum."""
 
     # ---------------------------------------------------------------- properties
     @property
@@ -306,6 +311,26 @@ class TrainingClient:
             pad_token_id=self.tokenizer.pad_token_id or 0,
             model_config=self.model.config,
         )
+
+    def _scored(self, ids, attn, targets, split, temperature: float, no_grad_rows: torch.Tensor | None):
+        """(B, T) training log-probs and entropy for ``forward_backward``: one pass with gradients, or, when some
+        but not all rows are in ``no_grad_rows``, those rows in a pass without a graph and the rest with one,
+        put back in their places (the values are the same up to rounding: the batches are only split)."""
+        if no_grad_rows is None or not no_grad_rows.any() or no_grad_rows.all():
+            return self._train_logprobs(ids, attn, targets, split, with_entropy=True, temperature=temperature)
+        parts = []
+        for rows, grad in ((no_grad_rows.nonzero().squeeze(1), False), ((~no_grad_rows).nonzero().squeeze(1), True)):
+            with torch.set_grad_enabled(grad):
+                lp, ent = self._train_logprobs(
+                    ids[rows], attn[rows], targets[rows], split[rows], with_entropy=True, temperature=temperature
+                )
+            parts.append((rows, lp, ent))
+        B, T = ids.shape
+        lp_all, ent_all = (torch.zeros(B, T, dtype=parts[1][1].dtype, device=ids.device) for _ in range(2))
+        for rows, lp, ent in parts:
+            lp_all = lp_all.index_copy(0, rows, lp)  # out of place: the gradient reaches the rows that have one
+            ent_all = ent_all.index_copy(0, rows, ent.detach())  # entropy is a metric here
+        return lp_all, ent_all
 
     def _mask(self, datums: Sequence[Datum], fields: dict[str, torch.Tensor], rl: bool) -> torch.Tensor:
         """The (B, T) positions the loss covers: RL datums say so in ``mask``; SFT datums by ``weights != 0``."""
@@ -381,9 +406,10 @@ class TrainingClient:
         ids, attn, f = self._batch(datums)
         mask = self._mask(datums, f, rl)
         split = _prompt_split(f, mask)
-        train_logprobs, entropy = self._train_logprobs(
-            ids, attn, f["target_tokens"], split, with_entropy=True, temperature=temperature
-        )
+        no_grad_rows = None
+        if rl and self.skip_zero_advantage and loss_fn in L.ZERO_AT_ZERO_ADVANTAGE and kl_coef == 0:
+            no_grad_rows = ((f["advantages"] * mask) == 0).all(1)  # (B,) datums with no gradient to give
+        train_logprobs, entropy = self._scored(ids, attn, f["target_tokens"], split, temperature, no_grad_rows)
         if rl:
             ref_logprobs = None
             if kl_coef > 0 or log_kl_ref:

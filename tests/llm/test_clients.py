@@ -453,3 +453,66 @@ def test_maskless_tinker_style_datums_still_share_their_prompts(small_model, cha
         assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
     for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+@pytest.mark.parametrize(
+    "loss_fn, aggregation",
+    [("importance_sampling", "token_mean"), ("ppo", "seq_mean_token_mean"), ("cispo", "sum")],
+)
+def test_datums_with_zero_advantage_skip_the_backward_pass_and_change_nothing(
+    small_model, char_tokenizer, monkeypatch, loss_fn, aggregation
+):
+    """Issue 19: two of three groups have advantage 0 (their rewards were all equal). They are scored without a
+    graph, yet the loss (with its denominator), the metrics, the returned log-probs and the gradient are those
+    of one pass over the whole batch. A version that dropped them would change the token_mean/seq_mean
+    denominators, and with them the gradient."""
+    service = ServiceClient(device="cpu")
+    trainers = [service.create_training_client((small_model, char_tokenizer)) for _ in range(2)]
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    trainers[1].skip_zero_advantage = False
+    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4], PROMPT[2:] + PROMPT[:3]])
+    for d in datums[4:]:  # groups 2 and 3: every reward equal, so every advantage 0
+        d.loss_fn_inputs["advantages"] = torch.zeros_like(d.loss_fn_inputs["advantages"])
+    # one update first, so that the ratios are not all 1 (the clip and the ratio matter)
+    trainers[0].forward_backward(datums[:4], loss_fn).result()
+    trainers[0].optim_step(AdamParams(learning_rate=1e-2)).result()
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    trainers[0].model.zero_grad()
+
+    passes = []
+    score = type(trainers[0])._train_logprobs
+
+    def counted(self, ids, *args, **kwargs):
+        passes.append((self is trainers[0], len(ids), torch.is_grad_enabled()))
+        return score(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(trainers[0]), "_train_logprobs", counted)
+    outs = [t.forward_backward(datums, loss_fn, aggregation=aggregation).result() for t in trainers]
+    assert passes == [(True, 8, False), (True, 4, True), (False, 12, True)]
+    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5) and outs[0].loss != 0
+    assert outs[0].metrics.keys() == outs[1].metrics.keys()
+    for key in outs[0].metrics:
+        assert outs[0].metrics[key] == pytest.approx(outs[1].metrics[key], rel=1e-4, abs=1e-7), key
+    for a, b in zip(outs[0].loss_fn_outputs, outs[1].loss_fn_outputs):
+        assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+    for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+@pytest.mark.parametrize("loss_fn, kl_coef", [("dro", 0.0), ("importance_sampling", 0.1)])
+def test_zero_advantage_datums_keep_their_graph_when_their_gradient_is_not_zero(trainer, loss_fn, kl_coef, monkeypatch):
+    """DRO's penalty and a KL term in the loss both have a gradient at advantage 0: one pass over every datum."""
+    trainer._reference = copy.deepcopy(trainer.model) if kl_coef else None
+    datums = rl_datums(trainer)
+    for d in datums[2:]:
+        d.loss_fn_inputs["advantages"] = torch.zeros_like(d.loss_fn_inputs["advantages"])
+    passes = []
+    score = type(trainer)._train_logprobs
+
+    def counted(self, ids, *args, **kwargs):
+        passes.append((len(ids), torch.is_grad_enabled(), kwargs.get("reference", False)))
+        return score(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(trainer), "_train_logprobs", counted)
+    trainer.forward_backward(datums, loss_fn, {"beta": 0.1} if loss_fn == "dro" else None, kl_coef=kl_coef).result()
+    assert (4, True, False) in passes and all(n == 4 for n, _, _ in passes)

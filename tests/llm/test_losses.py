@@ -512,3 +512,17 @@ def test_clip_bounds_are_the_losss_own():
     assert L.clip_bounds("ppo") == (0.8, 1.2)
     assert L.clip_bounds("cispo", {"clip_high_threshold": 5.0}) == (0.0, 5.0)
     assert L.clip_bounds("dro", {"beta": 0.1}) == (0.8, 1.2)
+
+
+@pytest.mark.parametrize("name", sorted(L.LOSS_FNS))
+def test_which_losses_have_no_gradient_at_zero_advantage(name):
+    """ZERO_AT_ZERO_ADVANTAGE lets forward_backward skip the backward pass of datums whose advantages are all 0;
+    that is exact only for losses whose value and gradient vanish there at any ratio."""
+    g = torch.Generator().manual_seed(0)
+    train = (torch.randn(3, 5, generator=g) - 1).requires_grad_()
+    sampling = torch.randn(3, 5, generator=g) - 1  # ratios far from 1, some outside every clip range
+    config = {"beta": 0.1} if name == "dro" else {}
+    per_token = L.LOSS_FNS[name](train, sampling, torch.zeros(3, 5), **config)
+    per_token.sum().backward()
+    vanishes = bool((per_token == 0).all() and (train.grad == 0).all())
+    assert vanishes == (name in L.ZERO_AT_ZERO_ADVANTAGE)
