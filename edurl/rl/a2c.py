@@ -6,7 +6,8 @@ one gradient step on
 
     loss = -mean(log pi(a_t|s_t) * A_t)  +  vf_coef * 0.5 * mean((V(s_t) - R_t)^2)  -  ent_coef * mean(entropy)
 
-where R_t = A_t + V(s_t) are the GAE value targets.
+where R_t = A_t + V(s_t) are the GAE value targets. Like PPO (Chapter 5), it trains ``num_seeds`` seeds side by
+side in one process as a batch dimension (:mod:`edurl.rl.seed_stack`), and a single seed is a stack of one.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ import torch
 
 import edurl
 from edurl._checks import check_fields
-from edurl.metrics import MetricsLogger
-from edurl.rl.advantages import gae
-from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
-from edurl.rl.networks import CategoricalPolicy, ValueNet
-from edurl.rl.rollout import collect_rollout, make_vector_env
+from edurl.rl.episodes import TrainerConfig, TrainResult
+from edurl.rl.ppo import _fused, _standardised, collect_batch, make_env
+from edurl.rl.seed_stack import ActorCriticStack, SeedRuns, clip_grad_norm_per_seed_, drop_seeds
 from edurl.utils import progress, torch_threads
 
 __all__ = ["A2CConfig", "train_a2c"]
@@ -50,94 +49,106 @@ class A2CConfig(TrainerConfig):
     normalize_advantages: bool = True
     """Standardise advantages over the batch before the policy loss."""
     total_steps: int = 300_000
-    """Stop after this many env steps."""
+    """Env-step budget per seed."""
+    env_backend: str = "gymnasium"
+    """"gymnasium": a Gymnasium vector env of ``num_envs`` (any ``env_id``); "torch": ``TorchCartPole``, batched
+    in torch (CartPole-v1 only, much faster for many seeds)."""
+    num_seeds: int = 1
+    """Seeds trained side by side in one process: seed, seed + 1, ..., as a batch dimension
+    (edurl.rl.seed_stack). Seed i's run is the run num_seeds=1 makes with seed + i; train_a2c then
+    returns one TrainResult per seed."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(
             self,
-            positive_int=("num_envs", "num_steps", "total_steps"),
+            positive_int=("num_envs", "num_steps", "total_steps", "num_seeds"),
             unit=("gamma", "lam"),
             nonneg=("learning_rate", "vf_coef", "ent_coef"),
             positive=("max_grad_norm",),
             sizes=("hidden_sizes",),
+            choices={"env_backend": ("gymnasium", "torch")},
         )
 
 
-def train_a2c(config: A2CConfig, losses_fn=None) -> TrainResult:
+def train_a2c(config: A2CConfig, losses_fn=None) -> TrainResult | list[TrainResult]:
     """Train with A2C + GAE until solved (or ``total_steps``). See ``A2CConfig``.
 
+    The seeds ``config.seed`` ... ``config.seed + num_seeds - 1`` train side by side in one process, each until
+    it solves; with ``num_seeds`` > 1 the result is a list, one :class:`TrainResult` per seed, and seed i's equals
+    that of ``num_seeds=1, seed=config.seed + i``.
+
     ``losses_fn(logprobs, returns, values) -> (policy_loss, value_loss)`` is Chapter 3's exercise 3.1
-    (REINFORCE with a learned baseline) driving A2C: the policy loss comes from it with the GAE advantages
-    (standardised when ``config.normalize_advantages``) as ``returns - values``, and the value loss with the
-    GAE targets as ``returns``. Its results equal the built-in losses' up to float rounding (``returns - values``
-    is formed from a sum), so a seed's run follows another trajectory than without it.
+    (REINFORCE with a learned baseline) driving A2C, called once per seed on that seed's tensors: the policy loss
+    comes from it with the GAE advantages (standardised when ``config.normalize_advantages``) as
+    ``returns - values``, and the value loss with the GAE targets as ``returns``. Its results equal the built-in
+    losses' up to float rounding (``returns - values`` is formed from a sum), so a seed's run follows another
+    trajectory than without it.
     """
+    if config.seed + config.num_seeds > 2**32:
+        raise ValueError(f"seeds {config.seed}..{config.seed + config.num_seeds - 1} pass 2**32; lower A2CConfig.seed.")
     with torch_threads(config.num_threads, config.device):
-        return _train(config, losses_fn)
+        results = _train(config, losses_fn)
+    return results[0] if config.num_seeds == 1 else results
 
 
-def _train(config: A2CConfig, losses_fn=None) -> TrainResult:
-    log = EpisodeLog(config)  # its clock starts here: setup counts toward time-to-solve
+def _losses(config: A2CConfig, logprobs, values, advantages, returns, losses_fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each seed's policy and value loss, (S,) each, from (S, B) tensors; with ``losses_fn``, one call per seed."""
+    adv = _standardised(advantages, config)
+    if losses_fn is None:
+        return -(logprobs * adv).mean(-1), 0.5 * ((values - returns) ** 2).mean(-1)
+    policy_losses, value_losses = [], []
+    for lp, v, a, ret in zip(logprobs, values, adv, returns):  # the learner's exercise 3.1, seed by seed
+        fixed = v.detach()
+        policy_losses.append(losses_fn(lp, fixed + a, fixed)[0])
+        value_losses.append(losses_fn(lp.detach(), ret, v)[1])
+    return torch.stack(policy_losses), torch.stack(value_losses)
+
+
+def _train(config: A2CConfig, losses_fn=None) -> list[TrainResult]:
+    seeds = [config.seed + s for s in range(config.num_seeds)]
+    runs = SeedRuns(config, seeds)  # the seeds' logs: their clocks start here (setup counts)
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
-    envs = make_vector_env(config.env_id, config.num_envs)
-    obs, _ = envs.reset(seed=config.seed)
-    obs_dim, num_actions = envs.single_observation_space.shape[0], envs.single_action_space.n
-    policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
-    value = ValueNet(obs_dim, config.hidden_sizes).to(device)
-    params = list(policy.parameters()) + list(value.parameters())
-    optimizer = torch.optim.Adam(params, lr=config.learning_rate)
-    logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
+    env, obs, obs_dim, num_actions = make_env(config, device)
+    stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
+    optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, fused=_fused(device))
 
+    batch_size = config.num_steps * config.num_envs
     counter, env_steps = None, 0
-    bar = progress(total=config.total_steps, desc="A2C env steps", disable=not config.progress)
+    unit = "A2C env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
+    bar = progress(total=config.total_steps, desc=unit, disable=not config.progress)
     while env_steps < config.total_steps:
-        ro, obs, counter = collect_rollout(envs, policy, obs, config.num_steps, device, counter)
-        values = value(ro.obs)  # (T, N), with grad for the value loss
-        with torch.no_grad():
-            next_values = value(ro.next_obs)  # V(true s_{t+1}); zeroed by gae() where terminated
-        advantages, returns = gae(
-            ro.rewards, values.detach(), next_values, ro.terminated, ro.truncated, config.gamma, config.lam
-        )
-        dist = policy(ro.obs)
-        adv = advantages.flatten()
-        if config.normalize_advantages:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        logprobs = dist.log_prob(ro.actions).flatten()
-        if losses_fn is None:
-            policy_loss = -(logprobs * adv).mean()
-            value_loss = 0.5 * ((values - returns) ** 2).mean()
-        else:  # the learner's exercise 3.1: its policy loss on the advantages, its value loss on the targets
-            v = values.detach().flatten()
-            policy_loss, _ = losses_fn(logprobs, v + adv, v)
-            _, value_loss = losses_fn(logprobs.detach(), returns.flatten(), values.flatten())
-        entropy = dist.entropy().mean()
+        # ---- T steps of N envs per seed, and GAE (no grad; the value loss's forward is below)
+        batch, ro, obs, counter = collect_batch(env, stack, stack.values, obs, config, device, counter)
+        # ---- one gradient step per seed: the sum of the seeds' losses, each seed's gradient clipped on its own
+        logprobs, entropy, values = stack.evaluate(batch.obs, batch.actions)
+        policy_loss, value_loss = _losses(config, logprobs, values, batch.advantages, batch.returns, losses_fn)
+        entropy = entropy.mean(-1)
         loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
         optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        loss.sum().backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
+        clip_grad_norm_per_seed_(stack.rows, config.max_grad_norm)
         optimizer.step()
 
-        env_steps += config.num_steps * config.num_envs
-        log.add(ro.episode_returns, ro.episode_lengths, env_steps)
-        if logger:
-            logger.log(
-                env_steps,
-                **{
-                    "episodes": len(log),
-                    "optim/policy_loss": policy_loss.item(),
-                    "optim/value_loss": value_loss.item(),
-                    "optim/entropy": entropy.item(),
-                    "time/total": log.elapsed(),
-                },
-            )
-        bar.update(config.num_steps * config.num_envs)
-        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
-        if ro.episode_returns and log.should_stop():
+        # ---- bookkeeping (one host transfer per update)
+        env_steps += batch_size
+        table = torch.stack([policy_loss, value_loss, entropy]).detach().T.tolist()
+        rows = [{"optim/policy_loss": p, "optim/value_loss": v, "optim/entropy": e} for p, v, e in table]
+        done = runs.record(ro, config.num_envs, env_steps, rows)
+        bar.update(batch_size)
+        bar.set_postfix(
+            mean_return=f"{min(runs.logs[s].recent_mean() for s in runs.live):.0f}",
+            **runs.solved_label(done),
+            refresh=False,
+        )
+        if len(done) == len(runs.live):
             break
+        if done:
+            optimizer, obs = drop_seeds(
+                stack, optimizer, env, obs, counter, runs.leave(done, stack.networks(done)), config.num_envs
+            )
     bar.close()
-    envs.close()
-    if logger:
-        logger.close()
-    return log.result(policy, value)
+    if hasattr(env, "close"):
+        env.close()
+    return runs.results(stack.networks())

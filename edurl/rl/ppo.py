@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -24,13 +24,18 @@ import torch
 
 import edurl
 from edurl._checks import check_fields
-from edurl.metrics import MetricsLogger
 from edurl.objectives import clip_fraction, clipped_surrogate
 from edurl.rl.advantages import gae
-from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
+from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
-from edurl.rl.seed_stack import ActorCriticStack, clip_grad_norm_per_seed_, inverse_cdf_sample
+from edurl.rl.seed_stack import (
+    ActorCriticStack,
+    SeedRuns,
+    clip_grad_norm_per_seed_,
+    drop_seeds,
+    inverse_cdf_sample,
+)
 from edurl.utils import progress, torch_threads
 
 __all__ = ["PPOBatch", "PPOConfig", "collect_batch", "make_env", "ppo_diagnostics", "ppo_update", "train_ppo"]
@@ -434,8 +439,7 @@ def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult | list[TrainResu
 
 def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
     seeds = [config.seed + s for s in range(config.num_seeds)]
-    # one log per seed, holding the config of that seed's own run; their clocks start here (setup counts)
-    logs = [EpisodeLog(config if len(seeds) == 1 else replace(config, seed=s, num_seeds=1)) for s in seeds]
+    runs = SeedRuns(config, seeds)  # the seeds' logs: their clocks start here (setup counts)
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
@@ -455,20 +459,8 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
             return stack.networks(positions)
 
         def keep(positions: list[int]) -> None:
-            """Drop the seeds that have finished: the stack, the optimiser, the env blocks and the counters
-            shrink to ``positions``, so the seeds still running no longer pay for those that are done."""
-            nonlocal optimizer, obs, counter
-            stack.keep(positions)
-            state = optimizer.state
-            optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
-            for row in stack.rows:
-                if row in state:
-                    optimizer.state[row] = state[row]
-            env.keep_blocks(positions)
-            n = config.num_envs
-            rows = torch.cat([torch.arange(p * n, (p + 1) * n, device=device) for p in positions])
-            obs = obs[rows] if isinstance(obs, torch.Tensor) else obs[rows.cpu().numpy()]
-            counter.keep(rows)
+            nonlocal optimizer, obs
+            optimizer, obs = drop_seeds(stack, optimizer, env, obs, counter, positions, config.num_envs)
     else:  # the learner's update on one seed's modules
         torch.manual_seed(config.seed)
         policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
@@ -488,16 +480,9 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
 
         keep = None  # one seed: when it finishes, the run ends
 
-    loggers = [None] * len(seeds)
-    if config.log_dir:
-        dirs = [config.log_dir] if len(seeds) == 1 else [f"{config.log_dir}/seed{s}" for s in seeds]
-        loggers = [MetricsLogger(d, if_exists="overwrite") for d in dirs]
-
     batch_size = config.num_envs * config.num_steps
     num_updates = max(1, config.total_steps // batch_size)
     counter, updates = None, [[] for _ in seeds]
-    live = list(range(len(seeds)))  # the seeds still training, in stack order; one leaves when it has solved
-    final: dict[int, tuple] = {}  # a finished seed's networks, taken when it leaves
     unit = "PPO env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
     bar = progress(total=num_updates * batch_size, desc=unit, disable=not config.progress)
     for update in range(num_updates):
@@ -518,11 +503,8 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
         resid = _var(batch.returns - batch.values).squeeze(-1)
         var_returns = _var(batch.returns).squeeze(-1)
         table = torch.stack([*stats.values(), resid, var_returns]).reshape(len(stats) + 2, -1).T.tolist()
-        owner = [e // config.num_envs for e in ro.episode_envs]
-        done = []
-        for pos, (s, seed_row) in enumerate(zip(live, table)):
-            mine = [i for i, o in enumerate(owner) if o == pos]
-            logs[s].add([ro.episode_returns[i] for i in mine], [ro.episode_lengths[i] for i in mine], env_steps)
+        rows = []
+        for pos, (s, seed_row) in enumerate(zip(runs.live, table)):
             *values, resid_s, var_s = seed_row
             row = dict(zip(stats, values))
             row.update(
@@ -533,36 +515,21 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
                 explained_variance=1 - resid_s / var_s if var_s > 0 else float("nan"),
             )
             updates[s].append(row)
-            if loggers[s]:
-                loggers[s].log(
-                    env_steps,
-                    **{f"optim/{k}": v for k, v in row.items() if k != "step"},
-                    **{"episodes": len(logs[s]), "time/total": logs[s].elapsed()},
-                )
-            if mine and logs[s].should_stop():
-                done.append(pos)
+            rows.append({f"optim/{k}": v for k, v in row.items() if k != "step"})
+        done = runs.record(ro, config.num_envs, env_steps, rows)
         bar.update(batch_size)
         bar.set_postfix(
-            mean_return=f"{min(logs[s].recent_mean() for s in live):.0f}",
+            mean_return=f"{min(runs.logs[s].recent_mean() for s in runs.live):.0f}",
             kl=f"{table[0][list(stats).index('approx_kl_k3')]:.4f}",
-            **({"solved": f"{len(seeds) - len(live) + len(done)}/{len(seeds)}"} if len(seeds) > 1 else {}),
+            **runs.solved_label(done),
             refresh=False,
         )
-        if len(done) == len(live):
+        if len(done) == len(runs.live):
             break
         if done:
-            final.update(zip([live[pos] for pos in done], networks(done)))
-            kept = [pos for pos in range(len(live)) if pos not in done]
-            keep(kept)
-            live = [live[pos] for pos in kept]
+            keep(runs.leave(done, networks(done)))
     bar.close()
-    final.update(zip(live, networks()))
-    results = []
-    for s, (log, logger, rows) in enumerate(zip(logs, loggers, updates)):
-        pol, val = final[s]
-        if logger:
-            logger.close()
-        result = log.result(pol, val)
+    results = runs.results(networks())
+    for result, rows in zip(results, updates):
         result.updates = pd.DataFrame(rows)
-        results.append(result)
     return results

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
+from edurl.metrics import MetricsLogger
 from edurl.objectives import entropy
+from edurl.rl.episodes import EpisodeLog
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 
-__all__ = ["ActorCriticStack", "clip_grad_norm_per_seed_", "inverse_cdf_sample"]
+__all__ = ["ActorCriticStack", "SeedRuns", "clip_grad_norm_per_seed_", "drop_seeds", "inverse_cdf_sample"]
 
 
 class ActorCriticStack:
@@ -221,3 +224,80 @@ def clip_grad_norm_per_seed_(rows: list[torch.Tensor], max_norm: float) -> torch
     for grad, coef in zip(grads, (max_norm / (norms + 1e-6)).clamp(max=1.0).unbind()):
         grad.mul_(coef)
     return norms
+
+
+class SeedRuns:
+    """The per-seed bookkeeping of a trainer that runs seeds side by side (PPO and A2C): an
+    :class:`~edurl.rl.episodes.EpisodeLog` and a metrics logger per seed, which seeds are still training, and the
+    networks a seed leaves behind when it has solved. Positions are places in the stack (the live seeds, in order);
+    indices into ``seeds`` are the seeds themselves."""
+
+    def __init__(self, config, seeds: Sequence[int]):
+        self.seeds = list(seeds)
+        one = len(self.seeds) == 1
+        # one log per seed, holding the config of that seed's own run; their clocks start here (setup counts)
+        self.logs = [EpisodeLog(config if one else replace(config, seed=s, num_seeds=1)) for s in self.seeds]
+        self.loggers = [None] * len(self.seeds)
+        if config.log_dir:
+            dirs = [config.log_dir] if one else [f"{config.log_dir}/seed{s}" for s in self.seeds]
+            self.loggers = [MetricsLogger(d, if_exists="overwrite") for d in dirs]
+        self.live = list(range(len(self.seeds)))
+        """The seeds still training (indices into ``seeds``), in stack order."""
+        self.final: dict[int, tuple] = {}
+
+    def record(self, ro, num_envs: int, env_steps: int, rows: Sequence[dict]) -> list[int]:
+        """Add each live seed's finished episodes from the rollout ``ro`` (its envs are the block of ``num_envs``
+        at its position) to its log, and its metrics ``rows[pos]`` to its logger. Returns the positions of the
+        seeds that have now solved (with ``stop_when_solved``) or run out of episodes."""
+        owner = [e // num_envs for e in ro.episode_envs]
+        done = []
+        for pos, (s, row) in enumerate(zip(self.live, rows)):
+            mine = [i for i, o in enumerate(owner) if o == pos]
+            log = self.logs[s]
+            log.add([ro.episode_returns[i] for i in mine], [ro.episode_lengths[i] for i in mine], env_steps)
+            if self.loggers[s]:
+                self.loggers[s].log(env_steps, **row, episodes=len(log), **{"time/total": log.elapsed()})
+            if mine and log.should_stop():
+                done.append(pos)
+        return done
+
+    def solved_label(self, done: Sequence[int]) -> dict[str, str]:
+        """For a progress bar's postfix: how many seeds have solved, when there are several."""
+        n = len(self.seeds)
+        return {"solved": f"{n - len(self.live) + len(done)}/{n}"} if n > 1 else {}
+
+    def leave(self, done: Sequence[int], networks: Sequence[tuple]) -> list[int]:
+        """The seeds at positions ``done`` leave with their ``networks`` (one (policy, value) per position in
+        ``done``). Returns the positions that stay, for the stack, optimiser and envs to keep."""
+        self.final.update(zip([self.live[p] for p in done], networks))
+        kept = [p for p in range(len(self.live)) if p not in done]
+        self.live = [self.live[p] for p in kept]
+        return kept
+
+    def results(self, networks: Sequence[tuple]) -> list:
+        """Every seed's :class:`~edurl.rl.episodes.TrainResult`, the live seeds taking ``networks``; closes the
+        loggers."""
+        self.final.update(zip(self.live, networks))
+        out = []
+        for s, (log, logger) in enumerate(zip(self.logs, self.loggers)):
+            if logger:
+                logger.close()
+            out.append(log.result(*self.final[s]))
+        return out
+
+
+def drop_seeds(stack: ActorCriticStack, optimizer, env, obs, counter, positions: Sequence[int], num_envs: int):
+    """Keep only the seeds at ``positions`` of a stacked run: the stack's rows, the optimiser's state for them (a
+    new ``Adam`` over the kept rows, with the same settings), the env blocks, the observations and the episode
+    counters. So the seeds still running no longer pay for those that are done. Returns ``(optimizer, obs)``."""
+    stack.keep(positions)
+    state = optimizer.state
+    optimizer = type(optimizer)(stack.rows, **optimizer.defaults)
+    for row in stack.rows:
+        if row in state:
+            optimizer.state[row] = state[row]
+    env.keep_blocks(positions)
+    rows = torch.cat([torch.arange(p * num_envs, (p + 1) * num_envs, device=stack.device) for p in positions])
+    obs = obs[rows] if isinstance(obs, torch.Tensor) else obs[rows.cpu().numpy()]
+    counter.keep(rows)
+    return optimizer, obs

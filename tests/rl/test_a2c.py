@@ -35,3 +35,50 @@ def test_a2c_with_the_learners_baseline_losses_matches_the_built_in_losses():
     assert not all(torch.allclose(a, c, atol=1e-4) for a, c in zip(ours.policy.parameters(), bad.policy.parameters()))
     for a, b in zip(ours.value.parameters(), mine.value.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _flat(module):
+    import torch
+
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.mark.parametrize("backend, learners", [("torch", False), ("gymnasium", False), ("torch", True)])
+def test_seed_i_of_an_a2c_stack_is_the_run_of_seed_i_alone(backend, learners):
+    """Issue 19: A2CConfig(num_seeds=3) trains seeds 5, 6, 7 in one process; each equals its lone run bit for bit
+    in float64 (weights and episodes after 4 updates), with the library's losses and with the learner's
+    exercise 3.1 called seed by seed."""
+    import torch
+
+    from edurl.exercises.solutions.ch03 import baseline_losses
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        kw = dict(env_backend=backend, device="cpu", progress=False, total_steps=4 * 8 * 64, stop_when_solved=False)
+        losses = baseline_losses if learners else None
+        stacked = train_a2c(A2CConfig(seed=5, num_seeds=3, **kw), losses_fn=losses)
+        assert isinstance(stacked, list) and len(stacked) == 3
+        for i, result in enumerate(stacked):
+            alone = train_a2c(A2CConfig(seed=5 + i, **kw), losses_fn=losses)
+            assert result.config == alone.config
+            assert torch.equal(_flat(result.policy), _flat(alone.policy))
+            assert torch.equal(_flat(result.value), _flat(alone.value))
+            cols = ["episode", "step", "episode_return", "episode_length"]
+            assert result.episodes[cols].equals(alone.episodes[cols])
+        assert not torch.equal(_flat(stacked[0].policy), _flat(stacked[1].policy))
+    finally:
+        torch.set_default_dtype(old)
+
+
+def test_a2c_seeds_leave_the_stack_when_they_solve(tmp_path):
+    import torch
+
+    kw = dict(env_backend="torch", device="cpu", progress=False, solve_threshold=30.0, solve_window=10)
+    stacked = train_a2c(A2CConfig(seed=0, num_seeds=3, total_steps=512 * 30, log_dir=str(tmp_path), **kw))
+    for i, result in enumerate(stacked):
+        alone = train_a2c(A2CConfig(seed=i, total_steps=512 * 30, **kw))
+        assert result.solved and result.solved_step == alone.solved_step
+        assert torch.equal(_flat(result.policy), _flat(alone.policy))
+        assert len(load_metrics(tmp_path / f"seed{i}")) == result.solved_step // 512  # one row per update
+    assert len({r.solved_step for r in stacked}) > 1  # they stopped at different updates
