@@ -435,12 +435,13 @@ CHECKS = [
     ),
     Check(
         "05",
-        "assert all(r.solved for r in ppo.values())",
+        "assert sum(r.solved for r in ppo.values()) >= 2",
         "ppo_cartpole",
         "ppo_solved_step",
         high=200_000,
         inclusive=True,
         log=True,
+        note="per seed; the notebook needs 2 of its 3 seeds",
     ),
     Check(
         "05",
