@@ -183,10 +183,27 @@ def baseline_variance(seed: int, threads: int) -> dict:
     }
 
 
-def a2c_cartpole(seed: int, threads: int) -> dict:
-    """Notebook 03, cell 10: A2C + GAE until solved, within the notebook's budget of 1M env steps."""
-    r = rl.train_a2c(rl.A2CConfig(seed=seed, device="cpu", num_threads=threads, total_steps=1_000_000, progress=False))
-    return {"a2c_solved_step": r.solved_step if r.solved else math.nan}
+def a2c_stack(seed: int, threads: int) -> dict:
+    """Notebook 03, cell 10: eight A2C + GAE seeds, 8 * seed ... 8 * seed + 7, side by side in one process on
+    TorchCartPole (A2CConfig(num_seeds=8)), each until solved within the notebook's budget of 1M env steps; study
+    seed k is the k-th group of eight."""
+    results = rl.train_a2c(
+        rl.A2CConfig(
+            seed=8 * seed,
+            num_seeds=8,
+            env_backend="torch",
+            device="cpu",
+            num_threads=threads,
+            total_steps=1_000_000,
+            progress=False,
+        )
+    )
+    steps = [r.solved_step for r in results if r.solved]
+    return {
+        "a2c_solved": len(steps),
+        "a2c_median_solved_step": float(np.median(steps)) if steps else math.nan,
+        "a2c_max_solved_step": float(max(steps)) if steps else math.nan,
+    }
 
 
 def gae_study(seed: int, threads: int) -> dict:
@@ -291,7 +308,7 @@ EXPERIMENTS = {  # name: (function, whether it trains a torch network and so run
     "bandit_baselines": (bandit_baselines, False),
     "reinforce_cartpole": (reinforce_cartpole, True),
     "baseline_variance": (baseline_variance, True),
-    "a2c_cartpole": (a2c_cartpole, True),
+    "a2c_stack": (a2c_stack, True),
     "gae_study": (gae_study, True),
     "ppo_cartpole": (ppo_cartpole, True),
     "ppo_stack": (ppo_stack, True),
@@ -403,14 +420,15 @@ CHECKS = [
         low=1,
         log=True,
     ),
+    Check("03", "assert sum(r.solved for r in a2c) >= 7", "a2c_stack", "a2c_solved", low=7, inclusive=True),
     Check(
         "03",
-        "assert all(r.solved for r in a2c.values())",
-        "a2c_cartpole",
-        "a2c_solved_step",
-        high=1_000_000,
-        inclusive=True,
+        "assert np.median(solved) < 300_000",
+        "a2c_stack",
+        "a2c_median_solved_step",
+        high=300_000,
         log=True,
+        note="the median of a group of eight",
     ),
     # cell 10 prints f"{r.solved_step:,}" for REINFORCE too, which raises unless every run solved
     Check(

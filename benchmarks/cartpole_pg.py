@@ -3,6 +3,10 @@
     python benchmarks/cartpole_pg.py                 # 5 seeds each (about 5 minutes on 2 CPU cores)
     python benchmarks/cartpole_pg.py --seeds 3 --no-sb3
 
+edurl's A2C runs one seed at a time on the Gymnasium vector env and on ``TorchCartPole``, and then ``--stack``
+seeds (8 by default) side by side in one process (``A2CConfig(num_seeds=...)``, ``TorchCartPole``, one thread):
+a seed's "seconds to solve" is then on the shared clock, and the report adds the whole call's wall time.
+
 "Solved" = the mean return of the last 100 *training* episodes reaches 475 (Gymnasium's reward
 threshold). Every run uses one CPU thread. SB3 runs with the rl-baselines3-zoo CartPole-v1 settings for
 A2C (8 envs, ent_coef 0, otherwise SB3's defaults: n_steps 5, RMSprop lr 7e-4, gamma 0.99, lambda 1).
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from _common import print_table, run_edurl, run_sb3, warm_up
+from _common import print_table, run_edurl, run_edurl_stacked, run_sb3, warm_up
 
 from edurl.rl import A2CConfig, ReinforceConfig, train_a2c, train_reinforce
 
@@ -33,6 +37,7 @@ def main():
         "--single-episode", action="store_true", help="also run classic REINFORCE with one episode per update"
     )
     parser.add_argument("--sb3-max-steps", type=int, default=1_000_000)
+    parser.add_argument("--stack", type=int, default=8, help="A2C seeds in one process (0: skip)")
     args = parser.parse_args()
     warm_up()
     seeds = list(range(args.seeds))
@@ -47,9 +52,24 @@ def main():
             train_reinforce,
             seeds,
         )
-    rows += run_edurl(
-        "edurl A2C + GAE", lambda s: A2CConfig(seed=s, progress=False, total_steps=1_000_000), train_a2c, seeds
-    )
+    for backend, name in (
+        ("gymnasium", "edurl A2C + GAE (gymnasium vector)"),
+        ("torch", "edurl A2C + GAE (TorchCartPole)"),
+    ):
+        rows += run_edurl(
+            name,
+            lambda s, b=backend: A2CConfig(seed=s, env_backend=b, progress=False, total_steps=1_000_000),
+            train_a2c,
+            seeds,
+        )
+    if args.stack:
+        stacked, total = run_edurl_stacked(
+            f"edurl A2C + GAE, {args.stack} seeds in one process (TorchCartPole)",
+            A2CConfig(seed=0, num_seeds=args.stack, env_backend="torch", progress=False, total_steps=1_000_000),
+            train_a2c,
+        )
+        rows += stacked
+        print(f"  A2C stack: {total / args.stack:.2f} s of wall time per seed", flush=True)
     if not args.no_sb3:
         rows += run_sb3("SB3 A2C (zoo)", sb3_a2c, seeds, args.sb3_max_steps)
     print_table(
