@@ -373,6 +373,10 @@ class _SeedVectorEnvs:
         self.envs = [self.envs[b] for b in blocks]
         self.num_envs = sum(e.num_envs for e in self.envs)
 
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
     def step(self, actions):
         outs = [env.step(a) for env, a in zip(self.envs, np.split(np.asarray(actions), len(self.envs)))]
         final = np.empty(self.num_envs, dtype=object)

@@ -6,7 +6,7 @@ import pytest
 from edurl import load_metrics
 from edurl.llm import GRPOConfig, SFTConfig
 from edurl.llm.model import TinyLMConfig
-from edurl.recipes import gae_visualizer, ppo_cartpole, reinforce_cartpole
+from edurl.recipes import a2c_cartpole, gae_visualizer, ppo_cartpole, reinforce_cartpole
 from edurl.recipes._cli import field_docs, parse_config
 from edurl.recipes.tinker_rl_loop import TinkerLoopConfig
 from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig
@@ -134,11 +134,12 @@ def test_ppo_recipe_on_the_torch_env(tmp_path):
     assert "optim/approx_kl_k3" in load_metrics(tmp_path)
 
 
-def test_ppo_recipe_with_several_seeds(tmp_path, capsys):
+@pytest.mark.parametrize("recipe, metric", [(ppo_cartpole, "optim/approx_kl_k3"), (a2c_cartpole, "optim/value_loss")])
+def test_trainer_recipes_with_several_seeds(tmp_path, capsys, recipe, metric):
     """--num-seeds 3: one process, one metrics folder per seed, one line per seed, one PNG with the band."""
     args = ["--env-backend", "torch", "--total-steps", "1024", "--num-seeds", "3", "--seed", "4"]
-    results = ppo_cartpole.main([*args, "--log-dir", str(tmp_path), "--no-progress"])
+    results = recipe.main([*args, "--log-dir", str(tmp_path), "--no-progress"])
     assert [r.config.seed for r in results] == [4, 5, 6]
     out = capsys.readouterr().out
     assert all(f"seed {s}: " in out for s in (4, 5, 6)) and (tmp_path / "learning_curve.png").exists()
-    assert all("optim/approx_kl_k3" in load_metrics(tmp_path / f"seed{s}") for s in (4, 5, 6))
+    assert all(metric in load_metrics(tmp_path / f"seed{s}") for s in (4, 5, 6))
