@@ -155,6 +155,22 @@ def reinforce_cartpole(seed: int, threads: int) -> dict:
     }
 
 
+def reinforce_stack(seed: int, threads: int) -> dict:
+    """Notebook 02, section 4: eight REINFORCE seeds, 8 * seed ... 8 * seed + 7, side by side in one process on
+    TorchCartPole (ReinforceConfig(num_seeds=8, env_backend="torch")); study seed k is the k-th group of eight."""
+    results = rl.train_reinforce(
+        rl.ReinforceConfig(
+            seed=8 * seed, num_seeds=8, env_backend="torch", device="cpu", num_threads=threads, progress=False
+        )
+    )
+    episodes = [r.solved_episode for r in results if r.solved]
+    return {
+        "reinforce_stack_solved": len(episodes),
+        "reinforce_stack_median_solved_episode": float(np.median(episodes)) if episodes else math.nan,
+        "reinforce_stack_max_solved_episode": float(max(episodes)) if episodes else math.nan,
+    }
+
+
 def baseline_variance(seed: int, threads: int) -> dict:
     """Notebook 03, cell 5: policy-gradient variance with no, a constant and a learned-value baseline."""
     off = seed * OFFSET
@@ -307,6 +323,7 @@ EXPERIMENTS = {  # name: (function, whether it trains a torch network and so run
     "bandit_reinforce": (bandit_reinforce, False),
     "bandit_baselines": (bandit_baselines, False),
     "reinforce_cartpole": (reinforce_cartpole, True),
+    "reinforce_stack": (reinforce_stack, True),
     "baseline_variance": (baseline_variance, True),
     "a2c_stack": (a2c_stack, True),
     "gae_study": (gae_study, True),
@@ -402,6 +419,23 @@ CHECKS = [
         low=400,
         inclusive=True,
         over_seeds=3,
+    ),
+    Check(
+        "02",
+        "assert sum(r.solved for r in many) >= 7",
+        "reinforce_stack",
+        "reinforce_stack_solved",
+        low=7,
+        inclusive=True,
+    ),
+    Check(
+        "02",
+        "assert np.median(solved) < 500",
+        "reinforce_stack",
+        "reinforce_stack_median_solved_episode",
+        high=500,
+        log=True,
+        note="the median of a group of eight",
     ),
     Check("03", "assert ((s.mean(0) - exact).abs() < 4 * se).all()", "bandit_baselines", "bandit_z_baselines", high=4),
     Check(

@@ -3,9 +3,9 @@
     python benchmarks/cartpole_pg.py                 # 5 seeds each (about 5 minutes on 2 CPU cores)
     python benchmarks/cartpole_pg.py --seeds 3 --no-sb3
 
-edurl's A2C runs one seed at a time on the Gymnasium vector env and on ``TorchCartPole``, and then ``--stack``
-seeds (8 by default) side by side in one process (``A2CConfig(num_seeds=...)``, ``TorchCartPole``, one thread):
-a seed's "seconds to solve" is then on the shared clock, and the report adds the whole call's wall time.
+edurl's REINFORCE (8 episodes per update) and A2C run one seed at a time on Gymnasium and on ``TorchCartPole``,
+and then ``--stack`` seeds (8 by default) side by side in one process (``num_seeds``, ``TorchCartPole``, one
+thread): a seed's "seconds to solve" is then on the shared clock, and the report adds the whole call's wall time.
 
 "Solved" = the mean return of the last 100 *training* episodes reaches 475 (Gymnasium's reward
 threshold). Every run uses one CPU thread. SB3 runs with the rl-baselines3-zoo CartPole-v1 settings for
@@ -37,7 +37,7 @@ def main():
         "--single-episode", action="store_true", help="also run classic REINFORCE with one episode per update"
     )
     parser.add_argument("--sb3-max-steps", type=int, default=1_000_000)
-    parser.add_argument("--stack", type=int, default=8, help="A2C seeds in one process (0: skip)")
+    parser.add_argument("--stack", type=int, default=8, help="REINFORCE and A2C seeds in one process (0: skip)")
     args = parser.parse_args()
     warm_up()
     seeds = list(range(args.seeds))
@@ -45,6 +45,20 @@ def main():
     rows = run_edurl(
         "edurl REINFORCE (8 ep/update)", lambda s: ReinforceConfig(seed=s, progress=False), train_reinforce, seeds
     )
+    rows += run_edurl(
+        "edurl REINFORCE (8 ep/update, TorchCartPole)",
+        lambda s: ReinforceConfig(seed=s, env_backend="torch", progress=False),
+        train_reinforce,
+        seeds,
+    )
+    if args.stack:
+        stacked, total = run_edurl_stacked(
+            f"edurl REINFORCE, {args.stack} seeds in one process (TorchCartPole)",
+            ReinforceConfig(seed=0, num_seeds=args.stack, env_backend="torch", progress=False),
+            train_reinforce,
+        )
+        rows += stacked
+        print(f"  REINFORCE stack: {total / args.stack:.2f} s of wall time per seed", flush=True)
     if args.single_episode:
         rows += run_edurl(
             "edurl REINFORCE (1 ep/update)",

@@ -7,7 +7,8 @@ on a GPU if you like, and any state can be set directly (``env.state = ...``) to
 rollouts from chosen states (Chapter 4). Used by PPO in Chapter 5.
 
 Autoreset is same-step: an env that finishes is reset inside ``step``, the observation returned is
-the new episode's first, and the finished episode's last observation is in ``info["final_obs"]``.
+the new episode's first, and the finished episode's last observation is in ``info["final_obs"]``
+(``autoreset=False`` leaves finished envs as they are, for code that plays whole episodes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class TorchCartPole:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int = 500,
+        autoreset: bool = True,
     ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
@@ -46,6 +48,9 @@ class TorchCartPole:
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
         self.max_episode_steps = max_episode_steps
+        self.autoreset = autoreset
+        """False: an env that finishes is not reset (no random draw); it keeps stepping from where it ended, and
+        the caller ignores it until the next ``reset`` (REINFORCE plays whole episodes this way)."""
         self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
         """(num_envs, 4): cart position, cart velocity, pole angle, pole angular velocity. Settable."""
         self.elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
@@ -116,7 +121,9 @@ class TorchCartPole:
         reward = torch.ones(self.num_envs, device=self.device, dtype=self.dtype)  # +1 on every step, the last included
         done = terminated | truncated
         final_obs = new_state.clone()
-        # Same-step autoreset, without a host sync: finished rows get a fresh start state.
-        self.state = torch.where(done[:, None], self._random_states(self.num_envs), new_state)
-        self.elapsed = torch.where(done, torch.zeros_like(self.elapsed), self.elapsed)
+        if self.autoreset:  # same-step autoreset, without a host sync: finished rows get a fresh start state
+            self.state = torch.where(done[:, None], self._random_states(self.num_envs), new_state)
+            self.elapsed = torch.where(done, torch.zeros_like(self.elapsed), self.elapsed)
+        else:
+            self.state = new_state
         return self.state.clone(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}

@@ -11,6 +11,7 @@ Each update here uses ``episodes_per_update`` complete, fresh episodes: exact re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import gymnasium as gym
 import torch
@@ -22,6 +23,7 @@ from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, collect_episodes
+from edurl.rl.seed_stack import ActorCriticStack, SeedRuns, inverse_cdf_sample, keep_seeds
 from edurl.utils import progress, torch_threads
 
 __all__ = ["ReinforceConfig", "reinforce_loss", "reinforce_update", "train_reinforce"]
@@ -44,18 +46,37 @@ class ReinforceConfig(TrainerConfig):
     value_learning_rate: float = 0.01
     """Adam learning rate of the value baseline (only with baseline="value")."""
     max_episodes: int = 3000
-    """Stop after this many training episodes."""
+    """Stop after this many training episodes (per seed)."""
+    env_backend: str = "gymnasium"
+    """"gymnasium": one Gymnasium env per episode (any ``env_id``). "torch": the episodes of every seed in one
+    ``TorchCartPole`` (CartPole-v1 only), actions from a seed stack (edurl.rl.seed_stack); needed for
+    ``num_seeds`` > 1. The two backends draw different start states and actions, so a seed's run differs."""
+    num_seeds: int = 1
+    """Seeds trained side by side in one process (``env_backend="torch"``): seed, seed + 1, ..., as a batch
+    dimension. Seed i's run is the run num_seeds=1 makes with seed + i; train_reinforce then returns one
+    TrainResult per seed."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_fields(
             self,
-            positive_int=("episodes_per_update", "max_episodes"),
+            positive_int=("episodes_per_update", "max_episodes", "num_seeds"),
             unit=("gamma",),
             nonneg=("learning_rate", "value_learning_rate"),
             sizes=("hidden_sizes",),
-            choices={"baseline": ("none", "value")},
+            choices={"baseline": ("none", "value"), "env_backend": ("gymnasium", "torch")},
         )
+        if self.num_seeds > 1 and self.env_backend != "torch":
+            raise ValueError(
+                f"ReinforceConfig.num_seeds={self.num_seeds} trains the seeds side by side in one TorchCartPole: "
+                "set env_backend='torch' (CartPole-v1), or train one seed at a time on Gymnasium."
+            )
+        if self.env_backend == "torch" and self.baseline == "value" and self.value_learning_rate != self.learning_rate:
+            raise ValueError(
+                "env_backend='torch' keeps each seed's policy and value in one tensor under one Adam, so it needs "
+                f"value_learning_rate == learning_rate (got {self.value_learning_rate} and {self.learning_rate}); "
+                "set them equal, or use env_backend='gymnasium'."
+            )
 
 
 def reinforce_loss(logprobs: torch.Tensor, weights: torch.Tensor, normalize_advantages: bool = True) -> torch.Tensor:
@@ -126,7 +147,7 @@ def reinforce_update(
     return batch, loss
 
 
-def train_reinforce(config: ReinforceConfig, loss_fn=None, update_fn=None) -> TrainResult:
+def train_reinforce(config: ReinforceConfig, loss_fn=None, update_fn=None) -> TrainResult | list[TrainResult]:
     """Train a policy with REINFORCE until solved (or ``max_episodes``). See ``ReinforceConfig``.
 
     ``loss_fn(logprobs, weights) -> scalar`` replaces the surrogate loss, e.g. with your own from
@@ -144,6 +165,18 @@ def train_reinforce(config: ReinforceConfig, loss_fn=None, update_fn=None) -> Tr
         )
     if update_fn is not None and loss_fn is not None:
         raise ValueError("update_fn computes its own loss: pass update_fn or loss_fn, not both.")
+    if config.env_backend == "torch":
+        if update_fn is not None:
+            raise ValueError(
+                "update_fn plays its own episodes on Gymnasium envs: use env_backend='gymnasium' with update_fn."
+            )
+        if config.env_id != "CartPole-v1":
+            raise ValueError(f"env_backend='torch' has only CartPole-v1, got env_id={config.env_id!r}.")
+        if config.seed + config.num_seeds > 2**32:
+            raise ValueError(f"seeds {config.seed}..{config.seed + config.num_seeds - 1} pass 2**32; lower the seed.")
+        with torch_threads(config.num_threads, config.device):
+            results = _train_stacked(config, loss_fn)
+        return results[0] if config.num_seeds == 1 else results
     with torch_threads(config.num_threads, config.device):
         return _train(config, loss_fn, update_fn)
 
@@ -165,8 +198,7 @@ def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
     env_steps = 0
     bar = progress(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
     while len(log) < config.max_episodes:
-        first_seed = config.seed * 1_000_003 + len(log)
-        seeds = [first_seed + i for i in range(len(envs))]
+        seeds = _episode_seeds(config, config.seed, len(log))
         if update_fn is not None:
             batch, loss = update_fn(policy, optimizer, envs, seeds, config.gamma, device)
         else:
@@ -191,7 +223,7 @@ def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
                 **{
                     "episodes": len(log),
                     "env/episode_return_mean": float(batch.episode_returns.mean()),
-                    "optim/policy_loss": float(loss),
+                    "optim/policy_loss": float(loss.detach()),
                     "optim/entropy": _entropy_after(policy, batch),
                     "time/total": log.elapsed(),
                 },
@@ -204,3 +236,129 @@ def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
     if logger:
         logger.close()
     return log.result(policy, value)
+
+
+def _episode_seeds(config: ReinforceConfig, seed: int, episodes_so_far: int) -> list[int]:
+    """The reset seeds of a seed's next ``episodes_per_update`` episodes (both backends use this rule)."""
+    first = seed * 1_000_003 + episodes_so_far
+    return [first + i for i in range(config.episodes_per_update)]
+
+
+@torch.no_grad()
+def _play_stacked(env, stack: ActorCriticStack, episode_seeds: list[int]) -> EpisodeBatch:
+    """One whole episode in each env of ``env`` (a ``TorchCartPole`` without autoreset, S blocks of E envs, block s
+    being seed s's), env j started from ``episode_seeds[j]``. Seed s acts with its policy and uniforms from its
+    own generator, drawn only while one of its episodes is still running, so its run does not depend on how long
+    the other seeds' episodes last. Returns the (T, S * E) :class:`EpisodeBatch`."""
+    obs, _ = env.reset(seed=episode_seeds)  # a generator per env: start states from the episode's own seed
+    S = stack.num_seeds
+    E = env.num_envs // S
+    running = torch.ones(env.num_envs, dtype=torch.bool, device=env.device)
+    steps, terminated_flags = [], torch.zeros_like(running)
+    with stack.acting():
+        while True:
+            busy = running.view(S, E).any(1).tolist()  # one host sync per step
+            if not any(busy):
+                break
+            logp = torch.log_softmax(stack.logits(obs.view(S, E, -1)), -1)  # (S, E, A)
+            u = torch.stack(
+                [
+                    torch.rand(E, 1, generator=g, device=env.device, dtype=logp.dtype) if b else logp.new_zeros(E, 1)
+                    for g, b in zip(stack.generators, busy)
+                ]
+            )
+            actions = inverse_cdf_sample(logp, u)[0].flatten()  # (S * E,)
+            next_obs, reward, terminated, truncated, _ = env.step(actions)
+            steps.append((obs, actions, reward * running, running))
+            terminated_flags |= terminated & running
+            running = running & ~(terminated | truncated)
+            obs = next_obs
+    mask = torch.stack([s[3] for s in steps])  # (T, S * E)
+    t = torch.arange(len(steps), device=env.device)[:, None]
+    return EpisodeBatch(
+        obs=torch.stack([s[0] for s in steps]),
+        actions=torch.stack([s[1] for s in steps]),
+        rewards=torch.stack([s[2] for s in steps]),
+        dones=t == mask.sum(0, keepdim=True) - 1,
+        mask=mask,
+        terminated=terminated_flags,
+    )
+
+
+def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
+    """REINFORCE for ``config.num_seeds`` seeds side by side: every seed's E episodes in one ``TorchCartPole``, one
+    batched forward pass per step, then each seed's update on its own steps (their number differs from seed to
+    seed, so each seed's loss is computed in a pass of its own shape), one Adam over the seeds' rows."""
+    from edurl.envs import TorchCartPole  # noqa: PLC0415 (envs imports torch only; kept beside its one use)
+
+    seeds = [config.seed + s for s in range(config.num_seeds)]
+    runs = SeedRuns(config, seeds)  # the seeds' logs: their clocks start here (setup counts)
+    edurl.seed_everything(config.seed)
+    device = edurl.device(config.device)
+    E = config.episodes_per_update
+    stack = ActorCriticStack(seeds, TorchCartPole.obs_dim, TorchCartPole.num_actions, config.hidden_sizes, device)
+    optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, fused=device.type in ("cpu", "cuda"))
+    baseline = config.baseline == "value"
+    env_steps = [0] * len(seeds)
+    unit = "REINFORCE episodes" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
+    bar = progress(total=config.max_episodes, desc=unit, disable=not config.progress)
+    while len(runs.logs[runs.live[0]]) < config.max_episodes:
+        env = TorchCartPole(len(runs.live) * E, device=device, dtype=torch.get_default_dtype(), autoreset=False)
+        batch = _play_stacked(
+            env, stack, [x for s in runs.live for x in _episode_seeds(config, seeds[s], len(runs.logs[s]))]
+        )
+        returns = discounted_returns(batch.rewards, batch.dones, config.gamma)
+        total, rows, steps = 0.0, [], []
+        for pos in range(len(runs.live)):
+            cols = slice(pos * E, (pos + 1) * E)
+            m = batch.mask[:, cols]
+            obs, actions, G = batch.obs[:, cols][m], batch.actions[:, cols][m], returns[:, cols][m]
+            steps.append((obs, actions))
+            logprobs, _, values = stack.seed_outputs(pos, obs, actions)
+            weights, value_loss = G, 0.0
+            if baseline:  # G_t - V(s_t); V regresses on G_t in the same step (its own part of the row)
+                value_loss = 0.5 * ((values - G) ** 2).mean()
+                weights = G - values.detach()
+            loss = (
+                loss_fn(logprobs, weights)
+                if loss_fn
+                else reinforce_loss(logprobs, weights, config.normalize_advantages)
+            )
+            total = total + loss + value_loss
+            rows.append({"optim/policy_loss": float(loss.detach())})
+        optimizer.zero_grad()
+        total.backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
+        optimizer.step()
+        if any(runs.loggers):  # as the Gymnasium path logs it: the updated policy's entropy on the batch's states
+            with torch.no_grad():
+                for pos, (row, (obs, actions)) in enumerate(zip(rows, steps)):
+                    row["optim/entropy"] = float(stack.seed_outputs(pos, obs, actions)[1].mean())
+
+        lengths = batch.lengths
+        for pos, s in enumerate(runs.live):
+            env_steps[s] += int(lengths[pos * E : (pos + 1) * E].sum())
+        episodes = SimpleNamespace(
+            episode_envs=list(range(len(runs.live) * E)),
+            episode_returns=batch.episode_returns.tolist(),
+            episode_lengths=lengths.tolist(),
+        )
+        for pos, row in enumerate(rows):
+            row["env/episode_return_mean"] = sum(episodes.episode_returns[pos * E : (pos + 1) * E]) / E
+        done = runs.record(episodes, E, [env_steps[s] for s in runs.live], rows)
+        bar.update(E)
+        bar.set_postfix(
+            mean_return=f"{min(runs.logs[s].recent_mean() for s in runs.live):.0f}",
+            **runs.solved_label(done),
+            refresh=False,
+        )
+        if len(done) == len(runs.live):
+            break
+        if done:
+            optimizer = keep_seeds(stack, optimizer, runs.leave(done, _networks(stack, done, baseline)))
+    bar.close()
+    return runs.results(_networks(stack, None, baseline))
+
+
+def _networks(stack: ActorCriticStack, positions, baseline: bool) -> list[tuple]:
+    """(policy, value) of each seed at ``positions`` (all when None); value None without a learned baseline."""
+    return [(p, v if baseline else None) for p, v in stack.networks(positions)]

@@ -29,7 +29,14 @@ from edurl.objectives import entropy
 from edurl.rl.episodes import EpisodeLog
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 
-__all__ = ["ActorCriticStack", "SeedRuns", "clip_grad_norm_per_seed_", "drop_seeds", "inverse_cdf_sample"]
+__all__ = [
+    "ActorCriticStack",
+    "SeedRuns",
+    "clip_grad_norm_per_seed_",
+    "drop_seeds",
+    "inverse_cdf_sample",
+    "keep_seeds",
+]
 
 
 class ActorCriticStack:
@@ -99,9 +106,12 @@ class ActorCriticStack:
         ~6x slower than ``torch.sigmoid`` (340 vs 56 us on (8, 256, 64), torch 2.13, one thread). tanh and its
         backward were about a third of a stacked PPO step's time (torch profiler, 8 seeds).
         """
-        flat = torch.stack(self.rows)  # (S, P)
+        return self._layers_of(torch.stack(self.rows))  # (S, P): one op (and one backward) for every row
+
+    def _layers_of(self, flat: torch.Tensor) -> dict[str, list[tuple[torch.Tensor, torch.Tensor, float]]]:
+        """:meth:`_layers` from rows stacked as ``flat`` (S', P)."""
         pieces = iter(flat.split(self._sizes, dim=1))  # one op (and one backward) for every weight and bias
-        S, out = self.num_seeds, {}
+        S, out = flat.shape[0], {}
         for name, layers in self._layout.items():
             out[name] = []
             for i, (_, a, b) in enumerate(layers):
@@ -151,6 +161,19 @@ class ActorCriticStack:
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) of each seed's critic: (S, M, obs_dim) -> (S, M)."""
         return self._mlp("value", obs).squeeze(-1)
+
+    def seed_outputs(
+        self, pos: int, obs: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """log pi(a|s), the entropy of pi(.|s) and V(s), each (M,), of the seed at position ``pos`` alone, for its
+        own obs (M, obs_dim) and actions (M,). For batches whose size differs from seed to seed (REINFORCE's
+        episodes): the pass is built from the seed's own row, so it has exactly the shapes and memory layout of
+        its lone run (slices of the stacked rows sit at other offsets, and some CPU kernels round differently
+        there: a float64 test caught one seed 8e-17 off after four updates)."""
+        mine = self._layers_of(self.rows[pos].unsqueeze(0))
+        logp = torch.log_softmax(self._mlp("policy", obs[None], mine), -1)[0]  # (M, A)
+        values = self._mlp("value", obs[None], mine)[0, :, 0]
+        return logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy(logp), values
 
     def logprob_and_entropy(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log pi_s(a|s) and the entropy of pi_s(.|s), both (S, M), for obs (S, M, obs_dim) and actions (S, M)."""
@@ -245,13 +268,15 @@ class SeedRuns:
         """The seeds still training (indices into ``seeds``), in stack order."""
         self.final: dict[int, tuple] = {}
 
-    def record(self, ro, num_envs: int, env_steps: int, rows: Sequence[dict]) -> list[int]:
+    def record(self, ro, num_envs: int, env_steps: int | Sequence[int], rows: Sequence[dict]) -> list[int]:
         """Add each live seed's finished episodes from the rollout ``ro`` (its envs are the block of ``num_envs``
-        at its position) to its log, and its metrics ``rows[pos]`` to its logger. Returns the positions of the
-        seeds that have now solved (with ``stop_when_solved``) or run out of episodes."""
+        at its position) to its log at ``env_steps`` (one count for all, or one per live seed), and its metrics
+        ``rows[pos]`` to its logger. Returns the positions of the seeds that have now solved (with
+        ``stop_when_solved``) or run out of episodes."""
         owner = [e // num_envs for e in ro.episode_envs]
+        steps = [env_steps] * len(self.live) if isinstance(env_steps, int) else list(env_steps)
         done = []
-        for pos, (s, row) in enumerate(zip(self.live, rows)):
+        for pos, (s, row, env_steps) in enumerate(zip(self.live, rows, steps)):
             mine = [i for i, o in enumerate(owner) if o == pos]
             log = self.logs[s]
             log.add([ro.episode_returns[i] for i in mine], [ro.episode_lengths[i] for i in mine], env_steps)
@@ -286,16 +311,23 @@ class SeedRuns:
         return out
 
 
-def drop_seeds(stack: ActorCriticStack, optimizer, env, obs, counter, positions: Sequence[int], num_envs: int):
-    """Keep only the seeds at ``positions`` of a stacked run: the stack's rows, the optimiser's state for them (a
-    new ``Adam`` over the kept rows, with the same settings), the env blocks, the observations and the episode
-    counters. So the seeds still running no longer pay for those that are done. Returns ``(optimizer, obs)``."""
+def keep_seeds(stack: ActorCriticStack, optimizer, positions: Sequence[int]):
+    """Keep only the seeds at ``positions`` in ``stack`` and in ``optimizer`` (a new one of the same class and
+    settings over the kept rows, with their state). Returns the new optimizer."""
     stack.keep(positions)
     state = optimizer.state
     optimizer = type(optimizer)(stack.rows, **optimizer.defaults)
     for row in stack.rows:
         if row in state:
             optimizer.state[row] = state[row]
+    return optimizer
+
+
+def drop_seeds(stack: ActorCriticStack, optimizer, env, obs, counter, positions: Sequence[int], num_envs: int):
+    """Keep only the seeds at ``positions`` of a stacked run: the stack's rows and their optimiser state
+    (:func:`keep_seeds`), the env blocks, the observations and the episode counters. So the seeds still running
+    no longer pay for those that are done. Returns ``(optimizer, obs)``."""
+    optimizer = keep_seeds(stack, optimizer, positions)
     env.keep_blocks(positions)
     rows = torch.cat([torch.arange(p * num_envs, (p + 1) * num_envs, device=stack.device) for p in positions])
     obs = obs[rows] if isinstance(obs, torch.Tensor) else obs[rows.cpu().numpy()]

@@ -48,3 +48,56 @@ def test_reinforce_with_value_baseline_runs():
 def test_reinforce_runs_on_cuda():
     r = train_reinforce(ReinforceConfig(seed=0, max_episodes=16, device="cuda", progress=False))
     assert next(r.policy.parameters()).device.type == "cuda"
+
+
+def _flat(module):
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+@pytest.mark.parametrize("baseline", ["none", "value"])
+def test_seed_i_of_a_reinforce_stack_is_the_run_of_seed_i_alone(baseline):
+    """Issue 19: ReinforceConfig(num_seeds=3, env_backend="torch") trains seeds 5, 6, 7 in one TorchCartPole.
+    Their episodes differ in length, so the stack's loop runs until the longest ends; each seed must still equal
+    its lone run bit for bit in float64 (weights and episodes after 4 updates)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        kw = dict(env_backend="torch", device="cpu", progress=False, max_episodes=32, baseline=baseline)
+        stacked = train_reinforce(ReinforceConfig(seed=5, num_seeds=3, **kw))
+        assert isinstance(stacked, list) and len(stacked) == 3
+        for i, result in enumerate(stacked):
+            alone = train_reinforce(ReinforceConfig(seed=5 + i, **kw))
+            assert result.config == alone.config
+            assert torch.equal(_flat(result.policy), _flat(alone.policy))
+            if baseline == "value":
+                assert torch.equal(_flat(result.value), _flat(alone.value))
+            else:
+                assert result.value is None
+            cols = ["episode", "step", "episode_return", "episode_length"]
+            assert result.episodes[cols].equals(alone.episodes[cols])
+        lengths = [r.episodes["episode_length"].to_numpy() for r in stacked]
+        assert len(lengths[0]) == 32 and not all((lengths[0] == x).all() for x in lengths[1:])
+    finally:
+        torch.set_default_dtype(old)
+
+
+def test_a_reinforce_stack_learns_and_its_seeds_leave_when_they_solve(tmp_path):
+    kw = dict(env_backend="torch", device="cpu", progress=False, solve_threshold=60.0, solve_window=16)
+    stacked = train_reinforce(ReinforceConfig(seed=0, num_seeds=3, max_episodes=400, log_dir=str(tmp_path), **kw))
+    assert all(r.solved for r in stacked)
+    for i, result in enumerate(stacked):
+        alone = train_reinforce(ReinforceConfig(seed=i, max_episodes=400, **kw))
+        assert result.solved_episode == alone.solved_episode and torch.equal(_flat(result.policy), _flat(alone.policy))
+        logged = load_metrics(tmp_path / f"seed{i}")
+        assert {"optim/policy_loss", "optim/entropy", "env/episode_return_mean"} <= set(logged.columns)
+        assert len(logged) == len(result.episodes) // 8  # one row per update, until the seed left
+    assert len({r.solved_episode for r in stacked}) > 1
+
+
+def test_the_torch_backend_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="env_backend='torch'"):
+        ReinforceConfig(num_seeds=2)
+    with pytest.raises(ValueError, match="value_learning_rate == learning_rate"):
+        ReinforceConfig(env_backend="torch", baseline="value", value_learning_rate=0.001)
+    with pytest.raises(ValueError, match="update_fn"):
+        train_reinforce(ReinforceConfig(env_backend="torch", progress=False), update_fn=lambda *a: None)
