@@ -171,14 +171,20 @@ def _tiny(**kw):
     return dict(hidden_sizes=(8,), seed=0, device="cpu", progress=True, stop_when_solved=False, **kw)
 
 
-# REINFORCE and A2C step Gymnasium envs only (they have no env_backend); PPO runs both backends, and
-# with them both branches of collect_rollout.
+# Every trainer on both env backends (PPO's and A2C's with them both branches of collect_rollout), and the
+# seed stacks of REINFORCE and A2C with two seeds.
 RL_RUNS = {
     "reinforce": lambda: train_reinforce(ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=6))),
     "reinforce-value-baseline": lambda: train_reinforce(
         ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=6, baseline="value"))
     ),
+    "reinforce-torch-2-seeds": lambda: train_reinforce(
+        ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=6, env_backend="torch", num_seeds=2))
+    ),
     "a2c": lambda: train_a2c(A2CConfig(**_tiny(num_envs=2, num_steps=8, total_steps=48))),
+    "a2c-torch-2-seeds": lambda: train_a2c(
+        A2CConfig(**_tiny(num_envs=2, num_steps=8, total_steps=48, env_backend="torch", num_seeds=2))
+    ),
     "ppo-gymnasium": lambda: train_ppo(_tiny_ppo(env_backend="gymnasium", progress=True)),
     "ppo-torch": lambda: train_ppo(_tiny_ppo(env_backend="torch", progress=True, target_kl=0.0, clip_value=True)),
 }

@@ -82,3 +82,9 @@ def test_a2c_seeds_leave_the_stack_when_they_solve(tmp_path):
         assert torch.equal(_flat(result.policy), _flat(alone.policy))
         assert len(load_metrics(tmp_path / f"seed{i}")) == result.solved_step // 512  # one row per update
     assert len({r.solved_step for r in stacked}) > 1  # they stopped at different updates
+
+
+@pytest.mark.cuda
+def test_an_a2c_stack_runs_on_cuda():
+    results = train_a2c(A2CConfig(env_backend="torch", num_seeds=2, total_steps=2048, device="cuda", progress=False))
+    assert [next(r.value.parameters()).device.type for r in results] == ["cuda", "cuda"]

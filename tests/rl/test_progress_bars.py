@@ -57,6 +57,11 @@ RUNS = {
     "reinforce": lambda: train_reinforce(
         ReinforceConfig(**_tiny(episodes_per_update=2, max_episodes=2 * UPDATES, learning_rate=1e-4))
     ),
+    "reinforce-torch": lambda: train_reinforce(
+        ReinforceConfig(
+            **_tiny(episodes_per_update=2, max_episodes=2 * UPDATES, learning_rate=1e-4, env_backend="torch")
+        )
+    ),
     "a2c": lambda: train_a2c(A2CConfig(**_tiny(num_envs=2, num_steps=2, total_steps=4 * UPDATES))),
     "ppo": lambda: train_ppo(
         PPOConfig(**_tiny(env_backend="torch", num_envs=2, num_steps=2, update_epochs=1, total_steps=4 * UPDATES))

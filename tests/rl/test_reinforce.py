@@ -101,3 +101,11 @@ def test_the_torch_backend_refuses_what_it_cannot_do():
         ReinforceConfig(env_backend="torch", baseline="value", value_learning_rate=0.001)
     with pytest.raises(ValueError, match="update_fn"):
         train_reinforce(ReinforceConfig(env_backend="torch", progress=False), update_fn=lambda *a: None)
+
+
+@pytest.mark.cuda
+def test_a_reinforce_stack_runs_on_cuda():
+    results = train_reinforce(
+        ReinforceConfig(env_backend="torch", num_seeds=2, max_episodes=16, device="cuda", progress=False)
+    )
+    assert [next(r.policy.parameters()).device.type for r in results] == ["cuda", "cuda"]
