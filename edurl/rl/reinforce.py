@@ -6,6 +6,8 @@ The policy gradient theorem (Sutton et al., 2000) gives
 
 so minimising  -mean_t( log pi(a_t | s_t) * A_t )  with A_t = G_t (or G_t - b(s_t)) climbs J.
 Each update here uses ``episodes_per_update`` complete, fresh episodes: exact returns, strictly on-policy.
+With ``env_backend="torch"`` the episodes run in a ``TorchCartPole``, and ``num_seeds`` seeds train side by side
+in one process (:mod:`edurl.rl.seed_stack`; Chapter 2's section 4).
 """
 
 from __future__ import annotations
@@ -157,6 +159,11 @@ def train_reinforce(config: ReinforceConfig, loss_fn=None, update_fn=None) -> Tr
     ``update_fn(policy, optimizer, envs, seeds, gamma, device) -> (batch, loss)`` replaces the whole
     update, e.g. with your own from exercise 2.2; it has no learned baseline, so it needs
     ``baseline="none"``, and it computes its own loss, so it cannot be given with ``loss_fn``.
+
+    With ``env_backend="torch"``, the seeds ``config.seed`` ... ``config.seed + num_seeds - 1`` train side by side
+    in one process, each until it solves; with ``num_seeds`` > 1 the result is a list, one :class:`TrainResult`
+    per seed, and seed i's equals that of ``num_seeds=1, seed=config.seed + i``. ``loss_fn`` is then called once
+    per seed; ``update_fn`` plays Gymnasium envs and is refused there.
     """
     if update_fn is not None and config.baseline != "none":
         raise ValueError(
