@@ -136,12 +136,7 @@ def _train(config: A2CConfig, losses_fn=None) -> list[TrainResult]:
         table = torch.stack([policy_loss, value_loss, entropy]).detach().T.tolist()
         rows = [{"optim/policy_loss": p, "optim/value_loss": v, "optim/entropy": e} for p, v, e in table]
         done = runs.record(ro, config.num_envs, env_steps, rows)
-        bar.update(batch_size)
-        bar.set_postfix(
-            mean_return=f"{min(runs.logs[s].recent_mean() for s in runs.live):.0f}",
-            **runs.solved_label(done),
-            refresh=False,
-        )
+        runs.show(bar, batch_size, done)
         if len(done) == len(runs.live):
             break
         if done:

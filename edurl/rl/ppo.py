@@ -521,13 +521,7 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
             updates[s].append(row)
             rows.append({f"optim/{k}": v for k, v in row.items() if k != "step"})
         done = runs.record(ro, config.num_envs, env_steps, rows)
-        bar.update(batch_size)
-        bar.set_postfix(
-            mean_return=f"{min(runs.logs[s].recent_mean() for s in runs.live):.0f}",
-            kl=f"{table[0][list(stats).index('approx_kl_k3')]:.4f}",
-            **runs.solved_label(done),
-            refresh=False,
-        )
+        runs.show(bar, batch_size, done, kl=f"{table[0][list(stats).index('approx_kl_k3')]:.4f}")
         if len(done) == len(runs.live):
             break
         if done:

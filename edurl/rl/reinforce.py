@@ -352,12 +352,7 @@ def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
         for pos, row in enumerate(rows):
             row["env/episode_return_mean"] = sum(episodes.episode_returns[pos * E : (pos + 1) * E]) / E
         done = runs.record(episodes, E, [env_steps[s] for s in runs.live], rows)
-        bar.update(E)
-        bar.set_postfix(
-            mean_return=f"{min(runs.logs[s].recent_mean() for s in runs.live):.0f}",
-            **runs.solved_label(done),
-            refresh=False,
-        )
+        runs.show(bar, E, done)
         if len(done) == len(runs.live):
             break
         if done:

@@ -286,10 +286,17 @@ class SeedRuns:
                 done.append(pos)
         return done
 
-    def solved_label(self, done: Sequence[int]) -> dict[str, str]:
-        """For a progress bar's postfix: how many seeds have solved, when there are several."""
-        n = len(self.seeds)
-        return {"solved": f"{n - len(self.live) + len(done)}/{n}"} if n > 1 else {}
+    def show(self, bar, n: int, done: Sequence[int], **extra: str) -> None:
+        """Advance the progress ``bar`` by ``n`` and show the worst live seed's recent mean return, how many seeds
+        have solved (when there are several; ``done`` are the positions that solved just now) and ``extra``."""
+        bar.update(n)
+        solved = {"solved": f"{len(self.seeds) - len(self.live) + len(done)}/{len(self.seeds)}"}
+        bar.set_postfix(
+            mean_return=f"{min(self.logs[s].recent_mean() for s in self.live):.0f}",
+            **extra,
+            **(solved if len(self.seeds) > 1 else {}),
+            refresh=False,
+        )
 
     def leave(self, done: Sequence[int], networks: Sequence[tuple]) -> list[int]:
         """The seeds at positions ``done`` leave with their ``networks`` (one (policy, value) per position in
