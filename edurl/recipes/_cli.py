@@ -42,7 +42,7 @@ def field_docs(cls) -> dict[str, str]:
 
 def save_learning_curve(result, path: Path, title: str) -> Path:
     """Plot a TrainResult's training-episode returns (rolling mean of 100) against env steps and save a PNG;
-    for a list of them (``PPOConfig.num_seeds`` > 1), their mean with the min-max band across seeds."""
+    for a list of them (a trainer config's ``num_seeds`` > 1), their mean with the min-max band across seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,7 +72,7 @@ def run_trainer_recipe(config_cls, train, name: str, argv=None):
 
 
 def report(result, png: Path) -> None:
-    """One line per seed (a list of results comes from ``PPOConfig.num_seeds`` > 1), then the PNG's path."""
+    """One line per seed (a list of results comes from a trainer config's ``num_seeds`` > 1), then the PNG's path."""
     results = result if isinstance(result, list) else [result]
     for r in results:
         who = f"seed {r.config.seed}: " if len(results) > 1 else ""

@@ -34,6 +34,7 @@ from edurl.rl.seed_stack import (
     SeedRuns,
     clip_grad_norm_per_seed_,
     drop_seeds,
+    fused_adam,
     inverse_cdf_sample,
 )
 from edurl.utils import progress, torch_threads
@@ -413,10 +414,6 @@ def make_env(config: PPOConfig, device: torch.device):
     raise ValueError(f"env_backend must be 'gymnasium' or 'torch', got {config.env_backend!r}.")
 
 
-def _fused(device: torch.device) -> bool:
-    return device.type in ("cpu", "cuda")
-
-
 def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult | list[TrainResult]:
     """Train with PPO until solved (or ``total_steps``). ``result.updates`` holds the diagnostics per update,
     measured after each update on its whole batch.
@@ -450,7 +447,7 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
     if update_fn is None:
         stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
         # detail: Adam eps 1e-5; fused: one kernel for every seed's step, which matters for nets this small
-        optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
+        optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=fused_adam(device))
         policy = sampler = stack
         value = stack.values
 
@@ -470,7 +467,7 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
         policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
         value = ValueNet(obs_dim, config.hidden_sizes).to(device)
         params = list(policy.parameters()) + list(value.parameters())
-        optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=_fused(device))
+        optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=fused_adam(device))
         sampler = _ModuleSampler(policy, torch.Generator(device=device).manual_seed(config.seed))
 
         def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:

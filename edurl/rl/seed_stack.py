@@ -34,6 +34,7 @@ __all__ = [
     "SeedRuns",
     "clip_grad_norm_per_seed_",
     "drop_seeds",
+    "fused_adam",
     "inverse_cdf_sample",
     "keep_seeds",
 ]
@@ -44,7 +45,8 @@ class ActorCriticStack:
 
     Seed s's networks are initialised exactly as ``torch.manual_seed(s)`` followed by
     ``CategoricalPolicy(...)`` and ``ValueNet(...)`` would initialise them (so building a stack reseeds torch's
-    global generator, as ``edurl.seed_everything`` does), and :meth:`networks` gives them back as those modules. Observations go in seed-major, ``(S, M, obs_dim)``; outputs come out ``(S, M)``.
+    global generator, as ``edurl.seed_everything`` does), and :meth:`networks` gives them back as those modules.
+    Observations go in seed-major, ``(S, M, obs_dim)``; outputs come out ``(S, M)``.
     """
 
     def __init__(
@@ -250,7 +252,7 @@ def clip_grad_norm_per_seed_(rows: list[torch.Tensor], max_norm: float) -> torch
 
 
 class SeedRuns:
-    """The per-seed bookkeeping of a trainer that runs seeds side by side (PPO and A2C): an
+    """The per-seed bookkeeping of a trainer that runs seeds side by side (REINFORCE, A2C and PPO): an
     :class:`~edurl.rl.episodes.EpisodeLog` and a metrics logger per seed, which seeds are still training, and the
     networks a seed leaves behind when it has solved. Positions are places in the stack (the live seeds, in order);
     indices into ``seeds`` are the seeds themselves."""
@@ -276,12 +278,12 @@ class SeedRuns:
         owner = [e // num_envs for e in ro.episode_envs]
         steps = [env_steps] * len(self.live) if isinstance(env_steps, int) else list(env_steps)
         done = []
-        for pos, (s, row, env_steps) in enumerate(zip(self.live, rows, steps)):
+        for pos, (s, row, step) in enumerate(zip(self.live, rows, steps)):
             mine = [i for i, o in enumerate(owner) if o == pos]
             log = self.logs[s]
-            log.add([ro.episode_returns[i] for i in mine], [ro.episode_lengths[i] for i in mine], env_steps)
+            log.add([ro.episode_returns[i] for i in mine], [ro.episode_lengths[i] for i in mine], step)
             if self.loggers[s]:
-                self.loggers[s].log(env_steps, **row, episodes=len(log), **{"time/total": log.elapsed()})
+                self.loggers[s].log(step, **row, episodes=len(log), **{"time/total": log.elapsed()})
             if mine and log.should_stop():
                 done.append(pos)
         return done
@@ -316,6 +318,12 @@ class SeedRuns:
                 logger.close()
             out.append(log.result(*self.final[s]))
         return out
+
+
+def fused_adam(device: torch.device) -> bool:
+    """Whether ``torch.optim.Adam(..., fused=True)`` runs on ``device``: one kernel for every seed's step, which
+    matters for networks this small."""
+    return device.type in ("cpu", "cuda")
 
 
 def keep_seeds(stack: ActorCriticStack, optimizer, positions: Sequence[int]):
