@@ -25,7 +25,7 @@ from edurl.objectives import clipped_surrogate
 from edurl.rl import PPOConfig
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.ppo import PPOBatch, _stack_update, _standardised
-from edurl.rl.seed_stack import ActorCriticStack
+from edurl.rl.seed_stack import ActorCriticStack, RowAdam
 
 PHASES = ("forward + loss", "zero_grad", "backward", "clip_grad_norm_", "optimizer.step")
 
@@ -66,7 +66,7 @@ def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> fl
     """Seconds per optimizer step of ``_stack_update`` (what ``train_ppo`` runs) for ``num_seeds`` seeds, on
     random inputs of one minibatch's shape per seed."""
     stack = ActorCriticStack(range(num_seeds), 4, 2, config.hidden_sizes)
-    optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=True)
+    optimizer = RowAdam(stack.rows, lr=config.learning_rate, eps=1e-5)
     n = config.num_envs * config.num_steps // config.num_minibatches
     g = torch.Generator().manual_seed(0)
     batch = PPOBatch(
@@ -77,10 +77,9 @@ def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> fl
         torch.randn(num_seeds, n, generator=g),
         torch.randn(num_seeds, n, generator=g),
     )
-    alive = [True] * num_seeds
-    _stack_update(stack, optimizer, batch, replace(config, update_epochs=warmup), 0.2, alive)
+    _stack_update(stack, optimizer, batch, replace(config, update_epochs=warmup), 0.2)
     t0 = time.perf_counter()
-    _stack_update(stack, optimizer, batch, replace(config, update_epochs=steps), 0.2, alive)
+    _stack_update(stack, optimizer, batch, replace(config, update_epochs=steps), 0.2)
     return (time.perf_counter() - t0) / steps
 
 

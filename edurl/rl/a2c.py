@@ -20,7 +20,7 @@ import edurl
 from edurl._checks import check_fields
 from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.ppo import _standardised, collect_batch, make_env
-from edurl.rl.seed_stack import ActorCriticStack, SeedRuns, clip_grad_norm_per_seed_, drop_seeds, fused_adam
+from edurl.rl.seed_stack import ActorCriticStack, RowAdam, SeedRuns, clip_grad_norm_per_seed_, drop_seeds
 from edurl.utils import progress, torch_threads
 
 __all__ = ["A2CConfig", "train_a2c"]
@@ -112,7 +112,7 @@ def _train(config: A2CConfig, losses_fn=None) -> list[TrainResult]:
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
     stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
-    optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, fused=fused_adam(device))
+    optimizer = RowAdam(stack.rows, lr=config.learning_rate)
 
     batch_size = config.num_steps * config.num_envs
     counter, env_steps = None, 0

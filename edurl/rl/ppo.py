@@ -31,6 +31,7 @@ from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.rollout import collect_rollout, make_vector_env
 from edurl.rl.seed_stack import (
     ActorCriticStack,
+    RowAdam,
     SeedRuns,
     clip_grad_norm_per_seed_,
     drop_seeds,
@@ -265,15 +266,15 @@ def collect_batch(env, policy, value, obs, config: PPOConfig, device: torch.devi
 
 def _stack_update(
     stack: ActorCriticStack,
-    optimizer: torch.optim.Optimizer,
+    optimizer: RowAdam,
     batch: PPOBatch,
     config: PPOConfig,
     clip_eps: float,
 ) -> list[int]:
     """:func:`ppo_update` for a seed stack: the same loss per seed, summed over seeds (so each seed's row
     gets its own gradient), each seed's gradient norm clipped on its own, each seed's epochs stopped by its
-    own ``target_kl``. ``optimizer`` holds ``stack.rows``; a seed whose epochs have stopped has its gradient
-    set to None, which Adam skips: its parameters, moments and step count stay as they are. Returns the epochs
+    own ``target_kl``. ``optimizer`` (a :class:`RowAdam`) holds ``stack.rows``; a seed whose epochs have stopped
+    has its gradient set to None, which Adam skips: its parameters, moments and step count stay as they are. Returns the epochs
     each seed ran."""
     S, B = batch.actions.shape
     active = [True] * S
@@ -292,7 +293,8 @@ def _stack_update(
                 if idx is None
                 else PPOBatch(*(getattr(batch, f)[rows, idx] for f in PPOBatch.__dataclass_fields__))
             )
-            train_logprobs, entropy, new_values = stack.evaluate(mb.obs, mb.actions)
+            # with ent_coef 0 (the zoo's) the entropy stays out of the graph: the same gradient, 7 fewer ops
+            train_logprobs, entropy, new_values = stack.evaluate(mb.obs, mb.actions, config.ent_coef != 0)
             adv = whole if idx is None else _standardised(mb.advantages, config)  # detail: per-minibatch, per seed
             policy_loss = clipped_surrogate(train_logprobs, mb.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps)
             if config.clip_value:
@@ -300,7 +302,9 @@ def _stack_update(
                 value_loss = 0.5 * torch.max((new_values - mb.returns) ** 2, (clipped - mb.returns) ** 2)
             else:
                 value_loss = 0.5 * (new_values - mb.returns) ** 2
-            loss = policy_loss.mean(-1) + config.vf_coef * value_loss.mean(-1) - config.ent_coef * entropy.mean(-1)
+            loss = policy_loss.mean(-1) + config.vf_coef * value_loss.mean(-1)
+            if entropy is not None:
+                loss = loss - config.ent_coef * entropy.mean(-1)
             optimizer.zero_grad()
             loss.sum().backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
             for row, on in zip(stack.rows, active):
@@ -446,14 +450,13 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
     env, obs, obs_dim, num_actions = make_env(config, device)
     if update_fn is None:
         stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
-        # detail: Adam eps 1e-5; fused: one kernel for every seed's step, which matters for nets this small
-        optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, eps=1e-5, fused=fused_adam(device))
+        # detail: Adam eps 1e-5; one fused kernel for every seed's step, which matters for nets this small
+        optimizer = RowAdam(stack.rows, lr=config.learning_rate, eps=1e-5)
         policy = sampler = stack
         value = stack.values
 
         def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            optimizer.lr = lr
             return _stack_update(stack, optimizer, batch, config, clip_eps)
 
         def networks(positions: list[int] | None = None) -> list:

@@ -25,7 +25,7 @@ from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, collect_episodes
-from edurl.rl.seed_stack import ActorCriticStack, SeedRuns, fused_adam, inverse_cdf_sample, keep_seeds
+from edurl.rl.seed_stack import ActorCriticStack, RowAdam, SeedRuns, inverse_cdf_sample, keep_seeds
 from edurl.utils import progress, torch_threads
 
 __all__ = ["ReinforceConfig", "reinforce_loss", "reinforce_update", "train_reinforce"]
@@ -304,7 +304,7 @@ def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
     device = edurl.device(config.device)
     E = config.episodes_per_update
     stack = ActorCriticStack(seeds, TorchCartPole.obs_dim, TorchCartPole.num_actions, config.hidden_sizes, device)
-    optimizer = torch.optim.Adam(stack.rows, lr=config.learning_rate, fused=fused_adam(device))
+    optimizer = RowAdam(stack.rows, lr=config.learning_rate)
     baseline = config.baseline == "value"
     env_steps = [0] * len(seeds)
     unit = "REINFORCE episodes" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")

@@ -115,19 +115,33 @@ class Rollout:
 
 
 class _EpisodeCounter:
-    """Running return and length per env, kept as tensors on the rollout's device (no host syncs per step)."""
+    """Running return and length per env: tensors on the rollout's device for a torch env (no host syncs per
+    step), NumPy arrays for a Gymnasium env (whose rewards arrive as NumPy: no tensor ops per step)."""
 
-    def __init__(self, n: int, device: torch.device):
-        self.ret = torch.zeros(n, device=device)
-        self.len = torch.zeros(n, dtype=torch.long, device=device)
+    def __init__(self, n: int, device: torch.device, numpy: bool = False):
+        self.numpy = numpy
+        if numpy:
+            self.ret = np.zeros(n, dtype=torch.empty(0).numpy().dtype)  # the default dtype's, as on the torch path
+            self.len = np.zeros(n, dtype=np.int64)
+        else:
+            self.ret = torch.zeros(n, device=device)
+            self.len = torch.zeros(n, dtype=torch.long, device=device)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the envs ``rows`` (PPO drops a finished seed's block of envs)."""
+        if self.numpy:
+            rows = rows.cpu().numpy()
         self.ret, self.len = self.ret[rows], self.len[rows]
 
-    def step(self, rewards: torch.Tensor, done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, rewards, done) -> tuple:
         """Add one step; return (N,) return and length of the episodes that just ended (NaN / -1 elsewhere)."""
-        self.ret = self.ret + rewards
+        if self.numpy:
+            self.ret = self.ret + rewards.astype(self.ret.dtype)
+            self.len = self.len + 1
+            finished = np.where(done, self.ret, np.nan), np.where(done, self.len, -1)
+            self.ret, self.len = np.where(done, 0, self.ret).astype(self.ret.dtype), np.where(done, 0, self.len)
+            return finished
+        self.ret = self.ret + rewards.to(self.ret.dtype)
         self.len = self.len + 1
         finished = (
             torch.where(done, self.ret, torch.full_like(self.ret, float("nan"))),
@@ -161,9 +175,9 @@ def collect_rollout(
                 f"collect_rollout needs a vector env with SAME_STEP autoreset, got {autoreset}; "
                 "build it with edurl.rl.make_vector_env(...)."
             )
-    counter = counter or _EpisodeCounter(envs.num_envs, device)
+    counter = counter or _EpisodeCounter(envs.num_envs, device, numpy=not torch_env)
     keys = ("obs", "actions", "logprobs", "rewards", "next_obs", "terminated", "truncated", "ep_ret", "ep_len")
-    buf = {k: [] for k in keys}
+    buf = {k: [] for k in keys}  # tensors for a torch env; for a Gymnasium env, what it returns stays NumPy
     for _ in range(num_steps):
         obs_t = obs if torch_env else torch.as_tensor(obs, dtype=dtype, device=device)
         actions, logprobs = policy.sample(obs_t)
@@ -174,32 +188,32 @@ def collect_rollout(
             true_next = torch.where(done[:, None], info["final_obs"], next_obs)
             obs = next_obs
         else:
-            next_np, rew_np, term_np, trunc_np, info = envs.step(actions.cpu().numpy())
-            true_np = np.array(next_np, dtype=np.float32, copy=True)
-            for i in np.nonzero(term_np | trunc_np)[0]:
-                true_np[i] = info["final_obs"][i]
-            rewards, terminated, truncated, true_next = (
-                torch.as_tensor(x, device=device) for x in (rew_np.astype(np.float32), term_np, trunc_np, true_np)
-            )
+            next_obs, rew_np, terminated, truncated, info = envs.step(actions.cpu().numpy())
             done = terminated | truncated
-            obs = next_np
-        ep_ret, ep_len = counter.step(rewards.to(counter.ret.dtype), done)
+            true_next = np.array(next_obs, dtype=np.float32, copy=True)
+            for i in np.nonzero(done)[0]:
+                true_next[i] = info["final_obs"][i]
+            rewards, obs = rew_np.astype(np.float32), next_obs
+        ep_ret, ep_len = counter.step(rewards, done)
         for key, value in zip(
             keys, (obs_t, actions, logprobs, rewards, true_next, terminated, truncated, ep_ret, ep_len)
         ):
             buf[key].append(value)
-    stacked = {k: torch.stack(v) for k, v in buf.items()}
+    stacked = {
+        k: torch.stack(v) if torch_env or k in ("obs", "actions", "logprobs") else np.stack(v) for k, v in buf.items()
+    }
     ep_ret, ep_len = stacked.pop("ep_ret"), stacked.pop("ep_len")
-    ended = ~torch.isnan(ep_ret)  # (T, N); row-major order = time order, then env index
+    if not torch_env:  # one host-to-device copy per field for the whole rollout
+        ended = np.nonzero(~np.isnan(ep_ret))  # (T, N) in row-major order = time order, then env index
+        episodes = ep_ret[ended].tolist(), ep_len[ended].tolist(), ended[1].tolist()
+        stacked.update({k: torch.as_tensor(v, device=device) for k, v in stacked.items() if isinstance(v, np.ndarray)})
+    else:
+        ended = ~torch.isnan(ep_ret)  # (T, N); row-major order = time order, then env index
+        episodes = ep_ret[ended].tolist(), ep_len[ended].tolist(), ended.nonzero()[:, 1].tolist()
     stacked["obs"], stacked["next_obs"] = stacked["obs"].to(dtype), stacked["next_obs"].to(dtype)
     stacked["rewards"] = stacked["rewards"].to(dtype)
     return (
-        Rollout(
-            **stacked,
-            episode_returns=ep_ret[ended].tolist(),
-            episode_lengths=ep_len[ended].tolist(),
-            episode_envs=ended.nonzero()[:, 1].tolist(),
-        ),
+        Rollout(**stacked, episode_returns=episodes[0], episode_lengths=episodes[1], episode_envs=episodes[2]),
         obs,
         counter,
     )

@@ -8,7 +8,7 @@ import torch
 from edurl.envs import TorchCartPole
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.ppo import PPOBatch, PPOConfig, _stack_update, ppo_update, train_ppo
-from edurl.rl.seed_stack import ActorCriticStack, clip_grad_norm_per_seed_
+from edurl.rl.seed_stack import ActorCriticStack, RowAdam, clip_grad_norm_per_seed_, keep_seeds
 
 
 @pytest.fixture
@@ -65,8 +65,8 @@ def test_a_solved_seed_leaves_while_the_others_go_on(backend):
     assert len({len(r.updates) for r in stacked}) > 1  # they stopped at different updates
 
 
-def _adam(stack: ActorCriticStack) -> torch.optim.Adam:
-    return torch.optim.Adam(stack.rows, lr=1e-3, eps=1e-5, fused=True)
+def _adam(stack: ActorCriticStack) -> RowAdam:
+    return RowAdam(stack.rows, lr=1e-3, eps=1e-5)
 
 
 def test_no_gradient_leaks_between_seeds():
@@ -111,8 +111,7 @@ def test_a_seed_whose_target_kl_stopped_its_epochs_is_left_exactly_as_it_was():
     config = PPOConfig(update_epochs=4, target_kl=1e-12, ent_coef=0.0)
     epochs = _stack_update(stack, optimizer, batch, config, 0.2)
     assert epochs == [2, 4, 2]
-    steps = [optimizer.state[row]["step"].item() for row in stack.rows]
-    assert steps == [2, 4, 2]
+    assert optimizer.steps == [2, 4, 2]
 
 
 def test_stack_networks_are_the_modules_a_seed_would_build():
@@ -141,7 +140,7 @@ def test_stack_update_matches_ppo_update_on_modules(float64):
     )
     config = PPOConfig(update_epochs=5, ent_coef=0.01, clip_value=True, max_grad_norm=0.05)
     stack = ActorCriticStack([7], 4, 2)
-    optimizer = torch.optim.Adam(stack.rows, lr=1e-2, eps=1e-5, fused=True)
+    optimizer = RowAdam(stack.rows, lr=1e-2, eps=1e-5)
     _stack_update(stack, optimizer, PPOBatch(**{k: v[None] for k, v in fields.items()}), config, 0.2)
     torch.manual_seed(7)
     policy, value = CategoricalPolicy(4, 2), ValueNet(4)
@@ -151,6 +150,53 @@ def test_stack_update_matches_ppo_update_on_modules(float64):
     assert not torch.allclose(_flat(p_stack), _flat(CategoricalPolicy(4, 2)))  # it did move
     torch.testing.assert_close(_flat(p_stack), _flat(policy), atol=1e-9, rtol=1e-7)
     torch.testing.assert_close(_flat(v_stack), _flat(value), atol=1e-9, rtol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_adam_is_torch_adam_bit_for_bit(dtype):
+    """RowAdam calls the fused kernel itself; its update must be torch.optim.Adam(fused=True)'s exactly, with rows
+    skipped (grad None) on some steps, a changed lr, and after seeds leave (keep)."""
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(40, generator=g, dtype=dtype) for _ in range(3)]
+    grads = [[torch.randn(40, generator=g, dtype=dtype) for _ in range(3)] for _ in range(6)]
+    ours = [x.clone().requires_grad_() for x in start]
+    theirs = [x.clone().requires_grad_() for x in start]
+    row_adam = RowAdam(ours, lr=1e-2, eps=1e-5, betas=(0.8, 0.99))
+    torch_adam = torch.optim.Adam(theirs, lr=1e-2, eps=1e-5, betas=(0.8, 0.99), fused=True)
+    for t, step_grads in enumerate(grads):
+        if t == 3:  # the seed at position 1 leaves
+            ours, theirs = [ours[0], ours[2]], [theirs[0], theirs[2]]
+            row_adam.keep(ours, [0, 2])
+            state = torch_adam.state
+            torch_adam = torch.optim.Adam(theirs, **torch_adam.defaults)
+            for x in theirs:
+                torch_adam.state[x] = state[x]
+            step_grads = [step_grads[0], step_grads[2]]
+        row_adam.lr = torch_adam.param_groups[0]["lr"] = 1e-2 * (1 - t / 6)
+        row_adam.zero_grad()
+        torch_adam.zero_grad()
+        for i, (a, b, grad) in enumerate(zip(ours, theirs, step_grads)):
+            if (t, i) not in ((1, 0), (2, 0), (4, 1)):  # these rows sit steps out
+                a.grad, b.grad = grad.clone(), grad.clone()
+        row_adam.step()
+        torch_adam.step()
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b)
+    assert row_adam.steps == [int(torch_adam.state[x]["step"]) for x in theirs] == [4, 5]
+
+
+def test_keep_seeds_keeps_the_rows_and_their_adam_state():
+    stack = ActorCriticStack([0, 1, 2], 4, 2)
+    optimizer = RowAdam(stack.rows, lr=1e-3)
+    for row, n in zip(stack.rows, (1, 2, 3)):
+        for _ in range(n):
+            row.grad = torch.ones_like(row)
+            optimizer.step()
+            optimizer.zero_grad()
+    kept = [stack.rows[0], stack.rows[2]]
+    optimizer = keep_seeds(stack, optimizer, [0, 2])
+    assert stack.rows == kept and optimizer.rows == kept and stack.seeds == [0, 2]
+    assert optimizer.steps == [1, 3]
 
 
 def test_per_seed_clipping_is_torch_clipping_on_each_seed_alone(float64):
