@@ -30,6 +30,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from edurl.llm.padding import pad
+from edurl.llm.shared_prefix import CACHE_ARG
 
 
 @dataclass
@@ -169,7 +170,7 @@ def sample(
     ids, mask = pad(prompts, pad_token_id, side="left", device=device)  # (P, L)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L): first real token is position 0
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{CACHE_ARG: cache})
     logits = out.logits[:, -1]  # (P, V)
     # ---- G copies of every row -----------------------------------------------------------------
     G, B = num_samples, len(prompts) * num_samples
@@ -210,8 +211,8 @@ def sample(
             input_ids=tokens[:, None],
             attention_mask=mask,
             position_ids=next_pos[:, None],
-            past_key_values=cache,
             use_cache=True,
+            **{CACHE_ARG: cache},
         )
         logits = out.logits[:, -1]
         next_pos = next_pos + 1

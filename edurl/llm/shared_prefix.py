@@ -14,10 +14,11 @@ The gradient still flows into the prompt's keys and values (the cache is copied 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, LlamaForCausalLM
 
 from edurl.llm.padding import pad
 from edurl.objectives import entropy
@@ -36,6 +37,11 @@ def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():  # a diagnostic: no gradient
         return entropy(logp)
+
+
+CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
+"""The keyword under which a model's forward takes its KV cache in the installed transformers: ``cache`` in recent
+5.x releases, which deprecate ``past_key_values`` and remove it in 5.40, and ``past_key_values`` before them."""
 
 
 def token_logprobs(
@@ -113,7 +119,7 @@ def run_prompts(forward, prompts: list, pad_token_id: int, model_config, device)
     pids, pmask = pad([list(p) for p in prompts], pad_token_id, side="left", device=device)  # (U, Lp)
     ppos = (pmask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache(config=model_config)
-    out = forward(input_ids=pids, attention_mask=pmask, position_ids=ppos, past_key_values=cache, use_cache=True)
+    out = forward(input_ids=pids, attention_mask=pmask, position_ids=ppos, use_cache=True, **{CACHE_ARG: cache})
     if cache.get_seq_length() != pids.shape[1]:
         return None
     return out, cache, pmask, ppos
@@ -130,8 +136,8 @@ def run_continuations(forward, prefix, u: torch.Tensor, rest_ids: torch.Tensor, 
         input_ids=rest_ids,
         attention_mask=torch.cat([pmask[u], rest_mask], 1),
         position_ids=ppos[u, -1:] + 1 + j,
-        past_key_values=cache,
         use_cache=True,
+        **{CACHE_ARG: cache},
     )
 
 

@@ -144,3 +144,23 @@ def test_a_models_own_eos_ends_a_completion(small_model, char_tokenizer):
     assert out.tokens == [first] and out.stop_reason == "stop"
     assert len(sample(model, prompts, 1, greedy, eos_token_id=[])[0].tokens) == 8  # opting out
     assert sample(small_model, prompts, 1, greedy, eos_token_id=first)[0].tokens == [first]
+
+
+def test_the_kv_cache_is_passed_under_the_installed_transformers_name(small_model, char_tokenizer):
+    """transformers 5.x deprecates forward's ``past_key_values`` (gone in 5.40) for ``cache``: the sampler and the
+    shared-prompt scorer must use whichever the installed version takes, so neither warns (nor, later, breaks)."""
+    import warnings
+
+    from edurl.llm.shared_prefix import token_logprobs
+
+    prompts = _prompts(char_tokenizer)
+    rows = [prompts[1] + [5, 6], prompts[1] + [7]]
+    ids = torch.tensor([r + [0] * (len(rows[0]) - len(r)) for r in rows])
+    attn = (torch.arange(ids.shape[1])[None] < torch.tensor([[len(r)] for r in rows])).long()
+    mask = torch.zeros(ids.shape)
+    mask[:, len(prompts[1]) - 1 :] = 1.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sample(small_model, prompts, 2, SamplingParams(max_tokens=4, seed=0), pad_token_id=char_tokenizer.pad_token_id)
+        token_logprobs(small_model, ids, attn, torch.roll(ids, -1, 1), mask * attn, model_config=small_model.config)
+    assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
