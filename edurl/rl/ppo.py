@@ -274,8 +274,8 @@ def _stack_update(
     """:func:`ppo_update` for a seed stack: the same loss per seed, summed over seeds (so each seed's row
     gets its own gradient), each seed's gradient norm clipped on its own, each seed's epochs stopped by its
     own ``target_kl``. ``optimizer`` (a :class:`RowAdam`) holds ``stack.rows``; a seed whose epochs have stopped
-    has its gradient set to None, which Adam skips: its parameters, moments and step count stay as they are. Returns the epochs
-    each seed ran."""
+    has its gradient set to None, which Adam skips: its parameters, moments and step count stay as they are.
+    Returns the epochs each seed ran."""
     S, B = batch.actions.shape
     active = [True] * S
     epochs = [config.update_epochs] * S

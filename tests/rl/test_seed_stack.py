@@ -152,17 +152,19 @@ def test_stack_update_matches_ppo_update_on_modules(float64):
     torch.testing.assert_close(_flat(v_stack), _flat(value), atol=1e-9, rtol=1e-7)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_row_adam_is_torch_adam_bit_for_bit(dtype):
+def test_row_adam_is_torch_adam_bit_for_bit(dtype, fused):
     """RowAdam calls the fused kernel itself; its update must be torch.optim.Adam(fused=True)'s exactly, with rows
-    skipped (grad None) on some steps, a changed lr, and after seeds leave (keep)."""
+    skipped (grad None) on some steps, a changed lr, and after seeds leave (keep). Without the fused kernel (a
+    device that lacks it) it must be torch's default Adam."""
     g = torch.Generator().manual_seed(0)
     start = [torch.randn(40, generator=g, dtype=dtype) for _ in range(3)]
     grads = [[torch.randn(40, generator=g, dtype=dtype) for _ in range(3)] for _ in range(6)]
     ours = [x.clone().requires_grad_() for x in start]
     theirs = [x.clone().requires_grad_() for x in start]
-    row_adam = RowAdam(ours, lr=1e-2, eps=1e-5, betas=(0.8, 0.99))
-    torch_adam = torch.optim.Adam(theirs, lr=1e-2, eps=1e-5, betas=(0.8, 0.99), fused=True)
+    row_adam = RowAdam(ours, lr=1e-2, eps=1e-5, betas=(0.8, 0.99), fused=fused)
+    torch_adam = torch.optim.Adam(theirs, lr=1e-2, eps=1e-5, betas=(0.8, 0.99), fused=fused or None)
     for t, step_grads in enumerate(grads):
         if t == 3:  # the seed at position 1 leaves
             ours, theirs = [ours[0], ours[2]], [theirs[0], theirs[2]]
