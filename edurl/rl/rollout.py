@@ -121,7 +121,8 @@ class _EpisodeCounter:
     def __init__(self, n: int, device: torch.device, numpy: bool = False):
         self.numpy = numpy
         if numpy:
-            self.ret = np.zeros(n, dtype=torch.empty(0).numpy().dtype)  # the default dtype's, as on the torch path
+            wide = torch.get_default_dtype() == torch.float64  # float32 otherwise, as on the torch path
+            self.ret = np.zeros(n, dtype=np.float64 if wide else np.float32)
             self.len = np.zeros(n, dtype=np.int64)
         else:
             self.ret = torch.zeros(n, device=device)
