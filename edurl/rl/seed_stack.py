@@ -391,8 +391,9 @@ class RowAdam:
             maximize=False,
         )
 
-    def keep(self, rows: Sequence[torch.Tensor], positions: Sequence[int]) -> None:
-        """Train only ``rows`` from now on, the rows that were at ``positions``, with their state."""
+    def keep(self, positions: Sequence[int]) -> None:
+        """Train only the rows at ``positions`` from now on (in this order), with their state."""
+        rows = [self.rows[p] for p in positions]
         if self._torch is not None:
             state = self._torch.state
             self._torch = torch.optim.Adam(rows, **self._torch.defaults)
@@ -408,7 +409,7 @@ def keep_seeds(stack: ActorCriticStack, optimizer: RowAdam, positions: Sequence[
     """Keep only the seeds at ``positions`` in ``stack`` and in ``optimizer``, with their state. Returns the
     optimizer."""
     stack.keep(positions)
-    optimizer.keep(stack.rows, positions)
+    optimizer.keep(positions)
     return optimizer
 
 

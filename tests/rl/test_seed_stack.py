@@ -168,7 +168,7 @@ def test_row_adam_is_torch_adam_bit_for_bit(dtype, fused):
     for t, step_grads in enumerate(grads):
         if t == 3:  # the seed at position 1 leaves
             ours, theirs = [ours[0], ours[2]], [theirs[0], theirs[2]]
-            row_adam.keep(ours, [0, 2])
+            row_adam.keep([0, 2])
             state = torch_adam.state
             torch_adam = torch.optim.Adam(theirs, **torch_adam.defaults)
             for x in theirs:
