@@ -670,6 +670,38 @@ DETERMINISTIC = [  # (notebook, assert, why no study is needed)
 ]
 
 
+def summary(paths: list[str]) -> str:
+    """Every recorded statistic of the runs in the JSON-lines files ``paths`` (one study run each), per experiment
+    and variant: its median (min to max) over seeds and the number of seeds, one column per file, so that two
+    study runs can be read side by side. The chapters' unasserted study numbers come from this table."""
+    import json
+    import statistics
+
+    studies = [[derived(json.loads(line)) for line in open(path, encoding="utf-8") if line.strip()] for path in paths]
+    groups = sorted({(r["experiment"], r.get("variant", "")) for rows in studies for r in rows})
+    lines = []
+    for experiment, variant in groups:
+        runs = [
+            [r for r in rows if (r["experiment"], r.get("variant", "")) == (experiment, variant)] for rows in studies
+        ]
+        lines.append(
+            f"\n{experiment} ({variant}): median (min to max) [seeds]; one column per file: {', '.join(paths)}"
+        )
+        first = next(rows[0] for rows in runs if rows)
+        keys = [k for k, v in first.items() if isinstance(v, (int, float)) and k != "seed"]
+        for key in keys:
+            cells = []
+            for rows in runs:
+                values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+                cells.append(
+                    f"{statistics.median(values):.4g} ({min(values):.4g} to {max(values):.4g}) [{len(values)}]"
+                    if values
+                    else "-"
+                )
+            lines.append(f"  {key:<32} " + "   ".join(f"{c:<36}" for c in cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Run experiments over seeds in this process, appending one JSON line per run to ``--out``, so that
     several processes (e.g. one per core) can share the work and a partial study keeps its runs."""
@@ -683,8 +715,16 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="comma-separated study seeds")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variant", default="threads=1", help="the name the rows carry")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="append the runs to this JSON-lines file")
+    parser.add_argument(
+        "--summary", help="comma-separated --out files: print each statistic's median (min to max), and run nothing"
+    )
     args = parser.parse_args()
+    if args.summary:
+        print(summary(args.summary.split(",")))
+        return
+    if not args.out:
+        parser.error("--out is required to run experiments (or pass --summary FILES to read earlier runs)")
     for seed in [int(s) for s in args.seeds.split(",")]:
         for name in args.experiments.split(","):
             try:  # a claim file per (experiment, seed, variant): processes sharing --out never run one twice

@@ -22,3 +22,28 @@ def test_ppo_update_profile_runs():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "seed stack, 2 seed(s)" in proc.stdout and "optimizer.step" in proc.stdout
+
+
+def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
+    import json
+
+    rows = {
+        "a.jsonl": [
+            {"experiment": "off_policy", "variant": "threads=1", "seed": s, "kl_gap": v}
+            for s, v in enumerate((0.90, 0.95, 0.93))
+        ],
+        "b.jsonl": [{"experiment": "off_policy", "variant": "threads=1", "seed": 0, "kl_gap": 0.5}],
+    }
+    for name, runs in rows.items():
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in runs))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/_llm_margins.py", "--summary", f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("kl_gap"))
+    assert "0.93 (0.9 to 0.95) [3]" in line and "0.5 (0.5 to 0.5) [1]" in line
+    assert "seed" not in [x.split()[0] for x in proc.stdout.splitlines() if x.startswith("  ")]
