@@ -32,7 +32,9 @@ from edurl.llm.multiturn import (
 
 RECIPES = {
     "guess_number": dict(sft=dict(max_steps=1500, batch_size=16), rl=dict(GUESS_RL_SETTINGS, max_steps=150)),
-    "calculator": dict(sft=dict(max_steps=1000, batch_size=32), rl=dict(max_steps=60, batch_size=8, group_size=8)),
+    "calculator": dict(
+        sft=dict(max_steps=1000, batch_size=32, tool_fraction=0.75), rl=dict(max_steps=60, batch_size=8, group_size=8)
+    ),
 }
 """Each game's warm start and RL settings (the rest are the configs' defaults, aggregation seq_mean_token_mean).
 Guess-the-number learns only with shaped rewards and each turn credited with its own reward (discount 0), and then
@@ -53,6 +55,7 @@ def measure(game: str, seed: int, threads: int, progress: bool, sft_steps=None, 
         "seed": seed,
         "sft_steps": recipe["sft"]["max_steps"],
         "rl_steps": recipe["rl"]["max_steps"],
+        "tool_fraction": sft.tool_fraction if game == "calculator" else None,
         "threads": threads,
         "sft_seconds": time.perf_counter() - t0,
     }
@@ -99,10 +102,14 @@ def _stat(rows: list[dict], key: str, pct: bool = True) -> str:
 
 
 def report(rows: list[dict]) -> None:
-    recipes = sorted({(r["game"], r.get("sft_steps"), r.get("rl_steps")) for r in rows}, key=str)
-    for game, sft_steps, rl_steps in recipes:
-        got = [r for r in rows if (r["game"], r.get("sft_steps"), r.get("rl_steps")) == (game, sft_steps, rl_steps)]
-        print(f"\n{game}, warm start {sft_steps} steps, RL {rl_steps} steps: {len(got)} seeds; median (min–max)")
+    def recipe(r: dict) -> tuple:  # rows written before tool_fraction was recorded used the default, 0.5
+        tool_fraction = r.get("tool_fraction", 0.5) if r["game"] == "calculator" else None
+        return r["game"], r.get("sft_steps"), r.get("rl_steps"), tool_fraction
+
+    for game, sft_steps, rl_steps, tool_fraction in sorted({recipe(r) for r in rows}, key=str):
+        got = [r for r in rows if recipe(r) == (game, sft_steps, rl_steps, tool_fraction)]
+        tools = f", tool_fraction {tool_fraction}" if tool_fraction is not None else ""
+        print(f"\n{game}, warm start {sft_steps} steps{tools}, RL {rl_steps} steps: {len(got)} seeds; median (min–max)")
         if game == "guess_number":
             print(f"  floor, 5 blind guesses         {100 * win_rate('random_blind'):.1f} % (exact)")
             print(f"  random guess inside the range  {100 * win_rate('random_in_range'):.1f} % (exact)")
