@@ -385,22 +385,28 @@ def multiturn_calc(seed: int, threads: int) -> dict:
 OFF_STEPS = 60
 STALE_KS = (2, 8)
 STALE_LOSSES = ("importance_sampling", "ppo", "cispo")
+SWEEP_KS = (1, 2, 4, 8)  # the issue's sweep, k = 0 (on-policy) being the shared baseline
 BUFFER_GROUPS = 320  # per source policy: the warm start and the online run's steps 20 and 40
 OFFLINE_RUNS = (("dro", 0.1, "mean"), ("dro", 0.0, "mean"), ("dro", 0.1, "soft"), ("ppo", 0.1, "mean"))
 
 
-def off_policy(seed: int, threads: int) -> dict:
-    """Notebook 10: the staleness sweep (k = 0, 2, 8 with three losses) and offline RL from a buffer logged by the
-    warm start and the on-policy run's checkpoints."""
+def _off_policy_base(seed: int, threads: int):
+    """Notebook 10's GRPO run: the default recipe from the Chapter 6 warm start, OFF_STEPS steps."""
+    from edurl.llm.grpo import GRPOConfig
+
+    return GRPOConfig(seed=seed, max_steps=OFF_STEPS, num_threads=threads, progress=False, eval_every=OFF_STEPS)
+
+
+def _stale_runs(seed: int, threads: int, ks, root: Path, **online) -> dict:
+    """Notebook 10's staleness sweep: the on-policy run (k = 0, with ``online``'s extra settings) and, for each k in
+    ``ks`` and each loss, the run whose batch s is sampled with the weights of step max(0, s - k) (in turn with the
+    trainer: the same batches as a concurrent sampler, reproducibly). Returns the recorded statistics: held-out
+    pass@1 after OFF_STEPS steps, mean kl_sample_train_v2 and clip fraction, per run."""
     from dataclasses import replace
 
-    from edurl.llm.grpo import GRPOConfig, train_grpo
-    from edurl.llm.loop import make_training_client
-    from edurl.llm.offline import collect_buffer, train_offline
+    from edurl.llm.grpo import train_grpo
 
-    root = Path(tempfile.mkdtemp(prefix="edurl-margins-"))
-    base = GRPOConfig(seed=seed, max_steps=OFF_STEPS, num_threads=threads, progress=False, eval_every=OFF_STEPS)
-    stats = {}
+    base, stats = _off_policy_base(seed, threads), {}
 
     def record(name, result):
         m = result.metrics
@@ -408,14 +414,33 @@ def off_policy(seed: int, threads: int) -> dict:
         stats[f"{name}_kl_v2"] = float(m["optim/kl_sample_train_v2"].mean())
         stats[f"{name}_clip"] = float(m["optim/clip_fraction"].mean())
 
-    third = OFF_STEPS // 3  # checkpoints at a third and two thirds of the run: steps 20 and 40
-    online = train_grpo(replace(base, save_every=third, log_dir=str(root / "online")))
-    stats["start_pass"] = online.start.pass_at_1
-    record("k0", online)
-    for k in STALE_KS:
+    on_policy = train_grpo(replace(base, log_dir=str(root / "online"), **online))
+    stats["start_pass"] = on_policy.start.pass_at_1
+    record("k0", on_policy)
+    for k in ks:
         for loss in STALE_LOSSES:
             c = replace(base, loss_fn=loss, max_steps_off_policy=k, concurrent_sampler=False)
             record(f"k{k}_{loss}", train_grpo(replace(c, log_dir=str(root / f"k{k}_{loss}"))))
+    return stats
+
+
+def staleness_sweep(seed: int, threads: int) -> dict:
+    """Issue 16's sweep, k = 0, 1, 2, 4, 8 with three losses (the notebook runs k = 0, 2, 8): read it with
+    ``python benchmarks/staleness_sweep.py --load F``."""
+    return _stale_runs(seed, threads, SWEEP_KS, Path(tempfile.mkdtemp(prefix="edurl-margins-")))
+
+
+def off_policy(seed: int, threads: int) -> dict:
+    """Notebook 10: the staleness sweep (k = 0, 2, 8 with three losses) and offline RL from a buffer logged by the
+    warm start and the on-policy run's checkpoints."""
+    from dataclasses import replace
+
+    from edurl.llm.loop import make_training_client
+    from edurl.llm.offline import collect_buffer, train_offline
+
+    root, base = Path(tempfile.mkdtemp(prefix="edurl-margins-")), _off_policy_base(seed, threads)
+    third = OFF_STEPS // 3  # checkpoints at a third and two thirds of the run: steps 20 and 40
+    stats = _stale_runs(seed, threads, STALE_KS, root, save_every=third)
     trainer, renderer, task = make_training_client(replace(base, log_dir=str(root / "buffer")))
     samplers = {"sft": trainer.save_weights_and_get_sampling_client("sft")}
     for s in (third, 2 * third):
@@ -500,6 +525,7 @@ EXPERIMENTS = {
     "multiturn_guess": (multiturn_guess, True),
     "multiturn_calc": (multiturn_calc, True),
     "off_policy": (off_policy, True),
+    "staleness_sweep": (staleness_sweep, True),
     "stale_gradients": (stale_gradients, True),
 }
 

@@ -47,3 +47,33 @@ def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
     line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("kl_gap"))
     assert "0.93 (0.9 to 0.95) [3]" in line and "0.5 (0.5 to 0.5) [1]" in line
     assert "seed" not in [x.split()[0] for x in proc.stdout.splitlines() if x.startswith("  ")]
+
+
+def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
+    import json
+
+    def row(seed, shift):
+        r = {"experiment": "staleness_sweep", "variant": "threads=1", "seed": seed, "start_pass": 0.3}
+        r.update({"k0_pass": 0.5, "k0_kl_v2": 1e-9, "k0_clip": 0.0})
+        for k in (1, 2, 4, 8):
+            for i, loss in enumerate(("importance_sampling", "ppo", "cispo")):
+                r.update({f"k{k}_{loss}_pass": 0.5 - 0.01 * k * (i + shift), f"k{k}_{loss}_kl_v2": 0.01 * k})
+                r[f"k{k}_{loss}_clip"] = 0.001 * k if loss == "ppo" else 0.0
+        return r
+
+    path = tmp_path / "sweep.jsonl"
+    path.write_text("".join(json.dumps(row(s, s)) + "\n" for s in (0, 1)))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/staleness_sweep.py", "--load", str(path), "--plot", str(tmp_path / "s.png")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    # k = 8, ppo (i = 1): seed 0 is 8 points below on-policy, seed 1 (shift 1) 16: median -12
+    assert " 8  ppo                  -12.0 (-16.0 to -8.0)" in out, out
+    # importance_sampling minus the mean of the other two at k = 8: seed 0: 0 - (-8 - 16) / 2 = +12, seed 1: +12
+    assert "k = 8: +12.0 (+12.0 to +12.0); below on 0 of 2 seeds" in out, out
+    assert (tmp_path / "s.png").stat().st_size > 0
