@@ -77,3 +77,27 @@ def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
     # importance_sampling minus the mean of the other two at k = 8: seed 0: 0 - (-8 - 16) / 2 = +12, seed 1: +12
     assert "k = 8: +12.0 (+12.0 to +12.0); below on 0 of 2 seeds" in out, out
     assert (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_multiturn_games_report_keeps_recipes_apart(tmp_path):
+    import json
+
+    base = {"game": "calculator", "seed": 0, "sft_steps": 1000, "rl_steps": 60, "threads": 1, "sft_seconds": 1.0}
+    base.update({"rl_seconds": 2.0, "start_correct": 0.5, "start_used_tool": 1.0, "start_correct_no_tool": 0.0})
+    base.update({"final_correct": 0.9, "final_used_tool": 1.0, "final_correct_no_tool": 0.0})
+    old = dict(base)  # a row written before tool_fraction, the temperature and the mixed share were recorded
+    new = dict(base, seed=1, tool_fraction=0.75, rl_temperature=1.0, mixed_groups_second_half=0.08, final_correct=0.7)
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/multiturn_games.py", "--load", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "tool_fraction 0.5, RL 60 steps at T = 1.0: 1 seeds" in out and "tool_fraction 0.75" in out, out
+    assert "met on 1 of 1 seeds" in out and "met on 0 of 1 seeds" in out, out
+    assert "RL groups with mixed rewards   8.0 %" in out, out
