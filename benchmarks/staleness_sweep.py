@@ -55,7 +55,7 @@ def report(rows: list[dict]) -> str:
     lines = [
         f"{len(rows)} seeds ({', '.join(str(r['seed']) for r in rows)}); median (min to max) over seeds",
         f"warm start held-out pass@1 {_cell(start, 100, '.1f')} %; on-policy gain in 60 steps {_cell(gain, 100)} points",
-        f"{'k':>2}  {'loss':<20} {'pass@1 vs on-policy (points)':<30} {'mean kl_sample_train_v2':<30} clip fraction (%)",
+        f"{'k':>2}  {'loss':<20} {'pass@1 vs on-policy (points)':<30} {'mean kl_sample_train_v2':<30} clip fraction (%; importance_sampling: r outside [0.8, 1.2])",
     ]
     for rec in records:
         if rec["k"] == 0 and rec["loss"] != _llm_margins.STALE_LOSSES[0]:
@@ -65,6 +65,10 @@ def report(rows: list[dict]) -> str:
             f"{rec['k']:>2}  {loss:<20} {_cell(rec['pass_change'], 100):<30} "
             f"{_cell(rec['kl_v2'], 1, '.3g'):<30} {_cell(rec['clip'], 100, '.2f')}"
         )
+    kl = {(r["k"], r["loss"]): r["kl_v2"] for r in records}
+    for loss in _llm_margins.STALE_LOSSES:
+        rising = sum(all(a < b for a, b in zip(seq, seq[1:])) for seq in zip(*(kl[k, loss] for k in KS)))
+        lines.append(f"mean kl_sample_train_v2 rises with every step of k, {loss}: on {rising} of {len(rows)} seeds")
     by = {(r["k"], r["loss"]): r["pass_change"] for r in records}
     lines.append("importance_sampling (no clip) minus the mean of ppo and cispo, pass@1 points:")
     for k in _llm_margins.SWEEP_KS:

@@ -59,6 +59,8 @@ def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
             for i, loss in enumerate(("importance_sampling", "ppo", "cispo")):
                 r.update({f"k{k}_{loss}_pass": 0.5 - 0.01 * k * (i + shift), f"k{k}_{loss}_kl_v2": 0.01 * k})
                 r[f"k{k}_{loss}_clip"] = 0.001 * k if loss == "ppo" else 0.0
+        if seed == 1:
+            r["k8_ppo_kl_v2"] = 0.03  # below k = 4's 0.04
         return r
 
     path = tmp_path / "sweep.jsonl"
@@ -76,6 +78,8 @@ def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
     assert " 8  ppo                  -12.0 (-16.0 to -8.0)" in out, out
     # importance_sampling minus the mean of the other two at k = 8: seed 0: 0 - (-8 - 16) / 2 = +12, seed 1: +12
     assert "k = 8: +12.0 (+12.0 to +12.0); below on 0 of 2 seeds" in out, out
+    assert "rises with every step of k, importance_sampling: on 2 of 2 seeds" in out, out
+    assert "rises with every step of k, ppo: on 1 of 2 seeds" in out, out  # seed 1's ppo kl dips at k = 8
     assert (tmp_path / "s.png").stat().st_size > 0
 
 
