@@ -96,7 +96,7 @@ def plot(rows: list[dict], path: str) -> None:
             ax.fill_between(ks, lo, hi, color=line.get_color(), alpha=0.12)
     axes[0].axhline(0, color="gray", ls=":")
     axes[0].set(xlabel="k (steps stale)", ylabel="held-out pass@1 minus on-policy (points)")
-    axes[1].set(xlabel="k (steps stale)", ylabel="mean kl_sample_train_v2", yscale="symlog", ylim=(0, None))
+    axes[1].set(xlabel="k (steps stale)", ylabel="mean kl_sample_train_v2", ylim=(0, None))
     axes[0].legend(fontsize=8)
     fig.suptitle(f"staleness sweep, {len(rows)} seeds: median, band = min to max")
     fig.tight_layout()
