@@ -12,16 +12,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_ppo_update_profile_runs():
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/ppo_update_profile.py", "--steps", "3", "--warmup", "1", "--seeds", "1,2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _script(*args: str, timeout: int = 120) -> str:
+    """Run ``python *args`` from the repository root; its stdout, after checking that it exited 0."""
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "seed stack, 2 seed(s)" in proc.stdout and "optimizer.step" in proc.stdout
+    return proc.stdout
+
+
+def test_ppo_update_profile_runs():
+    out = _script("benchmarks/ppo_update_profile.py", "--steps", "3", "--warmup", "1", "--seeds", "1,2", timeout=300)
+    assert "seed stack, 2 seed(s)" in out and "optimizer.step" in out
 
 
 def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
@@ -36,17 +36,10 @@ def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
     }
     for name, runs in rows.items():
         (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in runs))
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/_llm_margins.py", "--summary", f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(x for x in proc.stdout.splitlines() if x.strip().startswith("kl_gap"))
+    out = _script("benchmarks/_llm_margins.py", "--summary", f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}")
+    line = next(x for x in out.splitlines() if x.strip().startswith("kl_gap"))
     assert "0.93 (0.9 to 0.95) [3]" in line and "0.5 (0.5 to 0.5) [1]" in line
-    assert "seed" not in [x.split()[0] for x in proc.stdout.splitlines() if x.startswith("  ")]
+    assert "seed" not in [x.split()[0] for x in out.splitlines() if x.startswith("  ")]
 
 
 def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
@@ -65,15 +58,7 @@ def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
 
     path = tmp_path / "sweep.jsonl"
     path.write_text("".join(json.dumps(row(s, s)) + "\n" for s in (0, 1)))
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/staleness_sweep.py", "--load", str(path), "--plot", str(tmp_path / "s.png")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    out = _script("benchmarks/staleness_sweep.py", "--load", str(path), "--plot", str(tmp_path / "s.png"))
     # k = 8, ppo (i = 1): seed 0 is 8 points below on-policy, seed 1 (shift 1) 16: median -12
     assert " 8  ppo                  -12.0 (-16.0 to -8.0)" in out, out
     # importance_sampling minus the mean of the other two at k = 8: seed 0: 0 - (-8 - 16) / 2 = +12, seed 1: +12
@@ -93,15 +78,7 @@ def test_multiturn_games_report_keeps_recipes_apart(tmp_path):
     new = dict(base, seed=1, tool_fraction=0.75, rl_temperature=1.0, mixed_groups_second_half=0.08, final_correct=0.7)
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/multiturn_games.py", "--load", str(path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    out = _script("benchmarks/multiturn_games.py", "--load", str(path))
     assert "tool_fraction 0.5, RL 60 steps at T = 1.0: 1 seeds" in out and "tool_fraction 0.75" in out, out
     assert "met on 1 of 1 seeds" in out and "met on 0 of 1 seeds" in out, out
     assert "RL groups with mixed rewards   8.0 %" in out, out
