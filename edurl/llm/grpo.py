@@ -296,7 +296,9 @@ def update(config: GRPOConfig, trainer: TrainingClient, rollout: Rollout, world:
     datums = rollout.datums
     kl_row = {}
     if datums and config.kl_coef > 0 and config.kl_penalty == "reward":
-        datums, kl_row["env/all/kl_sample_ref"] = _kl_into_advantages(trainer, datums, config)
+        datums, kl_row["env/all/kl_sample_ref"] = kl_into_advantages(
+            trainer, datums, config.kl_coef, config.temperature
+        )
     fwd_metrics: list[dict] = []
     loss_kl_coef = config.kl_coef if config.kl_penalty == "loss" else 0.0
     if datums:  # on every rank, under data parallelism (which refuses drop_uniform_groups)
@@ -497,14 +499,17 @@ def _call_reward_fn(reward_fn, problems, prompts, responses, shape) -> tuple[tor
     return rewards, {k: float(v) for k, v in dict(metrics).items()}
 
 
-def _kl_into_advantages(trainer: TrainingClient, datums: list, config: GRPOConfig) -> tuple[list, float]:
+def kl_into_advantages(
+    trainer: TrainingClient, datums: list, kl_coef: float, temperature: float = 1.0
+) -> tuple[list, float]:
     """Tinker's KL penalty: each action token's advantage gets kl_coef * (mean k1 - k1), k1 = log q - log p_ref
-    (see :func:`edurl.llm.losses.kl_penalty_advantages`). Returns new datums and the batch's mean k1."""
-    ref = trainer.compute_logprobs(datums, reference=True, temperature=config.temperature)
+    (see :func:`edurl.llm.losses.kl_penalty_advantages`); the trainer needs a reference model. Returns new datums
+    and the batch's mean k1."""
+    ref = trainer.compute_logprobs(datums, reference=True, temperature=temperature)
     fields = [d.loss_fn_inputs for d in datums]
     cat = {k: torch.cat([f[k] for f in fields]) for k in ("advantages", "logprobs", "mask")}
     advantages, mean_k = L.kl_penalty_advantages(
-        cat["advantages"], cat["logprobs"], torch.cat(ref), cat["mask"], config.kl_coef
+        cat["advantages"], cat["logprobs"], torch.cat(ref), cat["mask"], kl_coef
     )
     pieces = advantages.split([d.model_input.length for d in datums])
     return [Datum(d.model_input, {**d.loss_fn_inputs, "advantages": a}) for d, a in zip(datums, pieces)], float(mean_k)
@@ -517,6 +522,7 @@ __all__ = [
     "Rollout",
     "collect",
     "grpo_step",
+    "kl_into_advantages",
     "update",
     "make_training_client",
     "problem_seed",

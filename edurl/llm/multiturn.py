@@ -5,8 +5,9 @@ One GRPO step on a multi-turn game::
     1. sampler = trainer.save_weights_and_get_sampling_client()
     2. builders = batch_size EnvGroupBuilders (a secret, or a problem), group_size envs each
     3. groups = do_group_rollouts(builders, sampler, ...)        every waiting env in one batch per round
-    4. advantage of an episode = its total reward - its group's mean
-    5. datums = one per episode (or one per turn when the renderer breaks the prefix), env tokens masked
+    4. advantage of an episode = its total reward - its group's mean (or per turn, with per_turn_credit)
+    5. datums = one per episode (or one per turn when the renderer breaks the prefix), env tokens masked;
+       with kl_coef > 0, each action token's advantage also gets Tinker's KL penalty to the warm start
     6. forward_backward(datums, loss_fn) + optim_step
 
 The warm start (:func:`load_or_train_game_sft`) is supervised learning on demonstrated episodes, with weight 1
@@ -17,6 +18,7 @@ calculator on held-out problems, with and without the tool.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
@@ -31,6 +33,7 @@ from edurl.llm.datum import build_supervised_datum
 from edurl.llm.envs import base as E
 from edurl.llm.envs.calculator import CalculatorGroupBuilder, direct_demonstration, tool_demonstration
 from edurl.llm.envs.guess_number import GuessNumberGroupBuilder, demonstration
+from edurl.llm.grpo import kl_into_advantages
 from edurl.llm.loop import problem_seed
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
 from edurl.llm.renderer import ChatMLRenderer, Message
@@ -274,11 +277,18 @@ class MultiTurnConfig:
     win_bonus: float = 0.0
     """guess_number, with shaped: the extra reward of a win, on top of the share it ruled out (1.0 keeps the game's
     own reward; 0.0 pays for narrowing the range only, so a near miss earns almost as much as a win)."""
+    relative: bool = False
+    """guess_number, with shaped: pay each guess the share of the numbers still possible that it rules out, not the
+    share of all of them (GuessNumberEnv), so that every turn is paid on the same scale."""
     per_turn_credit: bool = False
     """Credit each turn with the reward from it to the episode's end, centred over the group at the same turn
     (TrajectoryGroup.turn_advantages); False: every turn gets its episode's centred total reward."""
     discount: float = 1.0
     """With per_turn_credit: the weight of a reward one turn later (0: each turn's own reward only)."""
+    kl_coef: float = 0.0
+    """Tinker's KL penalty to the warm start, put into each action token's advantage (edurl.llm.grpo.
+    kl_into_advantages); 0: none. It holds the tokens the reward does not look at, such as guess-the-number's
+    scratchpad, where the warm start put them: without it, noise in the advantages moves them freely."""
     tool_cost: float = 0.0
     """calculator: reward lost per tool call."""
     eval_every: int = 25
@@ -302,16 +312,23 @@ class MultiTurnConfig:
             self,
             positive_int=("group_size", "batch_size", "max_steps", "max_tokens", "eval_every", "num_eval"),
             nonneg_int=("seed",),
-            nonneg=("learning_rate", "temperature", "guess_penalty", "tool_cost", "win_bonus"),
+            nonneg=("learning_rate", "temperature", "guess_penalty", "tool_cost", "win_bonus", "kl_coef"),
         )
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
         if self.win_bonus and not self.shaped:
             raise ValueError("win_bonus is added to the shaped reward; set shaped=True, or leave win_bonus at 0")
+        if self.relative and not self.shaped:
+            raise ValueError("relative changes the shaped reward; set shaped=True as well, or leave relative False")
 
     def env_kwargs(self) -> dict:
         if self.sft.game == "guess_number":
-            return {"guess_penalty": self.guess_penalty, "shaped": self.shaped, "win_bonus": self.win_bonus}
+            return {
+                "guess_penalty": self.guess_penalty,
+                "shaped": self.shaped,
+                "win_bonus": self.win_bonus,
+                "relative": self.relative,
+            }
         return {"tool_cost": self.tool_cost, "easy_fraction": self.sft.easy_fraction}
 
 
@@ -340,6 +357,8 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
     t1 = time.perf_counter()
     datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit, config.discount)
     row = {**E.rollout_metrics(groups), **datum_row}
+    if datums and config.kl_coef > 0:
+        datums, row["env/all/kl_sample_ref"] = kl_into_advantages(trainer, datums, config.kl_coef, config.temperature)
     if datums:
         out = trainer.forward_backward(
             datums, config.loss_fn, aggregation=config.aggregation, temperature=config.temperature
@@ -359,7 +378,8 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
     with torch_threads(config.num_threads):
         model, tokenizer, _, _ = load_or_train_game_sft(sft, progress_bar=config.progress)
         model = model.to(pick_device(config.device))
-        trainer = TrainingClient(model, tokenizer)
+        reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
+        trainer = TrainingClient(model, tokenizer, reference=reference)
         renderer = ChatMLRenderer(tokenizer)
 
         def evaluate():

@@ -318,6 +318,26 @@ def test_shaped_rewards_rule_out_numbers_and_add_up_to_one_for_a_win(char_tokeni
         GuessNumberEnv(21, r, win_bonus=1.0)  # without shaped=True the win is already worth 1
 
 
+def test_scratchpad_ok_counts_replies_that_name_the_range_still_possible(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    # secret 21: right, right, a stale range (16-31 after "lower" at 23), then a wrong middle
+    replies = ["0-31 mid 15: 15", "16-31 mid 23: 23", "16-31 mid 23: 19", "20-22 mid 20: 21"]
+    t = _play_scripted(GuessNumberEnv(21, r), r, replies)
+    assert [x.metrics["scratchpad_ok"] for x in t.transitions] == pytest.approx([1, 1, 2 / 3, 2 / 4])
+    assert _play_scripted(GuessNumberEnv(21, r), r, GAME).transitions[-1].metrics["scratchpad_ok"] == 0  # no "mid"
+
+
+def test_relative_shaping_pays_the_share_of_what_was_still_possible(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    win = _play_scripted(GuessNumberEnv(21, r, shaped=True, relative=True), r, GAME)  # 15, 23, 19, 21
+    # 16 of 32 ruled out; then 9 of the 16 left (16-31 -> 16-22); 4 of 7 (-> 20-22); the hit rules out the last 3
+    assert [t.reward for t in win.transitions] == pytest.approx([16 / 32, 9 / 16, 4 / 7, 3 / 3])
+    lost = _play_scripted(GuessNumberEnv(21, r, shaped=True, relative=True), r, ["0", "31", "31", "x", "1"])
+    assert [t.reward for t in lost.transitions] == pytest.approx([1 / 32, 1 / 31, 0, 0, 1 / 30])
+    with pytest.raises(ValueError, match="shaped=True"):
+        GuessNumberEnv(21, r, relative=True)
+
+
 def test_win_rates_are_exact():
     assert win_rate("bisect") == 31 / 32  # 5 guesses tell apart at most 31 numbers
     assert win_rate("random_blind") == 5 / 32

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from edurl.llm.envs.guess_number import demonstration
@@ -72,6 +74,13 @@ def test_warm_start_caches_and_grpo_runs_end_to_end(tmp_path, monkeypatch):
     result = train_multiturn(config)
     assert len(result.metrics) == 2 and "test/win" in result.metrics.columns
     assert set(result.final) >= {"win", "guesses"}
+    assert "env/all/kl_sample_ref" not in result.metrics.columns
+    # the KL leash to the warm start: a frozen reference, and the KL of the sampled tokens to it logged
+    kl_config = replace(config, group_size=4, kl_coef=0.5, shaped=True, relative=True, log_dir=str(tmp_path / "kl"))
+    leashed = train_multiturn(kl_config)
+    kl = leashed.metrics["env/all/kl_sample_ref"]
+    assert kl[0] == pytest.approx(0.0, abs=1e-5)  # step 0 samples from the reference itself
+    assert kl[1] != pytest.approx(0.0, abs=1e-5)  # one update later, the policy has moved
 
 
 def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
@@ -97,8 +106,12 @@ def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
 
 def test_win_bonus_reaches_the_env_and_needs_shaping():
     config = MultiTurnConfig(shaped=True, win_bonus=1.0)
-    assert config.env_kwargs() == {"guess_penalty": 0.0, "shaped": True, "win_bonus": 1.0}
+    assert config.env_kwargs() == {"guess_penalty": 0.0, "shaped": True, "win_bonus": 1.0, "relative": False}
     with pytest.raises(ValueError, match="shaped=True"):
         MultiTurnConfig(win_bonus=1.0)
+    with pytest.raises(ValueError, match="shaped=True"):
+        MultiTurnConfig(relative=True)
+    with pytest.raises(ValueError, match="kl_coef"):
+        MultiTurnConfig(kl_coef=-0.1)
     with pytest.raises(ValueError, match="win_bonus"):
         MultiTurnConfig(shaped=True, win_bonus=-1.0)

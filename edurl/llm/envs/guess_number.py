@@ -39,8 +39,10 @@ def intro(low: int, high: int, max_guesses: int) -> str:
 
 class GuessNumberEnv(MessageEnv):
     """One game of guess-the-number against ``secret``. Metrics: ``win``, ``guesses``, ``illegal`` (the last reply
-    had no number, or was cut off) and ``central`` (the share of guesses so far that fell in the middle half of
-    the numbers still possible: 1.0 for bisection, about 0.5 for a random guess in the range).
+    had no number, or was cut off), ``central`` (the share of guesses so far that fell in the middle half of
+    the numbers still possible: 1.0 for bisection, about 0.5 for a random guess in the range) and
+    ``scratchpad_ok`` (the share of replies so far that began with the range still possible and its middle, as
+    the demonstrations do, :func:`scratchpad`: RL can corrupt that state while the guesses still look central).
 
     ``shaped=True`` pays each guess the share of all the numbers that its answer rules out (a right guess rules
     out everything left), instead of 1 for a win at the end. The rewards add up to 1 - (numbers still possible
@@ -49,7 +51,12 @@ class GuessNumberEnv(MessageEnv):
     narrowing the range, not for winning. ``win_bonus`` adds the game's reward back: a win then earns
     ``win_bonus`` more than the share it ruled out. (Ng et al.'s guarantee that shaping leaves the best policy
     unchanged also needs the potential to be the same at every end of the game; -remaining/32 is not, since a
-    loss ends with numbers still possible.)"""
+    loss ends with numbers still possible.)
+
+    ``relative=True`` (with ``shaped``) pays the share of the numbers *still possible* that the answer rules out,
+    instead of the share of all of them: a middle guess earns about 1/2 at every turn, where the share of all 32
+    shrinks by half each turn (1/2, 1/4, 1/8, ...), so that late guesses, which decide the win, are paid on the
+    same scale as the first. The rewards then no longer add up to the share ruled out."""
 
     def __init__(
         self,
@@ -61,6 +68,7 @@ class GuessNumberEnv(MessageEnv):
         guess_penalty: float = 0.0,
         shaped: bool = False,
         win_bonus: float = 0.0,
+        relative: bool = False,
     ):
         super().__init__(renderer)
         if not low <= secret <= high:
@@ -73,16 +81,19 @@ class GuessNumberEnv(MessageEnv):
             )
         if win_bonus < 0 or (win_bonus and not shaped):
             raise ValueError(f"win_bonus must be >= 0, and is used only with shaped=True; got {win_bonus!r}")
-        self.win_bonus = float(win_bonus)
+        if relative and not shaped:
+            raise ValueError("relative=True changes the shaped reward; set shaped=True as well")
+        self.win_bonus, self.relative = float(win_bonus), relative
         self.secret, self.low, self.high = secret, low, high
         self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
         self.max_turns = max_guesses
         self.possible = (low, high)  # the numbers the answers so far still allow
         self.central = 0  # guesses in the middle half of what was still possible
+        self.scratchpad_ok = 0  # replies whose scratchpad named the range still possible and its middle
 
     def initial_messages(self) -> list[Message]:
         self.possible = (self.low, self.high)
-        self.central = 0
+        self.central = self.scratchpad_ok = 0
         return [{"role": "user", "content": intro(self.low, self.high, self.max_guesses)}]
 
     def _ruled_out(self, guess: int | None) -> float:
@@ -97,25 +108,32 @@ class GuessNumberEnv(MessageEnv):
             new = (guess + 1, hi) if guess < self.secret else (lo, guess - 1)
         self.possible = new
         before, after = hi - lo + 1, max(new[1] - new[0] + 1, 0)
-        return (before - after) / (self.high - self.low + 1)
+        return (before - after) / (before if self.relative else self.high - self.low + 1)
+
+    def _metrics(self, win: bool, illegal: bool) -> dict[str, float]:
+        used = self.turns
+        return {
+            "win": float(win),
+            "guesses": float(used),
+            "illegal": float(illegal),
+            "central": self.central / used,
+            "scratchpad_ok": self.scratchpad_ok / used,
+        }
 
     def truncated_metrics(self) -> dict[str, float]:
-        return {"win": 0.0, "guesses": float(self.turns), "illegal": 1.0, "central": self.central / self.turns}
+        return self._metrics(win=False, illegal=True)
 
     def reply(self, text: str) -> tuple[float, bool, list[Message], dict[str, float]]:
         guess = parse_guess(text)
         used = self.turns
+        lo, hi = self.possible
+        self.scratchpad_ok += text.strip().startswith(f"{lo}-{hi} mid {(lo + hi) // 2}:")
         shaped = self._ruled_out(guess)
         if guess == self.secret:
             reward = (shaped + self.win_bonus if self.shaped else 1.0) - self.guess_penalty * used
-            return (
-                reward,
-                True,
-                [],
-                {"win": 1.0, "guesses": float(used), "illegal": 0.0, "central": self.central / used},
-            )
+            return reward, True, [], self._metrics(win=True, illegal=False)
         done = used >= self.max_guesses
-        metrics = {"win": 0.0, "guesses": float(used), "illegal": float(guess is None), "central": self.central / used}
+        metrics = self._metrics(win=False, illegal=guess is None)
         if guess is None:
             answer = f"Say a number from {self.low} to {self.high}."
         else:
