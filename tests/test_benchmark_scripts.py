@@ -68,17 +68,41 @@ def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
     assert (tmp_path / "s.png").stat().st_size > 0
 
 
-def test_multiturn_games_report_keeps_recipes_apart(tmp_path):
+def _multiturn_report(tmp_path, *rows: dict) -> str:
+    """What ``multiturn_games.py --load`` prints for these rows."""
     import json
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return _script("benchmarks/multiturn_games.py", "--load", str(path))
+
+
+def test_multiturn_games_report_keeps_recipes_apart(tmp_path):
 
     base = {"game": "calculator", "seed": 0, "sft_steps": 1000, "rl_steps": 60, "threads": 1, "sft_seconds": 1.0}
     base.update({"rl_seconds": 2.0, "start_correct": 0.5, "start_used_tool": 1.0, "start_correct_no_tool": 0.0})
     base.update({"final_correct": 0.9, "final_used_tool": 1.0, "final_correct_no_tool": 0.0})
     old = dict(base)  # a row written before tool_fraction, the temperature and the mixed share were recorded
     new = dict(base, seed=1, tool_fraction=0.75, rl_temperature=1.0, mixed_groups_second_half=0.08, final_correct=0.7)
-    path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
-    out = _script("benchmarks/multiturn_games.py", "--load", str(path))
+    out = _multiturn_report(tmp_path, old, new)
     assert "tool_fraction 0.5, RL 60 steps at T = 1.0: 1 seeds" in out and "tool_fraction 0.75" in out, out
     assert "met on 1 of 1 seeds" in out and "met on 0 of 1 seeds" in out, out
     assert "RL groups with mixed rewards   8.0 %" in out, out
+
+
+def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
+
+    row = {"game": "guess_number", "seed": 0, "sft_steps": 1500, "rl_steps": 150, "threads": 1, "sft_seconds": 1.0}
+    row.update({"rl_seconds": 2.0, "start_win": 0.7, "start_win_sampled": 0.48, "final_win": 0.6})
+    old = dict(row, final_win_sampled=0.52)  # written before kl_coef and relative were recorded
+    new = dict(row, seed=1, kl_coef=0.1, relative=True, final_win_sampled=0.8)
+    new.update(start_scratchpad_ok=0.99, final_scratchpad_ok=0.97)
+    out = _multiturn_report(tmp_path, old, new)
+    assert "RL 150 steps at T = 1.0: 1 seeds" in out and "kl_coef 0.1, relative shaping: 1 seeds" in out, out
+    assert "met on 0 of 1 seeds" in out and "met on 1 of 1 seeds" in out, out
+    assert "scratchpad right, final (sampled)  97.0 %" in out, out
+    for bad in ("foo=1", "kl_coef=x", "kl_coef"):
+        proc = subprocess.run(
+            [sys.executable, "benchmarks/multiturn_games.py", "--rl-set", bad], cwd=REPO, capture_output=True, text=True
+        )
+        assert proc.returncode == 2 and "--rl-set" in proc.stderr, proc.stderr
