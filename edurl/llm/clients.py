@@ -222,6 +222,11 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A copy of ``model`` in eval mode with no gradients: the reference policy of a KL penalty."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
 class TrainingClient:
     """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
 
@@ -599,17 +604,14 @@ class ServiceClient:
         model, tokenizer = self._load(base_model, None)
         for q in model.parameters():
             q.requires_grad_(True)
-        reference = None
-        if keep_reference:
-            reference = copy.deepcopy(model).eval()
-            for q in reference.parameters():
-                q.requires_grad_(False)
+        reference = frozen_copy(model) if keep_reference else None
         return TrainingClient(model, tokenizer, reference=reference, log_dir=self.log_dir)
 
 
 __all__ = [
     "AdamParams",
     "disable_dropout",
+    "frozen_copy",
     "ForwardBackwardOutput",
     "Future",
     "LOSS_FN_NAMES",

@@ -18,7 +18,6 @@ calculator on held-out problems, with and without the tool.
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from edurl._checks import check_fields
-from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
+from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient, frozen_copy
 from edurl.llm.datum import build_supervised_datum
 from edurl.llm.envs import base as E
 from edurl.llm.envs.calculator import CalculatorGroupBuilder, direct_demonstration, tool_demonstration
@@ -378,7 +377,7 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
     with torch_threads(config.num_threads):
         model, tokenizer, _, _ = load_or_train_game_sft(sft, progress_bar=config.progress)
         model = model.to(pick_device(config.device))
-        reference = copy.deepcopy(model).eval().requires_grad_(False) if config.kl_coef > 0 else None
+        reference = frozen_copy(model) if config.kl_coef > 0 else None
         trainer = TrainingClient(model, tokenizer, reference=reference)
         renderer = ChatMLRenderer(tokenizer)
 
