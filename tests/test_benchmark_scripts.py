@@ -84,10 +84,13 @@ def test_multiturn_games_report_keeps_recipes_apart(tmp_path):
     base.update({"final_correct": 0.9, "final_used_tool": 1.0, "final_correct_no_tool": 0.0})
     old = dict(base)  # a row written before tool_fraction, the temperature and the mixed share were recorded
     new = dict(base, seed=1, tool_fraction=0.75, rl_temperature=1.0, mixed_groups_second_half=0.08, final_correct=0.7)
-    out = _multiturn_report(tmp_path, old, new)
-    assert "tool_fraction 0.5, RL 60 steps at T = 1.0: 1 seeds" in out and "tool_fraction 0.75" in out, out
-    assert "met on 1 of 1 seeds" in out and "met on 0 of 1 seeds" in out, out
+    slow = dict(new, seed=2, sft_learning_rate=1e-3, start_correct_sampled=0.785, final_correct_sampled=0.8)
+    out = _multiturn_report(tmp_path, old, new, slow)
+    assert "tool_fraction 0.5, lr 0.003, RL 60 steps at T = 1.0: 1 seeds" in out, out
+    assert "tool_fraction 0.75, lr 0.003, RL" in out and "tool_fraction 0.75, lr 0.001, RL" in out, out
+    assert "met on 1 of 1 seeds" in out and out.count("met on 0 of 1 seeds") == 2, out
     assert "RL groups with mixed rewards   8.0 %" in out, out
+    assert "warm start with the tool, T=1    78.5 %" in out and out.count("with the tool, T=1") == 2, out
 
 
 def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
@@ -101,8 +104,11 @@ def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
     assert "RL 150 steps at T = 1.0: 1 seeds" in out and "kl_coef 0.1, relative shaping: 1 seeds" in out, out
     assert "met on 0 of 1 seeds" in out and "met on 1 of 1 seeds" in out, out
     assert "scratchpad right, final (sampled)  97.0 %" in out, out
-    for bad in ("foo=1", "kl_coef=x", "kl_coef"):
+    for flag, bad in [("--rl-set", "foo=1"), ("--rl-set", "kl_coef=x"), ("--rl-set", "kl_coef")] + [
+        ("--sft-set", "kl_coef=0.1"),  # a field of the RL config, not of the warm start's
+        ("--sft-set", "learning_rate=fast"),
+    ]:
         proc = subprocess.run(
-            [sys.executable, "benchmarks/multiturn_games.py", "--rl-set", bad], cwd=REPO, capture_output=True, text=True
+            [sys.executable, "benchmarks/multiturn_games.py", flag, bad], cwd=REPO, capture_output=True, text=True
         )
-        assert proc.returncode == 2 and "--rl-set" in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and flag in proc.stderr and bad.split("=")[0] in proc.stderr, proc.stderr
