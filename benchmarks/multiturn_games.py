@@ -14,7 +14,7 @@ of RL groups with mixed rewards in the second half of the run (the only groups w
 ``--show-failures N`` prints N lost held-out episodes after RL, ``--rl-temperature`` changes RL's sampling, and
 ``--rl-set FIELD=VALUE`` any other field of the RL config (``--rl-set kl_coef=0 --rl-set relative=false`` is
 guess-the-number's recipe without the KL leash and the relative reward), and ``--sft-set FIELD=VALUE`` any field of
-the warm start's (``--sft-set learning_rate=0.003`` is the calculator's recipe before stop 37).
+the warm start's (``--sft-set learning_rate=0.003`` is the calculator's earlier recipe).
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ Guess-the-number learns only with shaped rewards and each turn credited with its
 KL penalty to the warm start, RL also corrupts the scratchpad (the range and middle the model writes) and learned on
 one seed of 0-2 (sampled win +3 to +26 points). With kl_coef=0.03 and the relative reward, 150 steps gave +27 to +30
 points on seeds 0-2 (one run, 495-525 s of RL on one thread); the batches' win rate levels off by step 60-80, and 100
-steps gave +25.0 to +33.6 points in 230-259 s on 2 threads (one run; seed 2 exactly on the target's +25). The calculator's warm start has three quarters of its demonstrations call the tool (with half,
-seed 1 never learned to copy the tool's result) and a peak learning rate of 1e-3 (at the default 3e-3, seed 0 slipped
-on a middle digit when copying, 65 % after RL); greedy pass@1 with the tool is 100 % before RL and 98 to 99.5 % after
-on seeds 0-2, sampled pass@1 69.5-78.5 % before and 94-97 % after (one run). See chapters/09_multiturn_tools.md."""
+steps gave +25.0 to +33.6 points in 230-259 s on 2 threads (one run; seed 2 exactly on the target's +25).
+The calculator's warm start has three quarters of its demonstrations call the tool (with half, seed 1 never learned to
+copy the tool's result) and a peak learning rate of 1e-3 (at the default 3e-3, seed 0 slipped on a middle digit when
+copying, 65 % after RL); greedy pass@1 with the tool is 100 % before RL and 98 to 99.5 % after on seeds 0-2, sampled
+pass@1 69.5-78.5 % before and 94-97 % after (one run). See chapters/09_multiturn_tools.md."""
 
 
 def failures(model, tok, game: str, seed: int, n: int) -> list[str]:
@@ -128,7 +129,6 @@ def measure(
         evaluate(model, "start")
     config = MultiTurnConfig(
         sft=sft,
-        aggregation="seq_mean_token_mean",
         seed=seed,
         num_threads=threads,
         log_dir=f"runs/multiturn_{game}_{seed}",
@@ -205,13 +205,16 @@ def report(rows: list[dict]) -> None:
         print(f"  RL time                        {_stat(got, 'rl_seconds', pct=False)}")
 
 
-def _overrides(parser: argparse.ArgumentParser, flag: str, items: list[str], config: type) -> dict:
-    """``FIELD=JSON`` items of ``flag`` as a dict, each FIELD a field of the dataclass ``config``."""
+def _overrides(parser: argparse.ArgumentParser, flag: str, items: list[str], config: type, taken: dict) -> dict:
+    """``FIELD=JSON`` items of ``flag`` as a dict, each FIELD a field of the dataclass ``config`` that the script
+    does not set itself (``taken`` maps those to the option that sets them, or to why it cannot be set)."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or name not in config.__dataclass_fields__:
             parser.error(f"{flag} takes FIELD=VALUE with a {config.__name__} field, got {item!r}")
+        if name in taken:
+            parser.error(f"{flag} {name}: the script sets {name} itself; use {taken[name]}")
         try:
             out[name] = json.loads(value)
         except json.JSONDecodeError:
@@ -246,8 +249,10 @@ def main() -> None:
         help="override a GameSFTConfig field of the recipes' warm start, e.g. --sft-set learning_rate=0.003",
     )
     args = parser.parse_args()
-    rl_set = _overrides(parser, "--rl-set", args.rl_set, MultiTurnConfig)
-    sft_set = _overrides(parser, "--sft-set", args.sft_set, GameSFTConfig)
+    runs = {"seed": "--seeds", "num_threads": "--threads"}
+    rl_taken = {**runs, "sft": "--sft-set", "progress": "--progress", "log_dir": "--out (runs log to runs/multiturn_*)"}
+    rl_set = _overrides(parser, "--rl-set", args.rl_set, MultiTurnConfig, rl_taken)
+    sft_set = _overrides(parser, "--sft-set", args.sft_set, GameSFTConfig, {**runs, "game": "--games"})
     if args.load:
         report([json.loads(line) for line in open(args.load)])
         return

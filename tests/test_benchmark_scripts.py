@@ -107,8 +107,14 @@ def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
     for flag, bad in [("--rl-set", "foo=1"), ("--rl-set", "kl_coef=x"), ("--rl-set", "kl_coef")] + [
         ("--sft-set", "kl_coef=0.1"),  # a field of the RL config, not of the warm start's
         ("--sft-set", "learning_rate=fast"),
+        ("--rl-set", "seed=1"),  # set by --seeds: a TypeError deep in the run without the check
+        ("--sft-set", 'game="calculator"'),  # set by --games
     ]:
         proc = subprocess.run(
-            [sys.executable, "benchmarks/multiturn_games.py", flag, bad], cwd=REPO, capture_output=True, text=True
+            [sys.executable, "benchmarks/multiturn_games.py", flag, bad],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 2 and flag in proc.stderr and bad.split("=")[0] in proc.stderr, proc.stderr
