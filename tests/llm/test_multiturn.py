@@ -83,6 +83,47 @@ def test_warm_start_caches_and_grpo_runs_end_to_end(tmp_path, monkeypatch):
     assert kl[1] != pytest.approx(0.0, abs=1e-5)  # one update later, the policy has moved
 
 
+def test_multiturn_step_trains_on_the_kl_penalised_advantages(tmp_path, monkeypatch):
+    """The loop must hand forward_backward the penalised advantages, not compute them and train on the old ones;
+    and the penalty must touch only the model's tokens."""
+    import copy
+
+    import torch
+
+    from edurl.llm.clients import TrainingClient, frozen_copy
+    from edurl.llm.multiturn import multiturn_step
+
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path / "cache"))
+    sft = GameSFTConfig(**TINY)
+    model, tok, _, _ = load_or_train_game_sft(sft, progress_bar=False)
+    reference = frozen_copy(model)  # a reference the policy has moved away from, as after some RL
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(0)))
+    trained = {}
+
+    def advantages_trained_on(kl_coef: float):
+        trainer = TrainingClient(copy.deepcopy(model), tok, reference=reference)
+        forward_backward = trainer.forward_backward
+
+        def spy(datums, *args, **kwargs):
+            trained[kl_coef] = [{k: d.loss_fn_inputs[k].clone() for k in ("advantages", "mask")} for d in datums]
+            return forward_backward(datums, *args, **kwargs)
+
+        trainer.forward_backward = spy
+        config = MultiTurnConfig(sft=sft, group_size=4, batch_size=2, max_tokens=8, kl_coef=kl_coef, shaped=True)
+        config = replace(config, num_threads=1, progress=False, log_dir=str(tmp_path / f"kl{kl_coef}"))
+        multiturn_step(config, trainer, ChatMLRenderer(tok), step=0)
+        return torch.cat([d["advantages"] for d in trained[kl_coef]]), torch.cat([d["mask"] for d in trained[kl_coef]])
+
+    plain, mask = advantages_trained_on(0.0)
+    leashed, mask_leashed = advantages_trained_on(0.5)
+    assert torch.equal(mask, mask_leashed)  # the same episodes, sampled from the same weights and seed
+    moved = (leashed - plain).abs()
+    assert moved[mask > 0].max() > 1e-4, "kl_coef > 0 left every advantage unchanged"
+    assert moved[mask == 0].max() == 0, "the penalty changed the advantage of an environment token"
+
+
 def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
     from edurl.llm.multiturn import calculator_problems
 
