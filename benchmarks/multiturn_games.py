@@ -166,11 +166,11 @@ def report(rows: list[dict]) -> None:
         game, sft_steps, sft_lr, rl_steps, tool_fraction, temperature, kl_coef, relative = key
         got = [r for r in rows if recipe(r) == key]
         tools = f", tool_fraction {tool_fraction}" if tool_fraction is not None else ""
-        tools += f", lr {sft_lr:g}"
         leash = f", kl_coef {kl_coef}" if kl_coef else ""
         scale = ", relative shaping" if relative else ""
         print(
-            f"\n{game}, warm start {sft_steps} steps{tools}, RL {rl_steps} steps at T = {temperature}{leash}{scale}: "
+            f"\n{game}, warm start {sft_steps} steps{tools}, lr {sft_lr:g}, "
+            f"RL {rl_steps} steps at T = {temperature}{leash}{scale}: "
             f"{len(got)} seeds; median (min–max)"
         )
         if game == "guess_number":
@@ -207,7 +207,7 @@ def report(rows: list[dict]) -> None:
 
 def _overrides(parser: argparse.ArgumentParser, flag: str, items: list[str], config: type, taken: dict) -> dict:
     """``FIELD=JSON`` items of ``flag`` as a dict, each FIELD a field of the dataclass ``config`` that the script
-    does not set itself (``taken`` maps those to the option that sets them, or to why it cannot be set)."""
+    does not set itself (``taken`` maps those to the option that sets them)."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")

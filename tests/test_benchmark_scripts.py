@@ -104,7 +104,10 @@ def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
     assert "RL 150 steps at T = 1.0: 1 seeds" in out and "kl_coef 0.1, relative shaping: 1 seeds" in out, out
     assert "met on 0 of 1 seeds" in out and "met on 1 of 1 seeds" in out, out
     assert "scratchpad right, final (sampled)  97.0 %" in out, out
-    for flag, bad in [("--rl-set", "foo=1"), ("--rl-set", "kl_coef=x"), ("--rl-set", "kl_coef")] + [
+    for flag, bad in [
+        ("--rl-set", "foo=1"),
+        ("--rl-set", "kl_coef=x"),
+        ("--rl-set", "kl_coef"),
         ("--sft-set", "kl_coef=0.1"),  # a field of the RL config, not of the warm start's
         ("--sft-set", "learning_rate=fast"),
         ("--rl-set", "seed=1"),  # set by --seeds: a TypeError deep in the run without the check

@@ -100,21 +100,21 @@ def test_multiturn_step_trains_on_the_kl_penalised_advantages(tmp_path, monkeypa
     with torch.no_grad():
         for p in reference.parameters():
             p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(0)))
-    trained = {}
 
     def advantages_trained_on(kl_coef: float):
         trainer = TrainingClient(copy.deepcopy(model), tok, reference=reference)
         forward_backward = trainer.forward_backward
+        trained = []
 
         def spy(datums, *args, **kwargs):
-            trained[kl_coef] = [{k: d.loss_fn_inputs[k].clone() for k in ("advantages", "mask")} for d in datums]
+            trained.extend(d.loss_fn_inputs for d in datums)
             return forward_backward(datums, *args, **kwargs)
 
         trainer.forward_backward = spy
         config = MultiTurnConfig(sft=sft, group_size=4, batch_size=2, max_tokens=8, kl_coef=kl_coef, shaped=True)
         config = replace(config, num_threads=1, progress=False, log_dir=str(tmp_path / f"kl{kl_coef}"))
         multiturn_step(config, trainer, ChatMLRenderer(tok), step=0)
-        return torch.cat([d["advantages"] for d in trained[kl_coef]]), torch.cat([d["mask"] for d in trained[kl_coef]])
+        return torch.cat([d["advantages"] for d in trained]), torch.cat([d["mask"] for d in trained])
 
     plain, mask = advantages_trained_on(0.0)
     leashed, mask_leashed = advantages_trained_on(0.5)
