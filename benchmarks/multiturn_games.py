@@ -41,7 +41,8 @@ from edurl.llm.multiturn import (
 
 RECIPES = {
     "guess_number": dict(
-        sft=dict(max_steps=1500, batch_size=16), rl=dict(GUESS_RL_SETTINGS, relative=True, kl_coef=0.03, max_steps=100)
+        sft=dict(max_steps=1500, batch_size=16),
+        rl=dict(GUESS_RL_SETTINGS, relative=True, kl_coef=0.01, scratchpad_bonus=0.1, max_steps=100),
     ),
     "calculator": dict(
         sft=dict(max_steps=1000, batch_size=32, tool_fraction=0.75, learning_rate=1e-3),
@@ -105,6 +106,8 @@ def measure(
         "rl_temperature": recipe["rl"].get("temperature", 1.0),
         "kl_coef": recipe["rl"].get("kl_coef", 0.0),
         "relative": recipe["rl"].get("relative", False),
+        "scratchpad_bonus": recipe["rl"].get("scratchpad_bonus", 0.0),
+        "prefix_cache": recipe["rl"].get("prefix_cache", MultiTurnConfig.prefix_cache),
         "threads": threads,
         "sft_seconds": time.perf_counter() - t0,
     }
@@ -161,15 +164,18 @@ def report(rows: list[dict]) -> None:
     def recipe(r: dict) -> tuple:  # rows written before these were recorded used the defaults (0.5, 3e-3, T = 1, ...)
         tool_fraction = r.get("tool_fraction", 0.5) if r["game"] == "calculator" else None
         extras = (r.get("rl_temperature", 1.0), r.get("kl_coef", 0.0), r.get("relative", False))
+        extras += (r.get("scratchpad_bonus", 0.0), r.get("prefix_cache", False))  # no cache before it was recorded
         sft_lr = r.get("sft_learning_rate", GameSFTConfig.learning_rate)
         return r["game"], r.get("sft_steps"), sft_lr, r.get("rl_steps"), tool_fraction, *extras
 
     for key in sorted({recipe(r) for r in rows}, key=str):
-        game, sft_steps, sft_lr, rl_steps, tool_fraction, temperature, kl_coef, relative = key
+        game, sft_steps, sft_lr, rl_steps, tool_fraction, temperature, kl_coef, relative, bonus, cached = key
         got = [r for r in rows if recipe(r) == key]
         tools = f", tool_fraction {tool_fraction}" if tool_fraction is not None else ""
         leash = f", kl_coef {kl_coef}" if kl_coef else ""
         scale = ", relative shaping" if relative else ""
+        scale += f", scratchpad_bonus {bonus}" if bonus else ""
+        scale += "" if cached else ", no prefix cache"
         print(
             f"\n{game}, warm start {sft_steps} steps{tools}, lr {sft_lr:g}, "
             f"RL {rl_steps} steps at T = {temperature}{leash}{scale}: "
@@ -188,6 +194,10 @@ def report(rows: list[dict]) -> None:
             )
             met = sum(r["final_win_sampled"] >= 0.7 and g >= 0.25 for r, g in zip(got, gains))
             print(f"  target (sampled win >= 70 % and >= +25 points)  met on {met} of {len(got)} seeds")
+            met = sum(
+                r["final_win_sampled"] >= 0.7 and g >= 0.25 and r["rl_seconds"] <= 300 for r, g in zip(got, gains)
+            )
+            print(f"  ... and within 5 minutes of RL                 met on {met} of {len(got)} seeds")
             if all("final_scratchpad_ok" in r for r in got):
                 for who in ("start", "final"):
                     print(f"  scratchpad right, {who:<5} (sampled)  {_stat(got, f'{who}_scratchpad_ok')}")

@@ -86,7 +86,7 @@ def test_multiturn_games_report_keeps_recipes_apart(tmp_path):
     new = dict(base, seed=1, tool_fraction=0.75, rl_temperature=1.0, mixed_groups_second_half=0.08, final_correct=0.7)
     slow = dict(new, seed=2, sft_learning_rate=1e-3, start_correct_sampled=0.785, final_correct_sampled=0.8)
     out = _multiturn_report(tmp_path, old, new, slow)
-    assert "tool_fraction 0.5, lr 0.003, RL 60 steps at T = 1.0: 1 seeds" in out, out
+    assert "tool_fraction 0.5, lr 0.003, RL 60 steps at T = 1.0, no prefix cache: 1 seeds" in out, out
     assert "tool_fraction 0.75, lr 0.003, RL" in out and "tool_fraction 0.75, lr 0.001, RL" in out, out
     assert "met on 1 of 1 seeds" in out and out.count("met on 0 of 1 seeds") == 2, out
     assert "RL groups with mixed rewards   8.0 %" in out, out
@@ -98,11 +98,15 @@ def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
     row = {"game": "guess_number", "seed": 0, "sft_steps": 1500, "rl_steps": 150, "threads": 1, "sft_seconds": 1.0}
     row.update({"rl_seconds": 2.0, "start_win": 0.7, "start_win_sampled": 0.48, "final_win": 0.6})
     old = dict(row, final_win_sampled=0.52)  # written before kl_coef and relative were recorded
-    new = dict(row, seed=1, kl_coef=0.1, relative=True, final_win_sampled=0.8)
+    new = dict(row, seed=1, kl_coef=0.1, relative=True, final_win_sampled=0.8, prefix_cache=True)
     new.update(start_scratchpad_ok=0.99, final_scratchpad_ok=0.97)
-    out = _multiturn_report(tmp_path, old, new)
-    assert "RL 150 steps at T = 1.0: 1 seeds" in out and "kl_coef 0.1, relative shaping: 1 seeds" in out, out
-    assert "met on 0 of 1 seeds" in out and "met on 1 of 1 seeds" in out, out
+    slow = dict(new, seed=2, scratchpad_bonus=0.1, rl_seconds=301.0)  # the target's gain, but over 5 minutes
+    out = _multiturn_report(tmp_path, old, new, slow)
+    assert "RL 150 steps at T = 1.0, no prefix cache: 1 seeds" in out, out
+    assert "kl_coef 0.1, relative shaping: 1 seeds" in out, out
+    assert "kl_coef 0.1, relative shaping, scratchpad_bonus 0.1: 1 seeds" in out, out
+    assert out.count("+25 points)  met on 0 of 1 seeds") == 1 and out.count("+25 points)  met on 1 of 1 seeds") == 2
+    assert out.count("within 5 minutes of RL                 met on 1 of 1 seeds") == 1, out
     assert "scratchpad right, final (sampled)  97.0 %" in out, out
     for flag, bad in [
         ("--rl-set", "foo=1"),

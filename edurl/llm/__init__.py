@@ -69,7 +69,7 @@ from edurl.llm.padding import pad
 from edurl.llm.policy import LoraSettings, load_policy
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import Grade, extract_boxed, grade
-from edurl.llm.sampling import Completion, SamplingParams, sample
+from edurl.llm.sampling import Completion, PrefixCache, SamplingParams, sample
 from edurl.llm.sft import SFTConfig, continued_sft, load_or_train_sft, train_sft
 from edurl.llm.tasks import ArithmeticTask, JsonlTask, Problem, TaskConfig, make_problem
 from edurl.llm.tokenizer import build_bpe_tokenizer, build_char_tokenizer
@@ -117,6 +117,7 @@ __all__ = [
     "LoraSettings",
     "ModelInput",
     "Problem",
+    "PrefixCache",
     "SFTConfig",
     "SamplingParams",
     "TaskConfig",

@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -47,7 +47,7 @@ from edurl.llm import losses as L
 from edurl.llm.datum import Datum, ModelInput
 from edurl.llm.padding import pad
 from edurl.llm.policy import LoraSettings, load_policy, wrap_lora
-from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.sampling import PrefixCache, SamplingParams, sample
 from edurl.llm.shared_prefix import token_logprobs
 
 T = TypeVar("T")
@@ -154,10 +154,22 @@ class SamplingClient:
         prompts: Sequence[ModelInput | Sequence[int]],
         num_samples: int = 1,
         sampling_params: SamplingParams | None = None,
+        prefix_cache: PrefixCache | None = None,
+        cache_keys: Sequence[Hashable] | None = None,
     ) -> list[SampleResponse]:
-        """Many prompts in one batched call: what a GRPO step does with its P problems. Not in Tinker's API."""
+        """Many prompts in one batched call: what a GRPO step does with its P problems. Not in Tinker's API.
+        ``prefix_cache`` and ``cache_keys`` let a multi-turn rollout skip the turns it ran before
+        (:class:`edurl.llm.sampling.PrefixCache`)."""
         ids = [_as_model_input(p) for p in prompts]
-        out = sample(self.model, ids, num_samples, sampling_params, pad_token_id=self.tokenizer.pad_token_id)
+        out = sample(
+            self.model,
+            ids,
+            num_samples,
+            sampling_params,
+            pad_token_id=self.tokenizer.pad_token_id,
+            prefix_cache=prefix_cache,
+            cache_keys=cache_keys,
+        )
         return [
             SampleResponse(
                 [

@@ -237,7 +237,7 @@ def evaluate_game(
     builders = game_builders(game, renderer, n, seed, "test", samples, **env_kwargs)
     sampler = SamplingClient(model, tokenizer)
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=None if temperature == 0 else seed)
-    groups = E.do_group_rollouts(builders, sampler, params)
+    groups = E.do_group_rollouts(builders, sampler, params, prefix_cache=True)
     return {k.removeprefix("env/all/"): v for k, v in E.rollout_metrics(groups).items() if "by_group" not in k}
 
 
@@ -279,6 +279,9 @@ class MultiTurnConfig:
     relative: bool = False
     """guess_number, with shaped: pay each guess the share of the numbers still possible that it rules out, not the
     share of all of them (GuessNumberEnv), so that every turn is paid on the same scale."""
+    scratchpad_bonus: float = 0.0
+    """guess_number: reward added to each reply that begins with the right scratchpad (the range still possible and
+    its middle): a process reward that keeps the game's state written correctly, where an outcome reward ignores it."""
     per_turn_credit: bool = False
     """Credit each turn with the reward from it to the episode's end, centred over the group at the same turn
     (TrajectoryGroup.turn_advantages); False: every turn gets its episode's centred total reward."""
@@ -290,6 +293,10 @@ class MultiTurnConfig:
     scratchpad, where the warm start put them: without it, noise in the advantages moves them freely."""
     tool_cost: float = 0.0
     """calculator: reward lost per tool call."""
+    prefix_cache: bool = True
+    """Keep each episode's keys and values between its turns, so that a turn runs only its new tokens through the
+    model (edurl.llm.sampling.PrefixCache): the same draws up to rounding, about a third less sampling time on
+    guess-the-number. False re-encodes the whole conversation every turn."""
     eval_every: int = 25
     """Steps between greedy evaluations (also at the start and the end)."""
     num_eval: int = 200
@@ -311,7 +318,15 @@ class MultiTurnConfig:
             self,
             positive_int=("group_size", "batch_size", "max_steps", "max_tokens", "eval_every", "num_eval"),
             nonneg_int=("seed",),
-            nonneg=("learning_rate", "temperature", "guess_penalty", "tool_cost", "win_bonus", "kl_coef"),
+            nonneg=(
+                "learning_rate",
+                "temperature",
+                "guess_penalty",
+                "tool_cost",
+                "win_bonus",
+                "kl_coef",
+                "scratchpad_bonus",
+            ),
         )
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
@@ -327,6 +342,7 @@ class MultiTurnConfig:
                 "shaped": self.shaped,
                 "win_bonus": self.win_bonus,
                 "relative": self.relative,
+                "scratchpad_bonus": self.scratchpad_bonus,
             }
         return {"tool_cost": self.tool_cost, "easy_fraction": self.sft.easy_fraction}
 
@@ -352,7 +368,7 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
         config.sft.game, renderer, config.batch_size, seed, "train", config.group_size, **config.env_kwargs()
     )
     params = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, seed=seed)
-    groups = E.do_group_rollouts(builders, sampler, params)
+    groups = E.do_group_rollouts(builders, sampler, params, prefix_cache=config.prefix_cache)
     t1 = time.perf_counter()
     datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit, config.discount)
     row = {**E.rollout_metrics(groups), **datum_row}

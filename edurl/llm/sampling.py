@@ -19,11 +19,21 @@ How it works (shapes: P prompts, G samples each, B = P*G rows)::
 
 Rows that finish are removed from the batch, so a group whose answers are short
 costs less than one padded to ``max_tokens``.
+
+Multi-turn episodes (Chapter 9) send the sampler a conversation that grows by a reply and an answer each turn.
+With a :class:`PrefixCache`, a row that finishes leaves its keys and values behind under its conversation's key,
+and the next turn's prefill runs only the tokens that the cached ones do not cover::
+
+    turn k:      [prompt_k | reply_k]                  prefill len(prompt_k) positions, keep the KV
+    turn k + 1:  [cached KV | reply_k[-1], answer, ...] prefill only the new tokens
+
+A prompt that does not begin with the cached tokens (a renderer that re-encodes earlier turns differently) is
+prefilled whole, as without the cache, so the cache never conditions on tokens the prompt does not contain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +86,66 @@ class Completion:
     """'stop' if a stop sequence ended it, 'length' if it hit ``max_tokens``."""
     prompt_index: int
     """Which prompt it continues."""
+
+
+class PrefixCache:
+    """Keys and values of each conversation's last sampled turn, for :func:`sample`'s ``prefix_cache``.
+
+    An entry holds the tokens the model has run for one conversation (its prompt and its reply, all but the
+    reply's last token, which was drawn and never fed back) and, per layer, their keys and values (heads, tokens,
+    head_dim) with the padding removed. ``hits`` and ``misses`` count prompts that did and did not extend their
+    entry; ``saved_tokens`` counts the prompt tokens that were not run again."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Hashable, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+        self.hits = self.misses = self.saved_tokens = 0
+
+    def lookup(self, key: Hashable, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """(number of cached tokens, their per-layer keys and values) for ``prompt``; (0, None) when the entry is
+        missing or ``prompt`` does not strictly extend its tokens."""
+        entry = self.entries.get(key)
+        if entry is None:
+            return 0, None
+        tokens, kv = entry
+        n = len(tokens)
+        if n >= len(prompt) or prompt[:n] != tokens:
+            self.misses += 1
+            return 0, None
+        self.hits += 1
+        self.saved_tokens += n
+        return n, kv
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's (keys, values), (B, heads, T, head_dim), in the layouts of transformers 4.x and 5.x."""
+    if hasattr(cache, "layers"):
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]
+
+
+def _seed_cache(model: PreTrainedModel, rows: list[list[tuple[torch.Tensor, torch.Tensor]] | None], device):
+    """A DynamicCache holding each row's cached keys and values, right-aligned in a (B, heads, Lc, head_dim) block,
+    and its (B, Lc) mask (0 on the left padding of shorter rows)."""
+    lengths = [0 if kv is None else kv[0][0].shape[1] for kv in rows]
+    width = max(lengths)
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    cache = DynamicCache(config=model.config)
+    first = next(kv for kv in rows if kv is not None)
+    for layer, (k0, v0) in enumerate(first):
+        keys = k0.new_zeros(len(rows), k0.shape[0], width, k0.shape[2])
+        values = v0.new_zeros(len(rows), v0.shape[0], width, v0.shape[2])
+        for b, kv in enumerate(rows):
+            if kv is not None:
+                keys[b, :, width - lengths[b] :] = kv[layer][0]
+                values[b, :, width - lengths[b] :] = kv[layer][1]
+        cache.update(keys, values, layer)
+    for b, n in enumerate(lengths):
+        if n:
+            mask[b, width - n :] = 1
+    return cache, mask
 
 
 def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -131,6 +201,8 @@ def sample(
     params: SamplingParams | None = None,
     pad_token_id: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    prefix_cache: PrefixCache | None = None,
+    cache_keys: Sequence[Hashable] | None = None,
 ) -> list[Completion]:
     """Sample ``num_samples`` completions for each prompt.
 
@@ -145,6 +217,10 @@ def sample(
     sampled token -- exactly what a trainer recomputes from the same weights.
     With ``top_p < 1`` the draw is from a truncated distribution, which these
     log-probs do not reflect; RL recipes keep ``top_p = 1`` for that reason.
+
+    ``prefix_cache`` and ``cache_keys`` (one hashable per prompt, e.g. an episode's index; ``num_samples`` must be 1)
+    reuse the keys and values of the conversation's earlier turn when the prompt extends it, and store this turn's
+    (see the module docstring). The draws are the same as without the cache up to floating-point rounding.
     """
     params = params or SamplingParams()
     prompts = check_prompts(prompts)
@@ -157,6 +233,16 @@ def sample(
         else ([eos_token_id] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id])
     )
     stops += [[e] for e in eos if [e] not in stops]
+    if prefix_cache is not None:
+        if cache_keys is None or len(cache_keys) != len(prompts):
+            raise ValueError(
+                f"prefix_cache needs one cache key per prompt: got {None if cache_keys is None else len(cache_keys)} "
+                f"keys for {len(prompts)} prompts"
+            )
+        if num_samples != 1:
+            raise ValueError(
+                f"prefix_cache keeps one conversation per key, so num_samples must be 1, got {num_samples}"
+            )
     device = next(model.parameters()).device
     if pad_token_id is None:
         pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -166,11 +252,20 @@ def sample(
 
     was_training = model.training
     model.eval()
-    # ---- prefill each prompt once ------------------------------------------------------------
-    ids, mask = pad(prompts, pad_token_id, side="left", device=device)  # (P, L)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L): first real token is position 0
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{CACHE_ARG: cache})
+    # ---- prefill each prompt once (only its tokens past a cached prefix) ---------------------------
+    found = [prefix_cache.lookup(k, p) for k, p in zip(cache_keys, prompts)] if prefix_cache is not None else []
+    if any(kv is not None for _, kv in found):
+        cache, cached_mask = _seed_cache(model, [kv for _, kv in found], device)  # (P, Lc)
+        new, new_mask = pad([p[n:] for p, (n, _) in zip(prompts, found)], pad_token_id, side="left", device=device)
+        start = torch.tensor([n for n, _ in found], device=device)[:, None]  # (P, 1): first new token's position
+        positions = start + (new_mask.cumsum(-1) - 1).clamp(min=0)  # (P, W)
+        mask = torch.cat([cached_mask, new_mask], dim=1)  # (P, Lc + W)
+        out = model(input_ids=new, attention_mask=mask, position_ids=positions, use_cache=True, **{CACHE_ARG: cache})
+    else:
+        ids, mask = pad(prompts, pad_token_id, side="left", device=device)  # (P, L)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L): first real token is position 0
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{CACHE_ARG: cache})
     logits = out.logits[:, -1]  # (P, V)
     # ---- G copies of every row -----------------------------------------------------------------
     G, B = num_samples, len(prompts) * num_samples
@@ -185,6 +280,15 @@ def sample(
     lengths = torch.full((B,), T, dtype=torch.long, device=device)
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
     active = torch.arange(B, device=device)  # rows still generating
+
+    def keep_kv(rows: torch.Tensor, t: int) -> None:
+        """Store the keys and values of batch rows ``rows`` (positions in ``active``) after ``t`` fed tokens."""
+        for r in rows.tolist():
+            b = int(active[r])
+            real = mask[r].bool()
+            kv = [tuple(x[r][:, real] for x in _layer_kv(cache, layer)) for layer in range(len(cache))]
+            prefix_cache.entries[cache_keys[b]] = (prompts[b] + out_tokens[b, :t].tolist(), kv)
+
     for t in range(T):
         tokens, logp = _draw(logits, params, generator)  # (A,), (A,)
         out_tokens[active, t] = tokens
@@ -196,6 +300,8 @@ def sample(
                 tail = out_tokens[active, t + 1 - k : t + 1]  # (A, k)
                 done |= (tail == torch.tensor(seq, device=device)).all(-1)
         if done.any():
+            if prefix_cache is not None:
+                keep_kv(done.nonzero().squeeze(-1), t)
             lengths[active[done]] = t + 1
             stopped[active[done]] = True
             keep = ~done
@@ -205,6 +311,8 @@ def sample(
             cache.batch_select_indices(keep_idx)
             active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
         if t == T - 1:
+            if prefix_cache is not None:
+                keep_kv(torch.arange(len(active), device=device), t)
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (A, L + t + 1)
         out = model(

@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edurl.llm.clients import SamplingClient, TrainingClient
+from edurl.llm.datum import ModelInput
 from edurl.llm.envs import (
     CalculatorEnv,
+    Env,
     EnvGroupBuilder,
     GuessNumberEnv,
     GuessNumberGroupBuilder,
@@ -207,6 +209,51 @@ def test_rollouts_batch_the_waiting_envs_and_record_what_the_model_saw(char_toke
     ]
 
 
+class EchoEnv(Env):
+    """Three turns of 5 tokens each (no stop token: every turn ends at max_tokens); after each, the environment
+    appends ``k`` tokens of its own, k differing by env and turn, so the batch's conversations differ in length."""
+
+    def __init__(self, k: int):
+        self.k, self.turn, self.ob = k, 0, [7, 8, 9][: 1 + k % 3]
+
+    def initial_observation(self):
+        return ModelInput.from_ints(self.ob), []
+
+    def step(self, action):
+        self.turn += 1
+        self.ob = self.ob + list(action) + [10 + self.turn] * (1 + (self.k + self.turn) % 4)
+        done = self.turn == 3
+        return StepResult(0.0, done, ModelInput.from_ints([] if done else self.ob), [], {})
+
+
+class CachingSampler(SamplingClient):
+    """Records the prefix cache the rollout passes."""
+
+    caches = []
+
+    def sample_batch(self, prompts, num_samples=1, sampling_params=None, prefix_cache=None, cache_keys=None):
+        self.caches.append(prefix_cache)
+        return super().sample_batch(prompts, num_samples, sampling_params, prefix_cache, cache_keys)
+
+
+def test_rollouts_with_a_prefix_cache_draw_what_whole_prefills_draw(char_tokenizer, small_model):
+    builders = [ProblemGroupBuilder(lambda k=k: EchoEnv(k), group_size=3) for k in range(4)]
+    params = SamplingParams(max_tokens=5, temperature=1.0, seed=3)
+    sampler = CachingSampler(small_model, char_tokenizer)
+    cached = do_group_rollouts(builders, sampler, params, prefix_cache=True)
+    cache = sampler.caches[-1]
+    assert len({id(c) for c in sampler.caches}) == 1  # one cache for the whole rollout
+    assert (cache.hits, cache.misses) == (24, 0)  # turns 2 and 3 of all 12 episodes
+    whole = do_group_rollouts(builders, sampler, params)
+    assert sampler.caches[-1] is None
+    for a, b in zip(
+        [t for g in cached for t in g.trajectories], [t for g in whole for t in g.trajectories], strict=True
+    ):
+        for x, y in zip(a.transitions, b.transitions, strict=True):
+            assert x.ob.to_ints() == y.ob.to_ints() and x.ac.tokens == y.ac.tokens
+            assert x.ac.logprobs == pytest.approx(y.ac.logprobs, abs=1e-5)
+
+
 def test_training_the_environment_tokens_shows_in_kl_sample_train(char_tokenizer, small_model):
     # the metric that catches the bug: on real rollouts, sampler and trainer agree on every action token, but an
     # environment token has no sampling log-prob (0 in the datum), so a mask that includes it drives the KL up
@@ -325,6 +372,21 @@ def test_scratchpad_ok_counts_replies_that_name_the_range_still_possible(char_to
     t = _play_scripted(GuessNumberEnv(21, r), r, replies)
     assert [x.metrics["scratchpad_ok"] for x in t.transitions] == pytest.approx([1, 1, 2 / 3, 2 / 4])
     assert _play_scripted(GuessNumberEnv(21, r), r, GAME).transitions[-1].metrics["scratchpad_ok"] == 0  # no "mid"
+
+
+def test_scratchpad_bonus_pays_each_reply_whose_scratchpad_is_right(char_tokenizer):
+    r = ChatMLRenderer(char_tokenizer)
+    # secret 21: right, right, a stale range, a wrong middle
+    replies = ["0-31 mid 15: 15", "16-31 mid 23: 23", "16-31 mid 23: 19", "20-22 mid 20: 21"]
+    plain = _play_scripted(GuessNumberEnv(21, r, shaped=True, relative=True), r, replies)
+    paid = _play_scripted(GuessNumberEnv(21, r, shaped=True, relative=True, scratchpad_bonus=0.1), r, replies)
+    extra = [b.reward - a.reward for a, b in zip(plain.transitions, paid.transitions, strict=True)]
+    assert extra == pytest.approx([0.1, 0.1, 0.0, 0.0])
+    # without shaping: 0 per guess and 1 for the win, plus the bonus on the right scratchpads
+    win = _play_scripted(GuessNumberEnv(21, r, scratchpad_bonus=0.25), r, replies)
+    assert [t.reward for t in win.transitions] == pytest.approx([0.25, 0.25, 0.0, 1.0])
+    with pytest.raises(ValueError, match="scratchpad_bonus"):
+        GuessNumberEnv(21, r, scratchpad_bonus=-0.1)
 
 
 def test_relative_shaping_pays_the_share_of_what_was_still_possible(char_tokenizer):

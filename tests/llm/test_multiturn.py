@@ -146,8 +146,16 @@ def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
 
 
 def test_win_bonus_reaches_the_env_and_needs_shaping():
-    config = MultiTurnConfig(shaped=True, win_bonus=1.0)
-    assert config.env_kwargs() == {"guess_penalty": 0.0, "shaped": True, "win_bonus": 1.0, "relative": False}
+    config = MultiTurnConfig(shaped=True, win_bonus=1.0, scratchpad_bonus=0.1)
+    assert config.env_kwargs() == {
+        "guess_penalty": 0.0,
+        "shaped": True,
+        "win_bonus": 1.0,
+        "relative": False,
+        "scratchpad_bonus": 0.1,
+    }
+    with pytest.raises(ValueError, match="scratchpad_bonus"):
+        MultiTurnConfig(scratchpad_bonus=-0.1)
     with pytest.raises(ValueError, match="shaped=True"):
         MultiTurnConfig(win_bonus=1.0)
     with pytest.raises(ValueError, match="shaped=True"):

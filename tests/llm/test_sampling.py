@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from edurl.llm.evaluation import sequence_logprobs
-from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.sampling import PrefixCache, SamplingParams, sample
 
 TEXTS = ["12+34=?", "a much longer prompt, 99-17=?", "x"]  # three different prompt lengths
 
@@ -164,3 +164,73 @@ def test_the_kv_cache_is_passed_under_the_installed_transformers_name(small_mode
         sample(small_model, prompts, 2, SamplingParams(max_tokens=4, seed=0), pad_token_id=char_tokenizer.pad_token_id)
         token_logprobs(small_model, ids, attn, torch.roll(ids, -1, 1), mask * attn, model_config=small_model.config)
     assert not [w for w in caught if "past_key_values" in str(w.message)], [str(w.message) for w in caught]
+
+
+def _two_turns(model, tok, prefix_cache, extend):
+    """Turn 1 on _prompts, then turn 2 on ``extend(prompts, turn-1 completions)``. Returns (turn 1, turn-2 prompts,
+    turn 2)."""
+    pad_id = tok.pad_token_id
+    prompts = _prompts(tok)
+    keys = list(range(len(prompts))) if prefix_cache is not None else None
+    first = sample(model, prompts, 1, SamplingParams(max_tokens=6, seed=1), pad_id, None, prefix_cache, keys)
+    second = extend(prompts, first)
+    out = sample(model, second, 1, SamplingParams(max_tokens=8, seed=2), pad_id, None, prefix_cache, keys)
+    return first, second, out
+
+
+def test_a_prefix_cache_gives_the_draws_of_a_whole_prefill(small_model, char_tokenizer):
+    """Turn 2 run on turn 1's cached keys and values draws what a sampler without the cache draws."""
+    answer = char_tokenizer.encode(" lower. again:", add_special_tokens=False)
+
+    def extend(prompts, first):  # each conversation grows by its reply and an answer of a different length
+        return [p + c.tokens + answer[: 3 + 4 * i] for i, (p, c) in enumerate(zip(prompts, first))]
+
+    cache = PrefixCache()
+    first, second, cached = _two_turns(small_model, char_tokenizer, cache, extend)
+    _, second_whole, whole = _two_turns(small_model, char_tokenizer, None, extend)
+    assert second == second_whole  # turn 1 drew the same replies
+    assert (cache.hits, cache.misses, len(cache)) == (3, 0, 3)
+    # each prompt's turn-1 tokens and all of its reply but the last token were not run again
+    assert cache.saved_tokens == sum(len(p) + len(c.tokens) - 1 for p, c in zip(_prompts(char_tokenizer), first))
+    for prompt, a, b in zip(second, cached, whole, strict=True):
+        assert a.tokens == b.tokens and a.stop_reason == b.stop_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        # and both are the log-softmax of one unpadded forward pass over the whole conversation
+        assert torch.allclose(torch.tensor(a.logprobs), _recomputed(small_model, prompt, a.tokens, 1.0), atol=1e-4)
+
+
+def test_a_prompt_that_does_not_extend_its_cached_turn_is_prefilled_whole(small_model, char_tokenizer):
+    """A renderer that re-encodes earlier turns differently: the cache is not used for that row."""
+    answer = char_tokenizer.encode(" higher", add_special_tokens=False)
+
+    def rewrite_first(prompts, first):  # row 0's history changes its first token; rows 1 and 2 extend theirs
+        rows = [p + c.tokens + answer for p, c in zip(prompts, first)]
+        rows[0] = [rows[0][1]] + rows[0][1:]
+        return rows
+
+    cache = PrefixCache()
+    _, second, cached = _two_turns(small_model, char_tokenizer, cache, rewrite_first)
+    _, _, whole = _two_turns(small_model, char_tokenizer, None, rewrite_first)
+    assert (cache.hits, cache.misses) == (2, 1)
+    for a, b in zip(cached, whole, strict=True):
+        assert a.tokens == b.tokens and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"cache_keys": None}, "one cache key per prompt"),
+        ({"cache_keys": [0, 1]}, "one cache key per prompt"),
+        ({"cache_keys": [0, 1, 2], "num_samples": 2}, "num_samples must be 1"),
+    ],
+)
+def test_prefix_cache_inputs_are_checked(small_model, char_tokenizer, kwargs, match):
+    kwargs = {"num_samples": 1, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        sample(
+            small_model,
+            _prompts(char_tokenizer),
+            params=SamplingParams(max_tokens=2),
+            prefix_cache=PrefixCache(),
+            **kwargs,
+        )

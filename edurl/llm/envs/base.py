@@ -36,7 +36,7 @@ import torch
 from edurl.llm.clients import SamplingClient
 from edurl.llm.datum import Datum, ModelInput, build_datum
 from edurl.llm.renderer import ChatMLRenderer, Message
-from edurl.llm.sampling import SamplingParams
+from edurl.llm.sampling import PrefixCache, SamplingParams
 
 StopCondition = list[int]
 """Token ids that end the model's turn (e.g. ``<|im_end|>``)."""
@@ -272,9 +272,13 @@ class MessageEnv(Env):
 # ---------------------------------------------------------------- rollouts
 
 
-def _play(envs: Sequence[Env], sampler: SamplingClient, params: SamplingParams, max_turns: int) -> list[Trajectory]:
+def _play(
+    envs: Sequence[Env], sampler: SamplingClient, params: SamplingParams, max_turns: int, prefix_cache: bool = False
+) -> list[Trajectory]:
     """Play every env to the end. Each round sends all envs that wait for the model to the sampler in one batch
-    (one batch per distinct stop condition), then steps each of them."""
+    (one batch per distinct stop condition), then steps each of them. With ``prefix_cache`` the sampler keeps each
+    episode's keys and values between its turns (:class:`edurl.llm.sampling.PrefixCache`)."""
+    cache = {"prefix_cache": PrefixCache()} if prefix_cache else {}
     obs: list[ModelInput | None] = []
     stops: list[StopCondition] = []
     for env in envs:
@@ -297,7 +301,8 @@ def _play(envs: Sequence[Env], sampler: SamplingClient, params: SamplingParams, 
         for k, (stop, rows) in enumerate(by_stop.items()):
             seed = None if params.seed is None else params.seed * 1009 + turn * 31 + k
             call = replace(params, stop=list(stop), seed=seed)
-            responses = sampler.sample_batch([obs[i].tokens for i in rows], 1, call)
+            keys = {"cache_keys": rows} if prefix_cache else {}
+            responses = sampler.sample_batch([obs[i].tokens for i in rows], 1, call, **cache, **keys)
             for i, response in zip(rows, responses):
                 seq = response.sequences[0]
                 result = envs[i].step(list(seq.tokens))
@@ -331,15 +336,22 @@ def play_actions(
 
 
 def do_group_rollouts(
-    builders: Sequence[EnvGroupBuilder], sampler: SamplingClient, params: SamplingParams, max_turns: int = 50
+    builders: Sequence[EnvGroupBuilder],
+    sampler: SamplingClient,
+    params: SamplingParams,
+    max_turns: int = 50,
+    prefix_cache: bool = False,
 ) -> list[TrajectoryGroup]:
     """Play every group of ``builders`` to the end with ``sampler``, all groups' envs batched together.
 
     ``params`` gives max_tokens (per turn), temperature and the seed (each turn draws with its own seed derived
-    from it); its ``stop`` is ignored, since each env names its own stop tokens."""
+    from it); its ``stop`` is ignored, since each env names its own stop tokens. ``prefix_cache=True`` runs only
+    each turn's new tokens through the model, on the keys and values of the episode's earlier turns (the same
+    draws up to rounding; ``sampler.sample_batch`` must take ``prefix_cache`` and ``cache_keys``, as
+    :class:`SamplingClient`'s does)."""
     env_groups = [list(b.make_envs()) for b in builders]
     flat = [env for group in env_groups for env in group]
-    trajectories = _play(flat, sampler, params, max_turns)
+    trajectories = _play(flat, sampler, params, max_turns, prefix_cache)
     groups, k = [], 0
     for builder, envs in zip(builders, env_groups):
         trajs = trajectories[k : k + len(envs)]
@@ -359,9 +371,11 @@ def do_group_rollout(builder: EnvGroupBuilder, sampler: SamplingClient, params: 
     return do_group_rollouts([builder], sampler, params)[0]
 
 
-async def do_group_rollouts_async(builders, sampler, params, max_turns: int = 50) -> list[TrajectoryGroup]:
+async def do_group_rollouts_async(
+    builders, sampler, params, max_turns: int = 50, prefix_cache: bool = False
+) -> list[TrajectoryGroup]:
     """The async twin of :func:`do_group_rollouts` (the sampler is local, so it runs in a worker thread)."""
-    return await asyncio.to_thread(do_group_rollouts, builders, sampler, params, max_turns)
+    return await asyncio.to_thread(do_group_rollouts, builders, sampler, params, max_turns, prefix_cache)
 
 
 # ---------------------------------------------------------------- episodes as datums

@@ -56,7 +56,12 @@ class GuessNumberEnv(MessageEnv):
     ``relative=True`` (with ``shaped``) pays the share of the numbers *still possible* that the answer rules out,
     instead of the share of all of them: a middle guess earns about 1/2 at every turn, where the share of all 32
     shrinks by half each turn (1/2, 1/4, 1/8, ...), so that late guesses, which decide the win, are paid on the
-    same scale as the first. The rewards then no longer add up to the share ruled out."""
+    same scale as the first. The rewards then no longer add up to the share ruled out.
+
+    ``scratchpad_bonus`` adds that much to a turn's reward when its reply begins with the right scratchpad (what
+    ``scratchpad_ok`` counts): a process reward for keeping the game's state, which RL otherwise lets drift because
+    no outcome reward looks at it. It pays for the bookkeeping, never for the guess, so bisection stays the best
+    policy."""
 
     def __init__(
         self,
@@ -69,6 +74,7 @@ class GuessNumberEnv(MessageEnv):
         shaped: bool = False,
         win_bonus: float = 0.0,
         relative: bool = False,
+        scratchpad_bonus: float = 0.0,
     ):
         super().__init__(renderer)
         if not low <= secret <= high:
@@ -83,7 +89,9 @@ class GuessNumberEnv(MessageEnv):
             raise ValueError(f"win_bonus must be >= 0, and is used only with shaped=True; got {win_bonus!r}")
         if relative and not shaped:
             raise ValueError("relative=True changes the shaped reward; set shaped=True as well")
-        self.win_bonus, self.relative = float(win_bonus), relative
+        if not 0 <= scratchpad_bonus <= 1:
+            raise ValueError(f"scratchpad_bonus must be in [0, 1], got {scratchpad_bonus!r}")
+        self.win_bonus, self.relative, self.scratchpad_bonus = float(win_bonus), relative, float(scratchpad_bonus)
         self.secret, self.low, self.high = secret, low, high
         self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
         self.max_turns = max_guesses
@@ -127,10 +135,12 @@ class GuessNumberEnv(MessageEnv):
         guess = parse_guess(text)
         used = self.turns
         lo, hi = self.possible
-        self.scratchpad_ok += text.strip().startswith(f"{lo}-{hi} mid {(lo + hi) // 2}:")
+        kept = text.strip().startswith(f"{lo}-{hi} mid {(lo + hi) // 2}:")
+        self.scratchpad_ok += kept
+        process = self.scratchpad_bonus * kept
         shaped = self._ruled_out(guess)
         if guess == self.secret:
-            reward = (shaped + self.win_bonus if self.shaped else 1.0) - self.guess_penalty * used
+            reward = (shaped + self.win_bonus if self.shaped else 1.0) - self.guess_penalty * used + process
             return reward, True, [], self._metrics(win=True, illegal=False)
         done = used >= self.max_guesses
         metrics = self._metrics(win=False, illegal=guess is None)
@@ -138,7 +148,8 @@ class GuessNumberEnv(MessageEnv):
             answer = f"Say a number from {self.low} to {self.high}."
         else:
             answer = "higher" if guess < self.secret else "lower"
-        return shaped if self.shaped else 0.0, done, [] if done else [{"role": "user", "content": answer}], metrics
+        reward = (shaped if self.shaped else 0.0) + process
+        return reward, done, [] if done else [{"role": "user", "content": answer}], metrics
 
 
 class GuessNumberGroupBuilder(ProblemGroupBuilder):
