@@ -94,7 +94,10 @@ class PrefixCache:
     An entry holds the tokens the model has run for one conversation (its prompt and its reply, all but the
     reply's last token, which was drawn and never fed back) and, per layer, their keys and values (heads, tokens,
     head_dim) with the padding removed. ``hits`` and ``misses`` count prompts that did and did not extend their
-    entry; ``saved_tokens`` counts the prompt tokens that were not run again."""
+    entry; ``saved_tokens`` counts the prompt tokens that were not run again.
+
+    The keys and values belong to the weights that computed them: use one cache per set of weights
+    (``do_group_rollouts`` makes one per rollout), never across an optimizer step."""
 
     def __init__(self) -> None:
         self.entries: dict[Hashable, tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]] = {}
