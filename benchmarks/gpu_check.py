@@ -1,6 +1,6 @@
 """``make gpu-check``: everything the course claims about a CUDA GPU, checked in one command (about 10 to 15 minutes).
 
-Four checks, each isolated (one that fails or crashes is reported, and the others still run):
+Four checks (and a profile on request), each isolated (one that fails or crashes is reported, and the others still run):
 
 ==============  =========================================================================================
 check           what it runs
@@ -12,14 +12,21 @@ ppo             PPO env steps/s with ``TorchCartPole`` (4096 envs on the GPU), a
 llm             on a randomly initialised model with Qwen2.5-0.5B's shapes, loaded with
                 ``load_policy(path, lora=16)`` (bf16 on CUDA): sampler tokens/s for 8 prompts x 8 samples
                 x 128 new tokens, and the time of one GRPO step (forward_backward + optim_step) on them
+profile         only when named (``--only profile``): the sampler on the llm check's model, a decode step's
+                wall time, and one profiled ``sample`` (GPU busy time and kernel launches per forward pass,
+                the profiler's operator table)
 ==============  =========================================================================================
 
 It prints one table (check, result, seconds) and writes it to ``--out`` as JSON; the exit status is
-non-zero if any check failed. On a machine without an NVIDIA GPU it says so and exits 0, running nothing.
-``ppo_throughput`` and ``llm_throughput`` also run on the CPU at tiny sizes (the unit tests call them so).
+non-zero if any check failed. Each failing test or notebook cell is written, as it fails, to
+``gpu_check_failures/`` beside ``--out`` (the cell's source, what it printed, the failure), and the end of each
+is printed under the table: a run cut off by its time limit, or by the end of a GPU lease, still says what failed.
+On a machine without an NVIDIA GPU it says so and exits 0, running nothing. ``ppo_throughput``,
+``llm_throughput`` and ``sampler_profile`` also run on the CPU at tiny sizes (the unit tests call them so).
 
     python benchmarks/gpu_check.py                       # all four checks, table + gpu_check.json
     python benchmarks/gpu_check.py --only ppo llm        # just the throughput figures
+    python benchmarks/gpu_check.py --only profile        # where the sampler's time goes
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +49,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-CHECKS = ("cuda-tests", "notebooks", "ppo", "llm")
+FAILURES_ENV = "EDURL_FAILURES_DIR"  # book/nbcapture.py writes each failing test's report there as it happens
+CHECKS = ("cuda-tests", "notebooks", "ppo", "llm", "profile")
+DEFAULT_CHECKS = CHECKS[:4]  # the profile runs only when --only names it
 
 #: Qwen2.5-0.5B's shapes (its config.json), for a randomly initialised stand-in: there is no hub here
 QWEN25_05B = dict(
@@ -91,45 +102,116 @@ def junit_counts(path: Path) -> dict:
     return {"passed": counts["passed"], "failed": counts["failed"], "skipped": counts["skipped"], "files": files}
 
 
-def run_pytest(args: list[str], timeout: float, env: dict | None = None) -> dict:
-    """``python -m pytest ARGS`` in a subprocess, with its exit status, outcome counts and output tail."""
+def progress_counts(output: str) -> dict:
+    """The shape of :func:`junit_counts`, read from ``pytest -v``'s per-test lines: for a run stopped before pytest
+    wrote its report. Files are named as junit names them (``notebooks.05_ppo.ipynb``)."""
+    counts, files = Counter(), {}
+    # "[gw6] [ 74%] FAILED notebooks/08_rlhf::ipynb::Cell 9" under xdist, "notebooks/08_rlhf::ipynb::Cell 9 FAILED [ 74%]"
+    # without; a notebook's cell ids hold a space
+    found = []
+    for line in output.splitlines():
+        if m := re.match(r"(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|FAILED|ERROR|SKIPPED) (\S+::\S+(?: \d+)?)", line):
+            found.append(m.groups())
+        elif m := re.match(r"(\S+::\S+(?: \d+)?) (PASSED|FAILED|ERROR|SKIPPED)\b", line):
+            found.append(m.groups()[::-1])
+    for outcome, nodeid in found:
+        outcome = {"PASSED": "passed", "SKIPPED": "skipped"}.get(outcome, "failed")
+        counts[outcome] += 1
+        name = nodeid.replace("::ipynb::", ".ipynb::").split("::")[0].replace("/", ".")
+        if files.get(name) != "failed":
+            files[name] = "failed" if outcome == "failed" else files.get(name, outcome)
+        files.setdefault(f"{name}#cells", 0)
+        files[f"{name}#cells"] += 1
+    cells = {k.removesuffix("#cells"): files.pop(k) for k in [k for k in files if k.endswith("#cells")]}
+    return {
+        "passed": counts["passed"],
+        "failed": counts["failed"],
+        "skipped": counts["skipped"],
+        "files": files,
+        "finished": cells,
+    }
+
+
+def run_pytest(args: list[str], timeout: float, env: dict | None = None, failures_dir: Path | None = None) -> dict:
+    """``python -m pytest ARGS`` in a subprocess, with its exit status, outcome counts and output tail.
+
+    Past ``timeout`` seconds the whole process group (xdist's workers too) is killed; the counts then come from the
+    ``-v`` lines printed so far. With ``failures_dir``, each failing test's report is written there as it happens
+    (book/nbcapture.py's ``record_failure``), and the paths are returned as ``failures``."""
     with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
-        try:
-            proc = subprocess.run(
-                cmd, cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout
+        xml, log = Path(tmp) / "report.xml", Path(tmp) / "output.txt"
+        cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
+        extra = dict(env or {})
+        if failures_dir is not None:
+            shutil.rmtree(failures_dir, ignore_errors=True)
+            extra[FAILURES_ENV] = str(failures_dir)
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env={**os.environ, **extra}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-            rc, output = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as err:
-            rc, output = None, f"timed out after {timeout:.0f} s\n{err.stdout or ''}"
-        counts = junit_counts(xml) if xml.exists() else {"passed": 0, "failed": 0, "skipped": 0, "files": {}}
-    return {"returncode": rc, **counts, "command": " ".join(cmd[1:]), "output_tail": output[-3000:]}
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = None
+        output = log.read_text(errors="replace")
+        counts = junit_counts(xml) if rc is not None and xml.exists() else progress_counts(output)
+    if rc is None:
+        output += f"\n[gpu_check: killed after {timeout:.0f} s]"
+    failures = sorted(str(p) for p in failures_dir.glob("*.txt")) if failures_dir and failures_dir.exists() else []
+    return {
+        "returncode": rc,
+        "timed_out": rc is None,
+        **counts,
+        "failures": failures,
+        "command": " ".join(cmd[1:]),
+        "output_tail": output[-3000:],
+    }
 
 
-def check_cuda_tests(timeout: float) -> tuple[bool, str, dict]:
-    r = run_pytest(["-m", "cuda", "tests"], timeout)
+def check_cuda_tests(timeout: float, failures_dir: Path | None = None) -> tuple[bool, str, dict]:
+    r = run_pytest(["-m", "cuda", "tests"], timeout, failures_dir=failures_dir)
     ok = r["returncode"] == 0 and r["passed"] > 0
-    return ok, f"{r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped", r
+    result = f"{r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped"
+    if r["timed_out"]:
+        result += f"; timed out after {timeout:.0f} s"
+    return ok, result, r
 
 
-def check_notebooks(timeout: float, workers: int) -> tuple[bool, str, dict]:
+def code_cells(notebook: Path) -> int:
+    return sum(cell["cell_type"] == "code" for cell in json.loads(notebook.read_text())["cells"])
+
+
+def check_notebooks(timeout: float, workers: int, failures_dir: Path | None = None) -> tuple[bool, str, dict]:
     # loadscope keeps each notebook's cells on one worker, as `make notebooks` does
     r = run_pytest(
         ["--nbval-lax", "--nbval-current-env", "notebooks/", "-n", str(workers), "--dist", "loadscope"],
         timeout,
         env={"EDURL_DEVICE": "cuda"},
+        failures_dir=failures_dir,
     )
     notebooks = r.pop("files")
     # junit names a notebook's cells by its path with dots: notebooks.01_rl_fundamentals.ipynb
     failed = sorted(name.removeprefix("notebooks.") for name, outcome in notebooks.items() if outcome == "failed")
+    unfinished = []
+    if r["timed_out"]:  # a notebook with fewer cells reported than it has was cut off
+        for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+            seen, total = r.get("finished", {}).get(f"notebooks.{path.name}", 0), code_cells(path)
+            if seen < total:
+                unfinished.append(f"{path.name} ({seen} of {total} cells)")
+                if notebooks.get(f"notebooks.{path.name}") == "passed":
+                    notebooks[f"notebooks.{path.name}"] = "unfinished"
     r["notebooks"] = notebooks
+    passed = sum(outcome == "passed" for outcome in notebooks.values())
     ok = r["returncode"] == 0 and notebooks and not failed
-    result = f"{len(notebooks) - len(failed)}/{len(notebooks)} notebooks passed ({r['passed']} cells)"
+    result = f"{passed}/{len(notebooks)} notebooks passed ({r['passed']} cells)"
     if failed:
         result += "; failed: " + ", ".join(failed)
-    if r["returncode"] is None:
-        result += f"; timed out after {timeout:.0f} s"
+    if r["timed_out"]:
+        result += f"; timed out after {timeout:.0f} s" + (
+            ", unfinished: " + ", ".join(unfinished) if unfinished else ""
+        )
     return bool(ok), result, r
 
 
@@ -215,6 +297,37 @@ def check_ppo(num_envs: int, num_seeds: int = 8) -> tuple[bool, str, dict]:
     )
 
 
+def qwen_shaped_policy(
+    dev: torch.device, model_shapes: dict | None, num_prompts: int, prompt_len: int, lora_rank: int, seed: int
+):
+    """A randomly initialised Qwen2 model with ``model_shapes`` (Qwen2.5-0.5B's by default), saved to a temp folder and
+    loaded back with ``load_policy(path, lora=lora_rank)``, the path a real checkpoint takes (bf16 on CUDA, float32 on
+    the CPU); and ``num_prompts`` random prompts of ``prompt_len`` token ids past the tokenizer's own (never its pad or
+    stop tokens). Returns (model, tokenizer, prompts, setup seconds)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from edurl.llm.policy import load_policy
+    from edurl.llm.tokenizer import build_char_tokenizer
+
+    shapes = {**QWEN25_05B, **(model_shapes or {})}
+    tokenizer = build_char_tokenizer()  # for its pad id and chat template; the token ids here are random
+    config = Qwen2Config(**shapes, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as path:
+        torch.manual_seed(seed)
+        with torch.device(dev):  # initialise on the GPU: half a billion weights are slow to draw on a CPU
+            base = Qwen2ForCausalLM(config)
+        if dev.type == "cuda":
+            base.to(torch.bfloat16)
+        base.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        del base
+        model, tokenizer = load_policy(path, lora=lora_rank, device=dev)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    prompts = torch.randint(len(tokenizer), shapes["vocab_size"], (num_prompts, prompt_len), generator=gen).tolist()
+    return model, tokenizer, prompts, time.perf_counter() - t0
+
+
 def llm_throughput(
     device: str = "cuda",
     model_shapes: dict | None = None,
@@ -233,34 +346,15 @@ def llm_throughput(
     (importance-sampling loss, token-mean, group-centred random rewards) and one ``optim_step`` over all the
     completions; it runs twice and the second, warm step is the one reported.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from edurl.llm.clients import AdamParams, TrainingClient
     from edurl.llm.datum import build_datum
-    from edurl.llm.policy import load_policy
     from edurl.llm.sampling import SamplingParams, sample
-    from edurl.llm.tokenizer import build_char_tokenizer
 
     dev = torch.device(device)
-    shapes = {**QWEN25_05B, **(model_shapes or {})}
-    tokenizer = build_char_tokenizer()  # for its pad id and chat template; the token ids here are random
-    config = Qwen2Config(**shapes, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as path:
-        torch.manual_seed(seed)
-        with torch.device(dev):  # initialise on the GPU: half a billion weights are slow to draw on a CPU
-            base = Qwen2ForCausalLM(config)
-        if dev.type == "cuda":
-            base.to(torch.bfloat16)
-        base.save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        del base
-        model, tokenizer = load_policy(path, lora=lora_rank, device=dev)
-    setup_seconds = time.perf_counter() - t0
-
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    low = len(tokenizer)  # ids past the tokenizer's: never its pad or stop tokens
-    prompts = torch.randint(low, shapes["vocab_size"], (num_prompts, prompt_len), generator=gen, device="cpu").tolist()
+    model, tokenizer, prompts, setup_seconds = qwen_shaped_policy(
+        dev, model_shapes, num_prompts, prompt_len, lora_rank, seed
+    )
+    gen = torch.Generator(device="cpu").manual_seed(seed + 1)
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed)
     pad = tokenizer.pad_token_id
     sample(model, prompts[:1], 1, SamplingParams(max_tokens=4, seed=seed), pad_token_id=pad)  # warm-up
@@ -316,6 +410,72 @@ def check_llm() -> tuple[bool, str, dict]:
     )
 
 
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def sampler_profile(
+    device: str = "cuda",
+    model_shapes: dict | None = None,
+    num_prompts: int = 8,
+    num_samples: int = 8,
+    prompt_len: int = 64,
+    max_tokens: int = 32,
+    lora_rank: int = 16,
+    seed: int = 0,
+    rows: int = 15,
+) -> dict:
+    """Where the sampler's time goes on ``llm_throughput``'s model and prompts: a decode step's wall time (an
+    unprofiled ``sample`` of ``max_tokens`` tokens, less a prefill-only one, over the ``max_tokens - 1`` decode
+    steps), then one profiled ``sample``: the device's busy time and the kernel launches per forward pass, and the
+    profiler's table of operators by their own CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from edurl.llm.sampling import SamplingParams, sample
+
+    dev = torch.device(device)
+    model, tokenizer, prompts, _ = qwen_shaped_policy(dev, model_shapes, num_prompts, prompt_len, lora_rank, seed)
+    pad = tokenizer.pad_token_id
+
+    def run(tokens: int) -> float:
+        _sync(dev)
+        t0 = time.perf_counter()
+        sample(model, prompts, num_samples, SamplingParams(max_tokens=tokens, seed=seed), pad_token_id=pad)
+        _sync(dev)
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up
+    whole, prefill = run(max_tokens), run(1)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        run(max_tokens)
+    events = prof.key_averages()
+    forwards = max_tokens  # the prefill and max_tokens - 1 decode steps (no stop sequence: every row runs to the end)
+    device_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
+    return {
+        "device": str(dev),
+        "sequences": num_prompts * num_samples,
+        "decode_step_ms": (whole - prefill) / (max_tokens - 1) * 1e3,
+        "prefill_ms": prefill * 1e3,
+        "device_busy_ms_per_forward": device_us / 1e3 / forwards,
+        "cpu_ms_per_forward": sum(e.self_cpu_time_total for e in events) / 1e3 / forwards,
+        "kernel_launches_per_forward": sum(e.count for e in events if e.key in LAUNCHES) / forwards,
+        "table": events.table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=48),
+    }
+
+
+def check_sampler_profile() -> tuple[bool, str, dict]:
+    r = sampler_profile("cuda")
+    print(r["table"], flush=True)
+    return (
+        True,
+        (
+            f"decode step {r['decode_step_ms']:.1f} ms for {r['sequences']} seqs; per forward: GPU busy "
+            f"{r['device_busy_ms_per_forward']:.1f} ms (profiled), {r['kernel_launches_per_forward']:,.0f} kernel launches"
+        ),
+        r,
+    )
+
+
 # ---------------------------------------------------------------------------------------------- the table
 
 
@@ -348,7 +508,7 @@ def format_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="gpu_check.json", help="where to write the table as JSON")
-    ap.add_argument("--only", nargs="+", choices=CHECKS, default=list(CHECKS), help="run only these checks")
+    ap.add_argument("--only", nargs="+", choices=CHECKS, default=list(DEFAULT_CHECKS), help="run only these checks")
     ap.add_argument(
         "--workers", type=int, default=min(10, os.cpu_count() or 1), help="pytest-xdist workers for the notebooks"
     )
@@ -363,16 +523,24 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"gpu-check: no NVIDIA GPU found ({why}); nothing run.")
         return 0
+    failures = Path(args.out).with_name(Path(args.out).stem + "_failures")  # each failing test's report, as it happens
     checks = {
-        "cuda-tests": lambda: check_cuda_tests(args.tests_timeout),
-        "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers),
+        "cuda-tests": lambda: check_cuda_tests(args.tests_timeout, failures / "cuda-tests"),
+        "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers, failures / "notebooks"),
         "ppo": lambda: check_ppo(args.num_envs),
         "llm": check_llm,
+        "profile": check_sampler_profile,
     }
     gpu = torch.cuda.get_device_name(0)
     print(f"gpu-check on {gpu} (torch {torch.__version__}, CUDA {torch.version.cuda})", flush=True)
     rows = [run_check(name, checks[name]) for name in CHECKS if name in args.only]
     print("\n" + format_table(rows))
+    for row in rows:
+        for path in row["details"].get("failures", []):
+            text = Path(path).read_text()
+            print(
+                f"\n{row['check']}: {Path(path).name} (the whole report: {path})\n" + "\n".join(text.splitlines()[-25:])
+            )
     report = {
         "gpu": gpu,
         "torch": torch.__version__,

@@ -6,7 +6,9 @@ what it was run from (the notebook's bytes and the edurl sources). `make book` (
 copies, so the book shows outputs without executing the notebooks a second time; a copy whose stamp no
 longer matches is executed again, by the same nbval command.
 
-Loaded from the repository's conftest.py; it does nothing for items that are not nbval cells.
+Loaded from the repository's conftest.py; it does nothing for items that are not nbval cells, except that with
+``$EDURL_FAILURES_DIR`` set it writes every failing test's report to that folder as it happens (``gpu_check.py``
+sets it, so a run cut short by its time limit still says what failed and what the cell printed).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -24,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = Path(os.environ.get("EDURL_BOOK_NOTEBOOKS", ROOT / "notebooks"))
 EXECUTED_DIR = Path(os.environ.get("EDURL_BOOK_EXECUTED", ROOT / "_build" / "executed"))
 STAMP_KEY = "edurl_execution"
+#: When set, each failing test's report is written at once to a file in this folder (see record_failure).
+FAILURES_ENV = "EDURL_FAILURES_DIR"
 
 
 def source_stamp(notebook: Path) -> dict:
@@ -58,12 +63,45 @@ def _is_nbval_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell" and hasattr(item, "cell") and hasattr(item.parent, "nb")
 
 
+def _printed(outputs) -> str:
+    """What a cell printed or showed as text: its streams, its errors' tracebacks and its text/plain results."""
+    parts = []
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif out.get("output_type") == "error":
+            parts.append("\n".join(out.get("traceback", [])))
+        elif "text/plain" in out.get("data", {}):
+            parts.append(out["data"]["text/plain"])
+    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
+
+
+def record_failure(item, report, directory: Path) -> Path:
+    """Write what is known of a failed test to ``directory`` at once: its id, and for a notebook cell its source and
+    what it printed; then what the test captured and the failure. A run stopped by a timeout keeps these files,
+    where pytest's own summary (printed only at the end) would be lost."""
+    directory.mkdir(parents=True, exist_ok=True)
+    parts = [report.nodeid]
+    if _is_nbval_cell(item):
+        parts += ["--- the cell", "".join(item.cell.source)]
+        parts += ["--- what it printed", _printed(item.test_outputs or [])]
+    for name, text in (("stdout", report.capstdout), ("stderr", report.capstderr)):
+        if text:
+            parts += [f"--- captured {name}", text]
+    parts += [f"--- the failure ({report.when})", report.longreprtext]
+    path = directory / (re.sub(r"[^A-Za-z0-9._-]+", "_", report.nodeid)[:150] + ".txt")
+    path.write_text("\n".join(parts) + "\n")
+    return path
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
+    report = outcome.get_result()
+    if report.failed and os.environ.get(FAILURES_ENV):
+        record_failure(item, report, Path(os.environ[FAILURES_ENV]))
     if not _is_nbval_cell(item) or call.when != "call":
         return
-    report = outcome.get_result()
     notebook = item.parent
     path = Path(str(notebook.fspath))
     if path.parent.resolve() != NOTEBOOKS_DIR.resolve():

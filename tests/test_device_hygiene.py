@@ -297,6 +297,12 @@ def _sampler_runs(device: str):
             sampling.SamplingParams(max_tokens=6, top_p=0.9, seed=1),
         ):
             sampling.sample(model, prompts, 3, params, pad_token_id=tokenizer.pad_token_id)
+        # two turns through a prefix cache: the second runs only its new tokens against the first's keys and values
+        cache, keys, params = sampling.PrefixCache(), [0, 1], sampling.SamplingParams(max_tokens=4, seed=2)
+        first = sampling.sample(model, prompts, 1, params, tokenizer.pad_token_id, None, cache, keys)
+        second = [p + c.tokens + tokenizer.encode("?") for p, c in zip(prompts, first)]
+        sampling.sample(model, second, 1, params, tokenizer.pad_token_id, None, cache, keys)
+        assert cache.hits == 2
 
     return run
 

@@ -17,6 +17,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+TINY_QWEN = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=256,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -69,19 +78,21 @@ def test_ppo_throughput_runs_on_the_cpu(gpu_check):
 
 
 def test_llm_throughput_runs_on_the_cpu(gpu_check):
-    tiny = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=256,
-        max_position_embeddings=64,
+    r = gpu_check.llm_throughput(
+        "cpu", TINY_QWEN, num_prompts=2, num_samples=2, prompt_len=8, max_tokens=4, lora_rank=2
     )
-    r = gpu_check.llm_throughput("cpu", tiny, num_prompts=2, num_samples=2, prompt_len=8, max_tokens=4, lora_rank=2)
     assert r["sampled_tokens"] == 2 * 2 * 4  # no stop sequence: every completion runs to max_tokens
     assert r["sampler_tokens_per_s"] > 0 and r["grpo_step_seconds"] > 0
     assert r["dtype"] == "float32" and 0 < r["trainable_parameters"] < r["parameters"]
+
+
+def test_sampler_profile_runs_on_the_cpu(gpu_check):
+    r = gpu_check.sampler_profile(
+        "cpu", TINY_QWEN, num_prompts=2, num_samples=2, prompt_len=8, max_tokens=4, lora_rank=2
+    )
+    assert r["sequences"] == 4 and r["decode_step_ms"] > 0 and r["cpu_ms_per_forward"] > 0
+    assert r["kernel_launches_per_forward"] == 0 and r["device_busy_ms_per_forward"] == 0  # no GPU, no kernels
+    assert "aten::" in r["table"]
 
 
 def test_a_failing_check_is_reported_and_the_others_still_run(gpu_check, capsys):
@@ -110,3 +121,56 @@ def test_junit_counts_per_file(gpu_check, tmp_path):
     c = gpu_check.junit_counts(xml)
     assert (c["passed"], c["failed"], c["skipped"]) == (2, 1, 1)
     assert c["files"] == {"notebooks/01.ipynb": "failed", "notebooks/02.ipynb": "passed", "tests/t.py": "skipped"}
+
+
+def test_progress_counts_read_a_cut_off_xdist_run(gpu_check):
+    # lines as an H100 run printed them (2026-11-27), cut off by the time limit inside notebook 10
+    output = "\n".join(
+        [
+            "notebooks/08_rlhf::ipynb::Cell 8 ",
+            "[gw6] [ 73%] PASSED notebooks/08_rlhf::ipynb::Cell 8 ",
+            "notebooks/08_rlhf::ipynb::Cell 9 ",
+            "[gw6] [ 74%] FAILED notebooks/08_rlhf::ipynb::Cell 9 ",
+            "[gw6] [ 74%] PASSED notebooks/08_rlhf::ipynb::Cell 10 ",
+            "[gw1] [ 98%] PASSED notebooks/10_off_policy_and_scale::ipynb::Cell 15 ",
+            "notebooks/10_off_policy_and_scale::ipynb::Cell 16 ",
+            "tests/t.py::test_x SKIPPED (needs a GPU)",
+            "PASSED tests/llm/test_sampling.py::test_sampler_on_cuda",
+        ]
+    )
+    c = gpu_check.progress_counts(output)
+    assert (c["passed"], c["failed"], c["skipped"]) == (4, 1, 1)
+    assert c["files"] == {
+        "notebooks.08_rlhf.ipynb": "failed",
+        "notebooks.10_off_policy_and_scale.ipynb": "passed",
+        "tests.t.py": "skipped",
+        "tests.llm.test_sampling.py": "passed",
+    }
+    assert (
+        c["finished"]["notebooks.08_rlhf.ipynb"] == 3 and c["finished"]["notebooks.10_off_policy_and_scale.ipynb"] == 1
+    )
+
+
+def test_a_run_cut_off_by_its_timeout_keeps_its_counts_and_each_failure(gpu_check, tmp_path):
+    """A notebook whose second cell fails and whose third never ends: the run is killed, and what finished, the
+    failing cell's source, what it printed and its assert are all still there."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = 0.05"),
+        nbformat.v4.new_code_cell('print(f"gold overshoot {x}")\nassert x >= 0.1  # 10 study seeds: min 0.296'),
+        nbformat.v4.new_code_cell("import time\ntime.sleep(600)"),
+    ]
+    path = tmp_path / "cut.ipynb"
+    nbformat.write(nb, str(path))
+    failures = tmp_path / "failures"
+    args = ["-p", "book.nbcapture", "--nbval-lax", "--nbval-current-env", str(path)]
+    r = gpu_check.run_pytest(args, timeout=30, failures_dir=failures)
+    assert r["timed_out"] and r["returncode"] is None, r["output_tail"]
+    assert (r["passed"], r["failed"]) == (1, 1), r["output_tail"]
+    assert len(r["failures"]) == 1
+    text = Path(r["failures"][0]).read_text()
+    assert "Cell 1" in text and "assert x >= 0.1  # 10 study seeds" in text  # the id and the cell's source
+    assert "gold overshoot 0.05" in text  # what it printed before the assert
+    assert "AssertionError" in text

@@ -199,6 +199,29 @@ def test_a_prefix_cache_gives_the_draws_of_a_whole_prefill(small_model, char_tok
         assert torch.allclose(torch.tensor(a.logprobs), _recomputed(small_model, prompt, a.tokens, 1.0), atol=1e-4)
 
 
+@pytest.mark.cuda
+def test_a_prefix_cache_on_cuda_matches_a_whole_forward_pass(char_tokenizer):
+    """On a GPU the cached turn's draws can differ from an uncached sampler's by rounding, so check what must hold:
+    every hit, and each drawn token's log-prob equal to one unpadded forward pass over the whole conversation."""
+    from edurl.llm.model import build_tiny_lm
+
+    from .conftest import SMALL
+
+    model = build_tiny_lm(char_tokenizer, SMALL).to("cuda")
+    answer = char_tokenizer.encode(" lower. again:", add_special_tokens=False)
+
+    def extend(prompts, first):
+        return [p + c.tokens + answer[: 3 + 4 * i] for i, (p, c) in enumerate(zip(prompts, first))]
+
+    cache = PrefixCache()
+    _, second, cached = _two_turns(model, char_tokenizer, cache, extend)
+    assert (cache.hits, cache.misses) == (3, 0)
+    assert all(kv[0][0].device.type == "cuda" for _, kv in cache.entries.values())
+    for prompt, c in zip(second, cached, strict=True):
+        ref = _recomputed(model, prompt, c.tokens, 1.0).cpu()
+        assert torch.allclose(torch.tensor(c.logprobs), ref, atol=1e-4)
+
+
 def test_a_prompt_that_does_not_extend_its_cached_turn_is_prefilled_whole(small_model, char_tokenizer):
     """A renderer that re-encodes earlier turns differently: the cache is not used for that row."""
     answer = char_tokenizer.encode(" higher", add_special_tokens=False)
