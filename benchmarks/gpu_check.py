@@ -50,6 +50,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 FAILURES_ENV = "EDURL_FAILURES_DIR"  # book/nbcapture.py writes each failing test's report there as it happens
+MAX_THREADS_ENV = "EDURL_MAX_THREADS"  # edurl.cpu_threads' cap
 CHECKS = ("cuda-tests", "notebooks", "ppo", "llm", "profile")
 DEFAULT_CHECKS = CHECKS[:4]  # the profile runs only when --only names it
 
@@ -104,31 +105,35 @@ def junit_counts(path: Path) -> dict:
 
 def progress_counts(output: str) -> dict:
     """The shape of :func:`junit_counts`, read from ``pytest -v``'s per-test lines: for a run stopped before pytest
-    wrote its report. Files are named as junit names them (``notebooks.05_ppo.ipynb``)."""
-    counts, files = Counter(), {}
+    wrote its report. Files are named as junit names them (``notebooks.05_ppo.ipynb``); ``finished`` counts each
+    file's distinct tests seen."""
+    outcomes = {}  # nodeid -> outcome; a test's teardown error after its pass makes it failed, never a second test
     # "[gw6] [ 74%] FAILED notebooks/08_rlhf::ipynb::Cell 9" under xdist, "notebooks/08_rlhf::ipynb::Cell 9 FAILED [ 74%]"
     # without; a notebook's cell ids hold a space
-    found = []
     for line in output.splitlines():
+        if "short test summary info" in line:  # the summary repeats the failures
+            break
         if m := re.match(r"(?:\[gw\d+\] \[\s*\d+%\] )?(PASSED|FAILED|ERROR|SKIPPED) (\S+::\S+(?: \d+)?)", line):
-            found.append(m.groups())
+            outcome, nodeid = m.groups()
         elif m := re.match(r"(\S+::\S+(?: \d+)?) (PASSED|FAILED|ERROR|SKIPPED)\b", line):
-            found.append(m.groups()[::-1])
-    for outcome, nodeid in found:
+            nodeid, outcome = m.groups()
+        else:
+            continue
         outcome = {"PASSED": "passed", "SKIPPED": "skipped"}.get(outcome, "failed")
-        counts[outcome] += 1
+        if outcomes.get(nodeid) != "failed":
+            outcomes[nodeid] = outcome
+    counts, files, finished = Counter(outcomes.values()), {}, Counter()
+    for nodeid, outcome in outcomes.items():
         name = nodeid.replace("::ipynb::", ".ipynb::").split("::")[0].replace("/", ".")
+        finished[name] += 1
         if files.get(name) != "failed":
             files[name] = "failed" if outcome == "failed" else files.get(name, outcome)
-        files.setdefault(f"{name}#cells", 0)
-        files[f"{name}#cells"] += 1
-    cells = {k.removesuffix("#cells"): files.pop(k) for k in [k for k in files if k.endswith("#cells")]}
     return {
         "passed": counts["passed"],
         "failed": counts["failed"],
         "skipped": counts["skipped"],
         "files": files,
-        "finished": cells,
+        "finished": dict(finished),
     }
 
 
@@ -138,6 +143,8 @@ def run_pytest(args: list[str], timeout: float, env: dict | None = None, failure
     Past ``timeout`` seconds the whole process group (xdist's workers too) is killed; the counts then come from the
     ``-v`` lines printed so far. With ``failures_dir``, each failing test's report is written there as it happens
     (book/nbcapture.py's ``record_failure``), and the paths are returned as ``failures``."""
+    if failures_dir is not None:
+        failures_dir = Path(failures_dir).resolve()  # pytest runs in REPO, this process may not
     with tempfile.TemporaryDirectory() as tmp:
         xml, log = Path(tmp) / "report.xml", Path(tmp) / "output.txt"
         cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
@@ -179,6 +186,10 @@ def check_cuda_tests(timeout: float, failures_dir: Path | None = None) -> tuple[
     return ok, result, r
 
 
+def threads_per_worker(workers: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, workers))
+
+
 def code_cells(notebook: Path) -> int:
     return sum(cell["cell_type"] == "code" for cell in json.loads(notebook.read_text())["cells"])
 
@@ -188,7 +199,11 @@ def check_notebooks(timeout: float, workers: int, failures_dir: Path | None = No
     r = run_pytest(
         ["--nbval-lax", "--nbval-current-env", "notebooks/", "-n", str(workers), "--dist", "loadscope"],
         timeout,
-        env={"EDURL_DEVICE": "cuda"},
+        # as `make test` does: workers that each take every core's thread fight for them
+        env={
+            "EDURL_DEVICE": "cuda",
+            MAX_THREADS_ENV: os.environ.get(MAX_THREADS_ENV, str(threads_per_worker(workers))),
+        },
         failures_dir=failures_dir,
     )
     notebooks = r.pop("files")
@@ -200,7 +215,7 @@ def check_notebooks(timeout: float, workers: int, failures_dir: Path | None = No
             seen, total = r.get("finished", {}).get(f"notebooks.{path.name}", 0), code_cells(path)
             if seen < total:
                 unfinished.append(f"{path.name} ({seen} of {total} cells)")
-                if notebooks.get(f"notebooks.{path.name}") == "passed":
+                if notebooks.get(f"notebooks.{path.name}") != "failed":  # started or not
                     notebooks[f"notebooks.{path.name}"] = "unfinished"
     r["notebooks"] = notebooks
     passed = sum(outcome == "passed" for outcome in notebooks.values())
@@ -360,7 +375,7 @@ def llm_throughput(
     sample(model, prompts[:1], 1, SamplingParams(max_tokens=4, seed=seed), pad_token_id=pad)  # warm-up
     _sync(dev)
     t0 = time.perf_counter()
-    completions = sample(model, prompts, num_samples, params, pad_token_id=pad)
+    completions = sample(model, prompts, num_samples, params, pad_token_id=pad, eos_token_id=[])  # never stops early
     sample_seconds = time.perf_counter() - t0
     num_tokens = sum(len(c.tokens) for c in completions)
 
@@ -428,10 +443,13 @@ def sampler_profile(
     unprofiled ``sample`` of ``max_tokens`` tokens, less a prefill-only one, over the ``max_tokens - 1`` decode
     steps), then one profiled ``sample``: the device's busy time and the kernel launches per forward pass, and the
     profiler's table of operators by their own CPU time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from edurl.llm.sampling import SamplingParams, sample
 
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2 (a decode step is the difference of two samples), got {max_tokens}")
     dev = torch.device(device)
     model, tokenizer, prompts, _ = qwen_shaped_policy(dev, model_shapes, num_prompts, prompt_len, lora_rank, seed)
     pad = tokenizer.pad_token_id
@@ -439,7 +457,9 @@ def sampler_profile(
     def run(tokens: int) -> float:
         _sync(dev)
         t0 = time.perf_counter()
-        sample(model, prompts, num_samples, SamplingParams(max_tokens=tokens, seed=seed), pad_token_id=pad)
+        sample(
+            model, prompts, num_samples, SamplingParams(max_tokens=tokens, seed=seed), pad_token_id=pad, eos_token_id=[]
+        )
         _sync(dev)
         return time.perf_counter() - t0
 
@@ -449,8 +469,9 @@ def sampler_profile(
     with profile(activities=activities) as prof:
         run(max_tokens)
     events = prof.key_averages()
-    forwards = max_tokens  # the prefill and max_tokens - 1 decode steps (no stop sequence: every row runs to the end)
-    device_us = sum(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) for e in events)
+    forwards = max_tokens  # the prefill and max_tokens - 1 decode steps (no stop: every row runs to the end)
+    # a kernel's time is listed twice, under its own (device) row and under the operator that launched it: count it once
+    device_us = sum(e.self_device_time_total for e in events if e.device_type != DeviceType.CPU)
     return {
         "device": str(dev),
         "sequences": num_prompts * num_samples,

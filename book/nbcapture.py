@@ -89,7 +89,10 @@ def record_failure(item, report, directory: Path) -> Path:
         if text:
             parts += [f"--- captured {name}", text]
     parts += [f"--- the failure ({report.when})", report.longreprtext]
-    path = directory / (re.sub(r"[^A-Za-z0-9._-]+", "_", report.nodeid)[:150] + ".txt")
+    # one file per test and phase: a cell that failed and then errored in teardown keeps both reports
+    digest = hashlib.sha1(report.nodeid.encode()).hexdigest()[:8]
+    phase = "" if report.when == "call" else f".{report.when}"
+    path = directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', report.nodeid)[:120]}-{digest}{phase}.txt"
     path.write_text("\n".join(parts) + "\n")
     return path
 
@@ -99,7 +102,10 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and os.environ.get(FAILURES_ENV):
-        record_failure(item, report, Path(os.environ[FAILURES_ENV]))
+        try:
+            record_failure(item, report, Path(os.environ[FAILURES_ENV]))
+        except OSError as err:  # a report that cannot be written must not end the run
+            print(f"nbcapture: could not write the failure report of {report.nodeid}: {err}")
     if not _is_nbval_cell(item) or call.when != "call":
         return
     notebook = item.parent
