@@ -86,6 +86,12 @@ def _sync(device: torch.device) -> None:
 # ---------------------------------------------------------------------------------------------- pytest checks
 
 
+def _merge_outcome(files: dict, name: str, outcome: str) -> None:
+    """A file's outcome over its tests: failed if any failed, else the first one's (passed or skipped)."""
+    if files.get(name) != "failed":
+        files[name] = "failed" if outcome == "failed" else files.get(name, outcome)
+
+
 def junit_counts(path: Path) -> dict:
     """Outcome counts of a pytest ``--junitxml`` report, and the outcome of each test file (or notebook)."""
     counts, files = Counter(), {}
@@ -98,8 +104,7 @@ def junit_counts(path: Path) -> dict:
                 outcome = "skipped"
         counts[outcome] += 1
         name = case.get("file") or case.get("classname") or "?"
-        if files.get(name) != "failed":
-            files[name] = "failed" if outcome == "failed" else files.get(name, outcome)
+        _merge_outcome(files, name, outcome)
     return {"passed": counts["passed"], "failed": counts["failed"], "skipped": counts["skipped"], "files": files}
 
 
@@ -126,8 +131,7 @@ def progress_counts(output: str) -> dict:
     for nodeid, outcome in outcomes.items():
         name = nodeid.replace("::ipynb::", ".ipynb::").split("::")[0].replace("/", ".")
         finished[name] += 1
-        if files.get(name) != "failed":
-            files[name] = "failed" if outcome == "failed" else files.get(name, outcome)
+        _merge_outcome(files, name, outcome)
     return {
         "passed": counts["passed"],
         "failed": counts["failed"],

@@ -178,13 +178,19 @@ def _two_turns(model, tok, prefix_cache, extend):
     return first, second, out
 
 
-def test_a_prefix_cache_gives_the_draws_of_a_whole_prefill(small_model, char_tokenizer):
-    """Turn 2 run on turn 1's cached keys and values draws what a sampler without the cache draws."""
-    answer = char_tokenizer.encode(" lower. again:", add_special_tokens=False)
+def _answered(tok):
+    """``extend`` for _two_turns: each conversation grows by its reply and an answer of a different length."""
+    answer = tok.encode(" lower. again:", add_special_tokens=False)
 
-    def extend(prompts, first):  # each conversation grows by its reply and an answer of a different length
+    def extend(prompts, first):
         return [p + c.tokens + answer[: 3 + 4 * i] for i, (p, c) in enumerate(zip(prompts, first))]
 
+    return extend
+
+
+def test_a_prefix_cache_gives_the_draws_of_a_whole_prefill(small_model, char_tokenizer):
+    """Turn 2 run on turn 1's cached keys and values draws what a sampler without the cache draws."""
+    extend = _answered(char_tokenizer)
     cache = PrefixCache()
     first, second, cached = _two_turns(small_model, char_tokenizer, cache, extend)
     _, second_whole, whole = _two_turns(small_model, char_tokenizer, None, extend)
@@ -208,13 +214,8 @@ def test_a_prefix_cache_on_cuda_matches_a_whole_forward_pass(char_tokenizer):
     from .conftest import SMALL
 
     model = build_tiny_lm(char_tokenizer, SMALL).to("cuda")
-    answer = char_tokenizer.encode(" lower. again:", add_special_tokens=False)
-
-    def extend(prompts, first):
-        return [p + c.tokens + answer[: 3 + 4 * i] for i, (p, c) in enumerate(zip(prompts, first))]
-
     cache = PrefixCache()
-    _, second, cached = _two_turns(model, char_tokenizer, cache, extend)
+    _, second, cached = _two_turns(model, char_tokenizer, cache, _answered(char_tokenizer))
     assert (cache.hits, cache.misses) == (3, 0)
     assert all(kv[0][0].device.type == "cuda" for _, kv in cache.entries.values())
     for prompt, c in zip(second, cached, strict=True):
