@@ -125,3 +125,36 @@ def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
             timeout=120,
         )
         assert proc.returncode == 2 and flag in proc.stderr and bad.split("=")[0] in proc.stderr, proc.stderr
+
+
+def test_grpo_variants_report_counts_gains_per_variant_and_step(tmp_path):
+    import json
+
+    def row(variant, seed, start, after):  # after: {updates done: held-out pass@1}
+        curve = [[0, start]] + [[s, p] for s, p in after.items()]
+        return {"variant": variant, "seed": seed, "start": start, "curve": curve}
+
+    rows = [
+        row("default", 0, 0.30, {50: 0.40, 150: 0.50}),  # +10, +20
+        row("default", 1, 0.40, {50: 0.70, 150: 0.75}),  # +30, +35
+        row("default", 2, 0.50, {50: 0.55}),  # a run of 50 steps: absent from the 150 column
+        row("lr1e-3", 0, 0.30, {50: 0.10, 150: 0.05}),  # -20, -25
+    ]
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = _script("benchmarks/grpo_variants.py", "--report", str(path), "--plot", str(tmp_path / "v.png"))
+    default = next(x for x in out.splitlines() if x.startswith("default"))
+    # after 50 steps: gains +10, +30, +5 -> median +10.0, 1 of 3 at +15 or more; after 150: +20, +35
+    assert "+10.0 (+5.0 to +30.0) 1/3" in default and "+27.5 (+20.0 to +35.0) 2/2" in default, out
+    lr = next(x for x in out.splitlines() if x.startswith("lr1e-3"))
+    assert "-20.0 (-20.0 to -20.0) 0/1" in lr and "-25.0 (-25.0 to -25.0) 0/1" in lr, out
+    assert "std" not in [x.split()[0] for x in out.splitlines() if x.strip()]  # no runs, no row
+    assert (tmp_path / "v.png").stat().st_size > 0
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/grpo_variants.py", "--variants", "default,fast", "--out", str(tmp_path / "x")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "unknown variant(s) fast" in proc.stderr, proc.stderr

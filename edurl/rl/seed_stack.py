@@ -402,7 +402,7 @@ class RowAdam:
                     self._torch.state[row] = state[row]
         else:
             self._state = [self._state[p] for p in positions]
-        self.rows = list(rows)
+        self.rows = rows
 
 
 def keep_seeds(stack: ActorCriticStack, optimizer: RowAdam, positions: Sequence[int]) -> RowAdam:

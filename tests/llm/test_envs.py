@@ -227,9 +227,11 @@ class EchoEnv(Env):
 
 
 class CachingSampler(SamplingClient):
-    """Records the prefix cache the rollout passes."""
+    """Records the prefix cache the rollout passes (each instance its own list)."""
 
-    caches = []
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.caches = []
 
     def sample_batch(self, prompts, num_samples=1, sampling_params=None, prefix_cache=None, cache_keys=None):
         self.caches.append(prefix_cache)
