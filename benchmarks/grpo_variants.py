@@ -57,7 +57,7 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
         seed=seed,
         num_threads=threads,
         sft=SFTConfig(num_threads=threads),
-        progress=False,
+        progress=True,  # the run's own bar, on stderr
         log_dir=tempfile.mkdtemp(prefix="edurl-variants-"),
         **VARIANTS[variant],
     )
