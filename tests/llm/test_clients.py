@@ -81,7 +81,9 @@ def test_shared_prompts_give_what_whole_rows_give(small_model, char_tokenizer, l
     outs = [
         t.forward_backward(datums, "ppo", aggregation="seq_mean_token_mean", kl_coef=0.1).result() for t in trainers
     ]
-    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5)
+    # the advantages of each group sum to 0 and the ratio is 1, so the loss is a sum of O(1) terms that cancel to
+    # rounding noise (about 1e-8): compare it at float32's absolute scale; the gradients below carry the check
+    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5, abs=1e-6)
     for key in ("optim/entropy", "optim/kl_ref", "optim/kl_sample_train_v2"):
         assert outs[0].metrics[key] == pytest.approx(outs[1].metrics[key], rel=1e-4, abs=1e-7), key
     for a, b in zip(outs[0].loss_fn_outputs, outs[1].loss_fn_outputs):
