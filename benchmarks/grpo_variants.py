@@ -89,13 +89,19 @@ def gains_at(rows: list[dict], steps: int) -> list[float]:
     return out
 
 
+def recorded_variants(rows: list[dict]) -> list[str]:
+    """The variants that ``rows`` hold runs of, in VARIANTS' order."""
+    return [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
+
+
 def report(rows: list[dict]) -> str:
     """Per variant and step count: the held-out gain's median (min to max) over seeds, in points, and how many
     seeds gained at least GAIN_LINE; then one line per seed: its warm start's pass@1 and each variant's last gain."""
     lines = [f"held-out pass@1 gain in points: median (min to max), seeds >= +{GAIN_LINE * 100:.0f} / seeds"]
     header = f"{'variant':10s}" + "".join(f"{f'after {s} steps':>28s}" for s in REPORT_STEPS)
     lines.append(header)
-    for variant in [v for v in VARIANTS if any(r["variant"] == v for r in rows)]:
+    variants = recorded_variants(rows)
+    for variant in variants:
         cells = []
         for s in REPORT_STEPS:
             g = gains_at([r for r in rows if r["variant"] == variant], s)
@@ -105,7 +111,6 @@ def report(rows: list[dict]) -> str:
             text = f"{statistics.median(g) * 100:+.1f} ({min(g) * 100:+.1f} to {max(g) * 100:+.1f}) {sum(x >= GAIN_LINE for x in g)}/{len(g)}"
             cells.append(f"{text:>28s}")
         lines.append(f"{variant:10s}" + "".join(cells))
-    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     lines += ["", "per seed: the warm start's held-out pass@1, and each variant's gain after its last step (steps)"]
     lines.append(f"{'seed':>4s} {'warm start':>10s}" + "".join(f"{v:>16s}" for v in variants))
     for seed in sorted({r["seed"] for r in rows}):
@@ -127,7 +132,7 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for variant in [v for v in VARIANTS if any(r["variant"] == v for r in rows)]:
+    for variant in recorded_variants(rows):
         mine = [r for r in rows if r["variant"] == variant]
         steps = sorted({int(s) for r in mine for s, _ in r["curve"]})
         med, lo, hi, xs = [], [], [], []
