@@ -23,16 +23,17 @@ def _sft(seed: int, threads: int):
     from edurl import llm
 
     config = llm.SFTConfig(seed=seed, num_threads=threads)
-    model, tokenizer, _, _ = llm.load_or_train_sft(config, progress=False)
-    return config, model, tokenizer
+    model, tokenizer, history, _ = llm.load_or_train_sft(config, progress=False)
+    return config, model, tokenizer, history
 
 
 def sft_warm_start(seed: int, threads: int) -> dict:
-    """Notebook 06, cells 5-6 and 13-14: the SFT warm start's held-out score, and group diversity by temperature."""
+    """Notebook 06, cells 5-6 and 13-14: the SFT warm start's validation target and held-out score, and group
+    diversity by temperature."""
     from edurl import llm
     from edurl.llm.temperature import group_diversity
 
-    config, model, tokenizer = _sft(seed, threads)
+    config, model, tokenizer, history = _sft(seed, threads)
     renderer, task, off = llm.ChatMLRenderer(tokenizer), config.task(), seed * OFFSET
     ev = llm.evaluate(model, renderer, task.sample(200, split="test", seed=off))
     by_t = group_diversity(
@@ -46,6 +47,8 @@ def sft_warm_start(seed: int, threads: int) -> dict:
     ).set_index("temperature")
     steps = by_t["distinct_answers"].diff().dropna()
     return {
+        "sft_target_met": float(history[-1]["target_met"]),
+        "sft_steps": len(history),
         "sft_format": ev.format,
         "sft_pass_at_1": ev.pass_at_1,
         "greedy_distinct": float(by_t.loc[0.0, "distinct_answers"]),
@@ -534,6 +537,7 @@ def checks(Check) -> list:
     """The asserts of notebooks 06 and 07, as ``Check`` rows of assert_margins.py."""
     inf = math.inf
     return [
+        Check("06", 'assert history[-1]["target_met"]', "sft_warm_start", "sft_target_met", low=1, inclusive=True),
         Check("06", "assert sft_eval.format >= 0.9", "sft_warm_start", "sft_format", low=0.9, inclusive=True),
         Check(
             "06",

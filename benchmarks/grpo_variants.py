@@ -48,7 +48,9 @@ def claim(out: str, *key) -> bool:
 
 
 def run(variant: str, seed: int, steps: int, threads: int) -> dict:
-    from edurl.llm import SFTConfig
+    from dataclasses import replace
+
+    from edurl.llm import SFTConfig, load_or_train_sft
     from edurl.llm.grpo import GRPOConfig, train_grpo
 
     t0 = time.perf_counter()
@@ -62,6 +64,7 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
         **VARIANTS[variant],
     )
     result = train_grpo(config)
+    sft_history = load_or_train_sft(replace(config.sft, seed=seed), progress=False)[2]  # cached by train_grpo
     m = result.metrics
     evals = m.dropna(subset=["test/pass_at_1"])
     return {
@@ -69,6 +72,8 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
         "seed": seed,
         "threads": threads,
         "start": result.start.pass_at_1,
+        "sft_steps": len(sft_history),
+        "sft_target_met": sft_history[-1].get("target_met"),
         "final": result.final.pass_at_1,
         "format": result.final.format,
         # (steps done, held-out pass@1): the evaluation after step s (0-based) has seen s + 1 updates
@@ -94,9 +99,25 @@ def recorded_variants(rows: list[dict]) -> list[str]:
     return [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
 
 
+def distinct_runs(rows: list[dict]) -> list[dict]:
+    """``rows`` with one run per (variant, seed): the longest, where a file holds a run twice. Runs at different
+    thread counts are different runs of a chaotic process, so they are refused: report one count at a time."""
+    threads = sorted({r.get("threads", 1) for r in rows})
+    if len(threads) > 1:
+        raise SystemExit(f"these runs used {threads} torch threads; report each thread count's files on their own")
+    longest: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["variant"], r["seed"])
+        if key not in longest or max(r["curve"]) > max(longest[key]["curve"]):
+            longest[key] = r
+    return list(longest.values())
+
+
 def report(rows: list[dict]) -> str:
     """Per variant and step count: the held-out gain's median (min to max) over seeds, in points, and how many
-    seeds gained at least GAIN_LINE; then one line per seed: its warm start's pass@1 and each variant's last gain."""
+    seeds gained at least GAIN_LINE; then one line per seed: its warm start's pass@1 (with its SFT steps, and "missed"
+    where it did not reach its validation target) and each variant's last gain."""
+    rows = distinct_runs(rows)
     lines = [f"held-out pass@1 gain in points: median (min to max), seeds >= +{GAIN_LINE * 100:.0f} / seeds"]
     header = f"{'variant':10s}" + "".join(f"{f'after {s} steps':>28s}" for s in REPORT_STEPS)
     lines.append(header)
@@ -112,7 +133,7 @@ def report(rows: list[dict]) -> str:
             cells.append(f"{text:>28s}")
         lines.append(f"{variant:10s}" + "".join(cells))
     lines += ["", "per seed: the warm start's held-out pass@1, and each variant's gain after its last step (steps)"]
-    lines.append(f"{'seed':>4s} {'warm start':>10s}" + "".join(f"{v:>16s}" for v in variants))
+    lines.append(f"{'seed':>4s} {'warm start':>10s} {'SFT steps':>16s}" + "".join(f"{v:>16s}" for v in variants))
     for seed in sorted({r["seed"] for r in rows}):
         mine = [r for r in rows if r["seed"] == seed]
         cells = []
@@ -121,7 +142,8 @@ def report(rows: list[dict]) -> str:
             last = max(run["curve"]) if run else None  # the curve's last (steps, pass@1)
             text = f"{(last[1] - run['start']) * 100:+.1f} ({last[0]})" if run else "-"
             cells.append(f"{text:>16s}")
-        lines.append(f"{seed:>4d} {mine[0]['start']:>10.1%}" + "".join(cells))
+        sft = str(mine[0].get("sft_steps", "?")) + (" (missed)" if mine[0].get("sft_target_met") is False else "")
+        lines.append(f"{seed:>4d} {mine[0]['start']:>10.1%} {sft:>16s}" + "".join(cells))
     return "\n".join(lines)
 
 
@@ -171,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         print(report(rows))
         if args.plot:
-            plot(rows, args.plot)
+            plot(distinct_runs(rows), args.plot)
         return
     if not args.out:
         parser.error("--out is required to run (or pass --report FILES to read earlier runs)")

@@ -130,13 +130,14 @@ def test_multiturn_games_keeps_kl_recipes_apart_and_checks_rl_set(tmp_path):
 def test_grpo_variants_report_counts_gains_per_variant_and_step(tmp_path):
     import json
 
-    def row(variant, seed, start, after):  # after: {updates done: held-out pass@1}
+    def row(variant, seed, start, after, **extra):  # after: {updates done: held-out pass@1}
         curve = [[0, start]] + [[s, p] for s, p in after.items()]
-        return {"variant": variant, "seed": seed, "start": start, "curve": curve}
+        return {"variant": variant, "seed": seed, "start": start, "curve": curve, **extra}
 
     rows = [
-        row("default", 0, 0.30, {50: 0.40, 150: 0.50}),  # +10, +20
-        row("default", 1, 0.40, {50: 0.70, 150: 0.75}),  # +30, +35
+        row("default", 0, 0.30, {50: 0.40}),  # the first 50 steps of the next run: counted once, as the longer
+        row("default", 0, 0.30, {50: 0.40, 150: 0.50}, sft_steps=570, sft_target_met=True),  # +10, +20
+        row("default", 1, 0.40, {50: 0.70, 150: 0.75}, sft_steps=1340, sft_target_met=False),  # +30, +35
         row("default", 2, 0.50, {50: 0.55}),  # a run of 50 steps: absent from the 150 column
         row("lr1e-3", 0, 0.30, {50: 0.10, 150: 0.05}),  # -20, -25
     ]
@@ -149,7 +150,18 @@ def test_grpo_variants_report_counts_gains_per_variant_and_step(tmp_path):
     lr = next(x for x in out.splitlines() if x.startswith("lr1e-3"))
     assert "-20.0 (-20.0 to -20.0) 0/1" in lr and "-25.0 (-25.0 to -25.0) 0/1" in lr, out
     assert "std" not in [x.split()[0] for x in out.splitlines() if x.strip()]  # no runs, no row
+    seeds = {x.split()[0]: x.split() for x in out.splitlines() if x.strip() and x.split()[0] in "012"}
+    assert seeds["0"][2] == "570" and seeds["1"][2:4] == ["1340", "(missed)"] and seeds["2"][2] == "?", out
     assert (tmp_path / "v.png").stat().st_size > 0
+    path.write_text(path.read_text() + json.dumps(row("default", 3, 0.3, {50: 0.4}, threads=2)) + "\n")
+    mixed = subprocess.run(
+        [sys.executable, "benchmarks/grpo_variants.py", "--report", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert mixed.returncode == 1 and "report each thread count's files on their own" in mixed.stderr, mixed.stderr
     proc = subprocess.run(
         [sys.executable, "benchmarks/grpo_variants.py", "--variants", "default,fast", "--out", str(tmp_path / "x")],
         cwd=REPO,

@@ -240,6 +240,7 @@ def tiny_llm(tmp_path, monkeypatch):
         warmup_steps=1,
         num_threads=1,
         target_pass_at_1=0.99,
+        extra_steps=0,
         check_every=1,
         num_valid=2,
     )

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from edurl.llm.renderer import ChatMLRenderer
@@ -51,8 +52,14 @@ def test_cache_round_trip(tmp_path, monkeypatch):
 
 def test_plain_keys_are_those_of_checkpoints_cached_before_styled_existed(monkeypatch):
     monkeypatch.delenv("EDURL_MAX_THREADS", raising=False)  # make test caps threads, and the key names them
-    # the default (Chapter 6's) and the 1-digit key: changing them would orphan every learner's cached checkpoint
-    assert SFTConfig().key() == "fe73abf62b2275ac" and SFTConfig(num_digits=1).key() == "e73e1a5f423c425d"
+    # Chapter 6's config and the 1-digit one as they were before extra_steps: changing their keys would orphan every
+    # learner's cached checkpoint. extra_steps (on by default) changes what a seed that misses its target trains, so
+    # the default's key changed with it, once.
+    old = SFTConfig(extra_steps=0)
+    assert old.key() == "fe73abf62b2275ac" and SFTConfig(num_digits=1, extra_steps=0).key() == "e73e1a5f423c425d"
+    assert SFTConfig().key() != old.key()
+    assert SFTConfig(target_pass_at_1=None).key() == SFTConfig(target_pass_at_1=None, extra_steps=5).key()
+    assert SFTConfig(extra_learning_rate=1e-3).key() != SFTConfig().key()
 
 
 def test_key_names_the_threads_that_actually_train(monkeypatch):
@@ -68,6 +75,26 @@ def test_stops_at_the_validation_target():
     config = SFTConfig(**{**TINY.__dict__, "max_steps": 20, "target_pass_at_1": 0.0, "check_every": 5, "num_valid": 4})
     _, _, history = train_sft(config, progress=False, num_eval=4)
     assert len(history) == 5 and history[-1]["valid_pass_at_1"] >= 0.0
-    unreachable = SFTConfig(**{**config.__dict__, "target_pass_at_1": 1.0})  # not within 20 steps
-    _, _, history = train_sft(unreachable, progress=False, num_eval=4)
+    unreachable = SFTConfig(**{**config.__dict__, "target_pass_at_1": 1.0, "extra_steps": 0})  # not within 20 steps
+    with pytest.warns(UserWarning, match="did not reach"):
+        _, _, history = train_sft(unreachable, progress=False, num_eval=4)
     assert len(history) == 20 and sum("valid_pass_at_1" in r for r in history) == 4
+
+
+def test_training_goes_past_max_steps_at_the_final_rate_until_the_target_is_met():
+    # the first check is after 6 steps, past max_steps=4: without extra_steps that run would stop unchecked
+    config = SFTConfig(
+        **{**TINY.__dict__, "target_pass_at_1": 0.0, "check_every": 6, "num_valid": 4, "extra_steps": 10}
+    )
+    _, _, history = train_sft(config, progress=False, num_eval=4)
+    assert len(history) == 6 and history[-1]["target_met"] is True
+    lrs = [r["lr"] for r in history]
+    assert lrs[4] == lrs[5] == config.extra_learning_rate == config.learning_rate / 2  # a warm restart at half the peak
+    assert lrs[:4] == [r["lr"] for r in train_sft(TINY, progress=False, num_eval=4)[2]]  # the schedule itself unchanged
+
+
+def test_a_target_missed_after_the_extra_steps_warns_and_keeps_the_model():
+    config = SFTConfig(**{**TINY.__dict__, "target_pass_at_1": 1.0, "check_every": 2, "num_valid": 4, "extra_steps": 2})
+    with pytest.warns(UserWarning, match=r"did not reach target_pass_at_1=1.0 .* in 6 steps .*Raise extra_steps"):
+        model, _, history = train_sft(config, progress=False, num_eval=4)
+    assert len(history) == 6 and history[-1]["target_met"] is False and model is not None
