@@ -17,6 +17,7 @@ from pathlib import Path
 from edurl.llm.multiturn import GUESS_RL_SETTINGS
 
 OFFSET = 1_000_000
+GRPO_GAIN_MIN = 0.10  # notebook 07's held-out gain after 300 steps; Chapter 7 has the study behind it
 
 
 def _sft(seed: int, threads: int):
@@ -128,8 +129,8 @@ def grpo_full(seed: int, threads: int) -> dict:
     )
     result = train_grpo(config)
     baseline = continued_sft(replace(config, log_dir=str(root / "continued_sft"), log_kl_ref=False))
-    # grpo_gain and the training-correctness rise are recorded, not checked: notebook 07 prints them but no longer
-    # asserts one seed's gain (from +0.18 to +0.53 over seeds 0-9 on one machine, -0.06 to +0.58 on another)
+    # grpo_gain is checked: notebook 07 asserts it since every warm start meets its SFT target (Chapter 6); the
+    # training-correctness rise is recorded, not checked
     correct = result.metrics["env/all/correct"]  # sampled at T = 1: 256 answers a step, far less noisy than 200 tests
     return {
         "grpo_gain": result.final.pass_at_1 - result.start.pass_at_1,
@@ -614,6 +615,7 @@ def checks(Check) -> list:
             high=0,
         ),
         Check("07", "assert result.final.format >= 0.95", "grpo_full", "grpo_final_format", low=0.95, inclusive=True),
+        Check("07", "assert gain >=", "grpo_full", "grpo_gain", low=GRPO_GAIN_MIN, inclusive=True),
         Check("07", "assert baseline.final.pass_at_1 > result.final.pass_at_1", "grpo_full", "sft_minus_grpo", low=0),
         Check("08", "assert rm_share >=", "rlhf", "rm_gold_of_ceiling", low=RM_SHARE_MIN, inclusive=True),
         Check("08", "assert rlhf_gold - sft_gold >=", "rlhf", "rl_gold_gain", low=RL_GAIN_MIN, inclusive=True),

@@ -119,7 +119,7 @@ def report(rows: list[dict]) -> str:
     where it did not reach its validation target) and each variant's last gain."""
     rows = distinct_runs(rows)
     lines = [f"held-out pass@1 gain in points: median (min to max), seeds >= +{GAIN_LINE * 100:.0f} / seeds"]
-    header = f"{'variant':10s}" + "".join(f"{f'after {s} steps':>28s}" for s in REPORT_STEPS)
+    header = f"{'variant':10s}" + "".join(f"{f'after {s} steps':>30s}" for s in REPORT_STEPS)
     lines.append(header)
     variants = recorded_variants(rows)
     for variant in variants:
@@ -127,10 +127,10 @@ def report(rows: list[dict]) -> str:
         for s in REPORT_STEPS:
             g = gains_at([r for r in rows if r["variant"] == variant], s)
             if not g:
-                cells.append(f"{'-':>28s}")
+                cells.append(f"{'-':>30s}")
                 continue
             text = f"{statistics.median(g) * 100:+.1f} ({min(g) * 100:+.1f} to {max(g) * 100:+.1f}) {sum(x >= GAIN_LINE for x in g)}/{len(g)}"
-            cells.append(f"{text:>28s}")
+            cells.append(f"{text:>30s}")
         lines.append(f"{variant:10s}" + "".join(cells))
     lines += ["", "per seed: the warm start's held-out pass@1, and each variant's gain after its last step (steps)"]
     lines.append(f"{'seed':>4s} {'warm start':>10s} {'SFT steps':>16s}" + "".join(f"{v:>16s}" for v in variants))

@@ -163,7 +163,7 @@ def test_data_parallel_refuses_what_it_cannot_split(monkeypatch, tmp_path):
 
 ARGS = (
     "--sft.model.hidden-size 32 --sft.model.num-layers 2 --sft.model.num-heads 2 --sft.model.intermediate-size 64 "
-    "--sft.max-steps 150 --sft.batch-size 16 --sft.warmup-steps 2 --sft.num-threads 1 --group-size 4 "
+    "--sft.max-steps 150 --sft.extra-steps 0 --sft.batch-size 16 --sft.warmup-steps 2 --sft.num-threads 1 --group-size 4 "
     "--batch-size 4 --max-tokens 14 --eval-every 10 --num-eval 8 --num-threads 1 --no-progress "
     "--learning-rate 1e-3 --save-every 10"
 ).split()
