@@ -219,10 +219,13 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     if config.target_pass_at_1 is not None:
         history[-1]["target_met"] = met
         if not met:
-            best = max(r["valid_pass_at_1"] for r in history if "valid_pass_at_1" in r)
+            checks = [r["valid_pass_at_1"] for r in history if "valid_pass_at_1" in r]
+            best = (
+                f"best {max(checks):.3f}" if checks else f"no check: fewer steps than check_every={config.check_every}"
+            )
             warnings.warn(
                 f"SFT (seed {config.seed}) did not reach target_pass_at_1={config.target_pass_at_1} on the validation "
-                f"split in {steps} steps (best {best:.3f}); the model is returned as it is. Raise extra_steps or "
+                f"split in {steps} steps ({best}); the model is returned as it is. Raise extra_steps or "
                 "learning_rate, or try another seed.",
                 stacklevel=2,
             )

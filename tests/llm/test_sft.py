@@ -98,3 +98,10 @@ def test_a_target_missed_after_the_extra_steps_warns_and_keeps_the_model():
     with pytest.warns(UserWarning, match=r"did not reach target_pass_at_1=1.0 .* in 6 steps .*Raise extra_steps"):
         model, _, history = train_sft(config, progress=False, num_eval=4)
     assert len(history) == 6 and history[-1]["target_met"] is False and model is not None
+
+
+def test_a_run_shorter_than_one_check_warns_instead_of_failing():
+    config = SFTConfig(**{**TINY.__dict__, "target_pass_at_1": 0.5, "check_every": 10, "extra_steps": 0})
+    with pytest.warns(UserWarning, match="no check: fewer steps than check_every=10"):
+        _, _, history = train_sft(config, progress=False, num_eval=4)
+    assert len(history) == 4 and history[-1]["target_met"] is False
