@@ -14,6 +14,7 @@ give the same update. That share bounds what such a skip could save of forward_b
 
     python benchmarks/grpo_step_profile.py                 # seed 0, 30 steps (about a minute)
     python benchmarks/grpo_step_profile.py --steps 100 --seed 1
+    python benchmarks/grpo_step_profile.py --plain-decode  # the sampler calls the model's forward every token
 
 Prints ms per step for each piece (median over the steps after the first) and the zero-advantage share over
 the run. One run, one machine: compare pieces within a run.
@@ -28,7 +29,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from edurl.llm import clients, grpo
+from edurl.llm import clients, grpo, sampling
 from edurl.llm.grpo import GRPOConfig, train_grpo
 
 WRAPPED = {
@@ -78,7 +79,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--plain-decode",
+        action="store_true",
+        help="decode through the model's own forward and KV cache (sample(fast_decode=False)), not edurl.llm.decode",
+    )
     args = parser.parse_args()
+    if args.plain_decode:  # the sampler asks fast_decoder for its decode step; None means the model's forward
+        sampling.fast_decoder = lambda model: None
     config = GRPOConfig(seed=args.seed, max_steps=args.steps, eval_every=args.steps, progress=False)
     calls: dict[str, list[float]] = defaultdict(list)
     with timed_methods(calls):
@@ -96,7 +104,8 @@ def main() -> None:
     total = float(np.median(step_total[later]))
     print(
         f"GRPO step, recipe defaults ({config.batch_size} problems x {config.group_size} samples, "
-        f"{config.loss_fn}, {config.aggregation}), seed {args.seed}, {steps} steps; median over steps 2-{steps}"
+        f"{config.loss_fn}, {config.aggregation}), seed {args.seed}, {steps} steps; median over steps 2-{steps}; "
+        f"decode: {'the model forward per token' if args.plain_decode else 'edurl.llm.decode'}"
     )
     print(f"{'piece':<18} {'ms':>8} {'share':>6}")
     order = ("fresh sampler", "decode", "grade + datums", "forward_backward", "optim_step")

@@ -5,7 +5,9 @@ stopping at ``<|im_end|>``. Both samplers run the same model, in the same proces
 same prompts, and the table reports generated tokens per second (stop token included, padding
 excluded) with edurl's ratio over each peer variant. ``generate`` gets the P*G rows already
 repeated, since it has no "prefill once, sample G times" mode; the "+ log-probs" variant also
-asks it for the scores an RL trainer needs (``compute_transition_scores``).
+asks it for the scores an RL trainer needs (``compute_transition_scores``). The "model forward per token" row
+is edurl's sampler with ``fast_decode=False``: the same draws, with the model's own forward and KV cache at every
+decode step instead of :mod:`edurl.llm.decode` (a group's prompt kept once, completions in reserved buffers).
 
     python benchmarks/sampler.py                       # the SFT checkpoint of Chapter 6 (trained once, cached)
     python benchmarks/sampler.py --random-init         # no SFT: every row runs to max_tokens
@@ -24,9 +26,9 @@ import torch
 from edurl import llm
 
 
-def edurl_sample(model, prompts, G, max_tokens, stop, pad_id, seed):
+def edurl_sample(model, prompts, G, max_tokens, stop, pad_id, seed, fast_decode=True):
     params = llm.SamplingParams(max_tokens=max_tokens, temperature=1.0, stop=stop, seed=seed)
-    out = llm.sample(model, prompts, G, params, pad_token_id=pad_id)
+    out = llm.sample(model, prompts, G, params, pad_token_id=pad_id, fast_decode=fast_decode)
     return sum(len(c.tokens) for c in out)
 
 
@@ -84,6 +86,7 @@ def main() -> None:
     common = (model, prompts, args.samples, args.max_tokens, stop, tok.pad_token_id)
     runs = {
         "edurl.llm.sample (with log-probs)": lambda seed: edurl_sample(*common, seed),
+        "edurl.llm.sample, model forward per token": lambda seed: edurl_sample(*common, seed, fast_decode=False),
         "model.generate": lambda seed: hf_generate(*common, seed, with_logprobs=False),
         "model.generate + log-probs": lambda seed: hf_generate(*common, seed, with_logprobs=True),
     }

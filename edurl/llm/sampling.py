@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from edurl.llm.decode import fast_decoder
 from edurl.llm.padding import pad
 from edurl.llm.shared_prefix import CACHE_ARG
 
@@ -206,6 +207,7 @@ def sample(
     eos_token_id: int | Sequence[int] | None = None,
     prefix_cache: PrefixCache | None = None,
     cache_keys: Sequence[Hashable] | None = None,
+    fast_decode: bool = True,
 ) -> list[Completion]:
     """Sample ``num_samples`` completions for each prompt.
 
@@ -224,6 +226,10 @@ def sample(
     ``prefix_cache`` and ``cache_keys`` (one hashable per prompt, e.g. an episode's index; ``num_samples`` must be 1)
     reuse the keys and values of the conversation's earlier turn when the prompt extends it, and store this turn's
     (see the module docstring). The draws are the same as without the cache up to floating-point rounding.
+
+    ``fast_decode`` runs the decode steps of a Llama or Qwen2 model layer by layer over a KV cache reserved for the
+    whole completion (:mod:`edurl.llm.decode`) instead of calling the model's forward once per token; the logits are
+    the same up to floating-point rounding. ``False``, or a model it does not know, calls the forward every step.
     """
     params = params or SamplingParams()
     prompts = check_prompts(prompts)
@@ -272,12 +278,22 @@ def sample(
     logits = out.logits[:, -1]  # (P, V)
     # ---- G copies of every row -----------------------------------------------------------------
     G, B = num_samples, len(prompts) * num_samples
-    cache.batch_repeat_interleave(G)
+    T = params.max_tokens
+    decoder = fast_decoder(model) if fast_decode else None
+    if decoder is not None:  # each prompt's keys and values stay once; the completions get buffers of their own
+        decoder.load([_layer_kv(cache, layer) for layer in range(len(cache))], mask, G, T)
+    else:
+        cache.batch_repeat_interleave(G)
     logits = logits.repeat_interleave(G, dim=0)  # (B, V)
     mask = mask.repeat_interleave(G, dim=0)  # (B, L)
     next_pos = positions[:, -1].repeat_interleave(G, dim=0) + 1  # (B,)
 
-    T = params.max_tokens
+    def row_kv(r: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Live row ``r``'s keys and values per layer, (heads, columns, head_dim)."""
+        if decoder is not None:
+            return decoder.row_kv(r)
+        return [tuple(x[r] for x in _layer_kv(cache, layer)) for layer in range(len(cache))]
+
     out_tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
     out_logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
     lengths = torch.full((B,), T, dtype=torch.long, device=device)
@@ -289,7 +305,7 @@ def sample(
         for r in rows.tolist():
             b = int(active[r])
             real = mask[r].bool()
-            kv = [tuple(x[r][:, real] for x in _layer_kv(cache, layer)) for layer in range(len(cache))]
+            kv = [tuple(x[:, real] for x in layer) for layer in row_kv(r)]
             prefix_cache.entries[cache_keys[b]] = (prompts[b] + out_tokens[b, :t].tolist(), kv)
 
     for t in range(T):
@@ -311,21 +327,27 @@ def sample(
             if not keep.any():
                 break
             keep_idx = keep.nonzero().squeeze(-1)
-            cache.batch_select_indices(keep_idx)
+            if decoder is not None:
+                decoder.select(keep_idx)
+            else:
+                cache.batch_select_indices(keep_idx)
             active, tokens, mask, next_pos = active[keep], tokens[keep], mask[keep], next_pos[keep]
         if t == T - 1:
             if prefix_cache is not None:
                 keep_kv(torch.arange(len(active), device=device), t)
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (A, L + t + 1)
-        out = model(
-            input_ids=tokens[:, None],
-            attention_mask=mask,
-            position_ids=next_pos[:, None],
-            use_cache=True,
-            **{CACHE_ARG: cache},
-        )
-        logits = out.logits[:, -1]
+        if decoder is not None:
+            logits = decoder.step(tokens, next_pos)
+        else:
+            out = model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{CACHE_ARG: cache},
+            )
+            logits = out.logits[:, -1]
         next_pos = next_pos + 1
     model.train(was_training)
 
