@@ -10,7 +10,7 @@ How it works (shapes: P prompts, G samples each, B = P*G rows)::
     left-pad the P prompts             input_ids (P, L), attention_mask (P, L)
     position ids from the mask         (P, L): padding does not shift positions
     prefill once                       KV cache for P rows, next-token logits (P, V)
-    repeat the cache G times           (B, ...): each prompt is encoded once, not G times
+    G rows per prompt                  (B, ...): each prompt is encoded once, not G times
     loop over max_tokens:
         logp = log_softmax(logits / temperature)           (B_active, V)
         draw a token (greedy when temperature == 0)        record it and logp[token]
@@ -18,7 +18,9 @@ How it works (shapes: P prompts, G samples each, B = P*G rows)::
         feed the tokens back with the next position ids
 
 Rows that finish are removed from the batch, so a group whose answers are short
-costs less than one padded to ``max_tokens``.
+costs less than one padded to ``max_tokens``. For Llama and Qwen2 models the fed-back tokens go through
+:mod:`edurl.llm.decode`, which keeps each prompt's keys and values once for its G rows; other models get their
+cache repeated G times and their own forward at every step.
 
 Multi-turn episodes (Chapter 9) send the sampler a conversation that grows by a reply and an answer each turn.
 With a :class:`PrefixCache`, a row that finishes leaves its keys and values behind under its conversation's key,
@@ -227,9 +229,10 @@ def sample(
     reuse the keys and values of the conversation's earlier turn when the prompt extends it, and store this turn's
     (see the module docstring). The draws are the same as without the cache up to floating-point rounding.
 
-    ``fast_decode`` runs the decode steps of a Llama or Qwen2 model layer by layer over a KV cache reserved for the
-    whole completion (:mod:`edurl.llm.decode`) instead of calling the model's forward once per token; the logits are
-    the same up to floating-point rounding. ``False``, or a model it does not know, calls the forward every step.
+    ``fast_decode`` runs the decode steps of a Llama or Qwen2 model layer by layer (:mod:`edurl.llm.decode`: each
+    prompt's keys and values kept once for its ``num_samples`` rows, each completion's in a buffer reserved for
+    ``max_tokens``) instead of calling the model's forward once per token; the logits are the same up to
+    floating-point rounding. ``False``, or a model it does not know, calls the forward every step.
     """
     params = params or SamplingParams()
     prompts = check_prompts(prompts)
