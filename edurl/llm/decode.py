@@ -59,9 +59,13 @@ def fast_decoder(model: nn.Module) -> GroupKV | None:
         return None
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
         return None
+    if getattr(config, "use_sliding_window", False) or getattr(lm.model, "rotary_emb", None) is None:
+        return None
     for layer in lm.model.layers:
         attn = layer.self_attn
         if {name for name, _ in attn.named_children()} != _ATTENTION_PARTS or getattr(attn, "sliding_window", None):
+            return None  # e.g. q/k norms, or transformers < 4.48, whose attention holds its own rotary module
+        if getattr(attn, "head_dim", None) is None or getattr(attn, "scaling", None) is None:
             return None
     return GroupKV(lm)
 

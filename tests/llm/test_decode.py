@@ -172,3 +172,10 @@ def test_an_extra_module_in_attention_keeps_the_forward():
     model = copy.deepcopy(_model("llama"))
     model.model.layers[0].self_attn.q_norm = torch.nn.Identity()
     assert fast_decoder(model) is None
+
+
+def test_an_attention_without_its_scale_keeps_the_forward():
+    """transformers releases before 4.48 (the course allows >= 4.45) keep no ``scaling`` on the attention module."""
+    model = copy.deepcopy(_model("llama"))
+    del model.model.layers[1].self_attn.scaling
+    assert fast_decoder(model) is None
