@@ -24,3 +24,37 @@ def test_bad_inputs_say_what_to_do():
         pad([[1, 2]], 0, length=1)
     with pytest.raises(ValueError, match="at least one row"):
         pad([], 0)
+
+
+def _pad_row_by_row(rows, pad_value, side, dtype, length):
+    """The slow reference: one row at a time, as pad did before its single masked write."""
+    out = torch.full((len(rows), length), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row)
+        cols = slice(0, n) if side == "right" else slice(length - n, length)
+        out[i, cols] = torch.as_tensor(row, dtype=dtype) if not isinstance(row, torch.Tensor) else row.to(dtype)
+        mask[i, cols] = 1
+    return out, mask
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("kind", ["tensors", "lists", "mixed"])
+@pytest.mark.parametrize("dtype", [torch.long, torch.float32])
+def test_matches_a_row_by_row_reference(side, kind, dtype):
+    g = torch.Generator().manual_seed(0)
+    lengths = [0, 3, 1, 7, 0, 5, 7, 2]  # empty rows, ties for the longest, a one-token row
+    rows = [torch.randint(1, 50, (n,), generator=g).to(dtype) for n in lengths]
+    if kind == "lists":
+        rows = [r.tolist() for r in rows]
+    elif kind == "mixed":
+        rows = [r.tolist() if i % 2 else r for i, r in enumerate(rows)]
+    for length in (None, 9):
+        want = _pad_row_by_row(rows, -3, side, dtype, length or max(lengths))
+        got = pad(rows, -3, side=side, dtype=dtype, length=length)
+        assert got[0].dtype == dtype and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_all_rows_empty():
+    ids, mask = pad([[], []], 0)
+    assert ids.shape == (2, 0) and mask.shape == (2, 0)
