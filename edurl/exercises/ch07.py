@@ -883,21 +883,27 @@ _FORWARD_BACKWARD_ARGS = (
 )
 
 
+def _wrong_forward_backward_args(calls, config) -> list[str]:
+    """Each forward_backward argument that differs from the config's value, once, as "name=used where ..."."""
+    wrong = []
+    for name, value in _FORWARD_BACKWARD_ARGS:
+        for _, g_fn, g_cfg, g_kwargs, _ in calls:
+            used = {"loss_fn": g_fn, "loss_fn_config": g_cfg or {}}.get(name, g_kwargs.get(name, "its default"))
+            if used != value(config):
+                wrong.append(f"{name}={used!r} where the config asks for {value(config)!r}")
+                break
+    return wrong
+
+
 def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
     if not got.optim:
         return f"step {n}: the weights never changed. After forward_backward, take one trainer.optim_step(...)."
     if len(got.optim) > 1:
         return f"step {n}: {len(got.optim)} optimizer steps in one GRPO step; take exactly one (num_substeps is 1)."
     (adam, grads), (ref_adam, ref_grads) = got.optim[0], ref.optim[0]
+    calls = got.forward_backward
+    wrong = _wrong_forward_backward_args(calls, config)
     if not _tensor_list_close(grads, ref_grads):
-        calls = got.forward_backward
-        wrong = []
-        for name, value in _FORWARD_BACKWARD_ARGS:
-            for _, g_fn, g_cfg, g_kwargs, _ in calls:
-                used = {"loss_fn": g_fn, "loss_fn_config": g_cfg or {}}.get(name, g_kwargs.get(name, "its default"))
-                if used != value(config):
-                    wrong.append(f"{name}={used!r} where the config asks for {value(config)!r}")
-                    break
         if wrong:
             return (
                 f"step {n}: the datums are right but the gradient is not: forward_backward was called with "
@@ -911,6 +917,15 @@ def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
                 "on the whole batch."
             )
         return f"step {n}: the datums are right but the gradient handed to optim_step differs from the reference's."
+    # Before the policy moves, importance sampling, PPO, CISPO and DRO give the same gradient up to rounding, so a
+    # wrong loss can pass the comparison above; a value passed explicitly against the config's is still named.
+    # (An argument left at its default is judged by the gradient alone.)
+    explicit = [w for w in wrong if "'its default'" not in w]
+    if explicit:
+        return (
+            f"step {n}: forward_backward was called with {'; '.join(explicit)}. The gradient matches on this step "
+            "only because the policy has not moved yet; later steps would differ. Pass the config's values."
+        )
     if adam is None or adam.learning_rate != ref_adam.learning_rate:
         lr = "the default" if adam is None else adam.learning_rate
         return (
