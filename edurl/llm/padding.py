@@ -48,11 +48,13 @@ def pad(
         flat = torch.cat([row.reshape(-1) for row in rows]).to("cpu", dtype)
     else:
         entries = [x for row in rows for x in (row.tolist() if isinstance(row, torch.Tensor) else row)]
-        flat = torch.tensor(entries, dtype=dtype) if entries else torch.zeros(0, dtype=dtype)
-    lengths = torch.tensor([len(row) for row in rows])
-    col = torch.arange(length)[None]  # (1, T)
+        flat = (
+            torch.tensor(entries, dtype=dtype, device="cpu") if entries else torch.zeros(0, dtype=dtype, device="cpu")
+        )
+    lengths = torch.tensor([len(row) for row in rows], device="cpu")
+    col = torch.arange(length, device="cpu")[None]  # (1, T)
     real = col < lengths[:, None] if side == "right" else col >= length - lengths[:, None]  # (B, T)
-    out = torch.full((len(rows), length), pad_value, dtype=dtype)
+    out = torch.full((len(rows), length), pad_value, dtype=dtype, device="cpu")
     out[real] = flat  # row-major order: row 0's entries, then row 1's, ... as in ``flat``
     mask = real.long()
     return (out, mask) if device is None else (out.to(device), mask.to(device))
