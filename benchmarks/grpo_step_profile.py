@@ -15,6 +15,7 @@ give the same update. That share bounds what such a skip could save of forward_b
     python benchmarks/grpo_step_profile.py                 # seed 0, 30 steps (about a minute)
     python benchmarks/grpo_step_profile.py --steps 100 --seed 1
     python benchmarks/grpo_step_profile.py --plain-decode  # the sampler calls the model's forward every token
+    python benchmarks/grpo_step_profile.py --sdpa          # forward_backward keeps sdpa attention for short rows
 
 Prints ms per step for each piece (median over the steps after the first) and the zero-advantage share over
 the run. One run, one machine: compare pieces within a run.
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from edurl.llm import clients, grpo, sampling
+from edurl.llm import clients, grpo, sampling, shared_prefix
 from edurl.llm.grpo import GRPOConfig, train_grpo
 
 WRAPPED = {
@@ -84,7 +85,14 @@ def main() -> None:
         action="store_true",
         help="decode through the model's own forward and KV cache (sample(fast_decode=False)), not edurl.llm.decode",
     )
+    parser.add_argument(
+        "--sdpa",
+        action="store_true",
+        help="score training rows with the model's sdpa attention, not eager for short rows (short_row_attention)",
+    )
     args = parser.parse_args()
+    if args.sdpa:  # no row is short enough for the eager switch
+        shared_prefix.EAGER_ATTENTION_MAX_TOKENS = 0
     if args.plain_decode:  # the sampler asks fast_decoder for its decode step; None means the model's forward
         sampling.fast_decoder = lambda model: None
     config = GRPOConfig(seed=args.seed, max_steps=args.steps, eval_every=args.steps, progress=False)
@@ -105,7 +113,8 @@ def main() -> None:
     print(
         f"GRPO step, recipe defaults ({config.batch_size} problems x {config.group_size} samples, "
         f"{config.loss_fn}, {config.aggregation}), seed {args.seed}, {steps} steps; median over steps 2-{steps}; "
-        f"decode: {'the model forward per token' if args.plain_decode else 'edurl.llm.decode'}"
+        f"decode: {'the model forward per token' if args.plain_decode else 'edurl.llm.decode'}; "
+        f"training attention: {'sdpa' if args.sdpa else 'eager for short rows'}"
     )
     print(f"{'piece':<18} {'ms':>8} {'share':>6}")
     order = ("fresh sampler", "decode", "grade + datums", "forward_backward", "optim_step")

@@ -312,7 +312,8 @@ class TrainingClient:
         self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False, temperature: float = 1.0
     ):
         """:func:`edurl.llm.shared_prefix.token_logprobs` with this client's model: (B, T) log-probs and entropy
-        (or None). Gradient checkpointing (which drops the KV cache while training) scores every row whole."""
+        (or None). Gradient checkpointing (which drops the KV cache while training) scores every row whole. On the
+        CPU, shared-prefix passes over short rows run with eager attention (``short_row_attention``), faster there."""
         checkpointing = self.model.training and any(
             getattr(m, "gradient_checkpointing", False) for m in self.model.modules()
         )
@@ -327,6 +328,7 @@ class TrainingClient:
             share_prompts=self.share_prompts and not checkpointing,
             pad_token_id=self.tokenizer.pad_token_id or 0,
             model_config=self.model.config,
+            eager_short_rows=True,
         )
 
     def _scored(self, ids, attn, targets, split, temperature: float, no_grad_rows: torch.Tensor | None):

@@ -15,15 +15,23 @@ The gradient still flows into the prompt's keys and values (the cache is copied 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
-from transformers import DynamicCache, LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, cache_utils
 
 from edurl.llm.padding import pad
 from edurl.objectives import entropy
 
-__all__ = ["run_continuations", "run_prompts", "scaled_log_softmax", "token_logprobs"]
+__all__ = [
+    "EAGER_ATTENTION_MAX_TOKENS",
+    "run_continuations",
+    "run_prompts",
+    "scaled_log_softmax",
+    "short_row_attention",
+    "token_logprobs",
+]
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -44,6 +52,42 @@ CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).pa
 5.x releases, which deprecate ``past_key_values`` and remove it in 5.40, and ``past_key_values`` before them."""
 
 
+EAGER_ATTENTION_MAX_TOKENS = 48
+"""Rows of at most this many tokens are scored with transformers' eager attention on the CPU (:func:`short_row_attention`)."""
+
+
+_ATTENTION_READ_AT_EACH_CALL = hasattr(PreTrainedModel, "set_attn_implementation")
+"""Whether this transformers release's attention reads ``config._attn_implementation`` at each call (the functional
+attention of recent releases), so that :func:`short_row_attention` can switch it for one block."""
+
+
+@contextmanager
+def short_row_attention(model_config, length: int, device: torch.device) -> Iterator[None]:
+    """Inside the block, the model of ``model_config`` attends with transformers' eager attention (two matrix
+    products and a softmax) instead of ``sdpa`` when its rows are at most :data:`EAGER_ATTENTION_MAX_TOKENS` long
+    and run on the CPU. :func:`token_logprobs` uses it for its shared-prefix passes when asked (``eager_short_rows``).
+
+    The arithmetic is the same up to rounding; the speed is not. The completions' queries meet their prompts' keys
+    through a mask that left-padded prompts of different lengths make irregular, and for short rows the fused
+    kernel was slower there than eager attention, while for long rows it was faster (benchmarks/README.md, "The
+    third cut"). On a GPU, and with transformers releases whose attention does not read the setting at each call,
+    nothing changes."""
+    switch = (
+        _ATTENTION_READ_AT_EACH_CALL
+        and device.type == "cpu"
+        and length <= EAGER_ATTENTION_MAX_TOKENS
+        and getattr(model_config, "_attn_implementation", None) == "sdpa"
+    )
+    if not switch:
+        yield
+        return
+    model_config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        model_config._attn_implementation = "sdpa"
+
+
 def token_logprobs(
     forward: Callable[..., object],
     ids: torch.Tensor,
@@ -56,6 +100,7 @@ def token_logprobs(
     share_prompts: bool = True,
     pad_token_id: int = 0,
     model_config=None,
+    eager_short_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log pi(targets)`` at every position, (B, T), and the entropy of pi there (or None), both of the
     distribution at ``temperature`` (the one the sampler drew from).
@@ -63,7 +108,8 @@ def token_logprobs(
     ``forward(**inputs)`` is the model's call (the policy's, or the reference's); ``ids``, ``attn``, ``targets``
     and ``mask`` are the (B, T) right-padded batch. Positions after a row's end hold 0. ``share_prompts=False``
     (e.g. under gradient checkpointing, which drops the KV cache) scores every row whole. ``model_config`` is
-    the model's config, which the KV cache needs.
+    the model's config, which the KV cache needs. ``eager_short_rows`` runs the shared-prefix passes under
+    :func:`short_row_attention` (the training client's choice; whole rows keep the model's attention).
     """
     if not share_prompts:
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
@@ -72,13 +118,16 @@ def token_logprobs(
     has_loss = mask.bool().any(1)
     first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
     prompts: dict[tuple[int, ...], int] = {}
-    rows = [prompts.setdefault(tuple(ids[i, : int(first[i]) + 1].tolist()), len(prompts)) for i in range(B)]
+    id_rows, ends = ids.tolist(), (first + 1).tolist()  # one copy to Python, not a select per row
+    rows = [prompts.setdefault(tuple(id_rows[i][: ends[i]]), len(prompts)) for i in range(B)]
     if 2 * len(prompts) > B:  # too few repeats to pay for two passes
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
     dev = ids.device
     u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
+    attention = (lambda: short_row_attention(model_config, T, dev)) if eager_short_rows else nullcontext
     # ---- each distinct prompt once, left-padded so that all of them end in the last column
-    prefix = run_prompts(forward, list(prompts), pad_token_id, model_config, dev)
+    with attention():
+        prefix = run_prompts(forward, list(prompts), pad_token_id, model_config, dev)
     if prefix is None:  # a model that ignored the cache: fall back rather than drop the prompt
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
     out_p, _, pmask, _ = prefix
@@ -101,7 +150,8 @@ def token_logprobs(
         j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
         rmask = (j < rest[:, None]).long()
         rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
-        out = run_continuations(forward, prefix, u, rids, rmask)
+        with attention():
+            out = run_continuations(forward, prefix, u, rids, rmask)
         logp_r = scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
         in_rest = (col > f) & (col < lengths[:, None])
         rcol = (col - f - 1).clamp(0, Lr - 1)
@@ -127,10 +177,11 @@ def run_prompts(forward, prompts: list, pad_token_id: int, model_config, device)
 
 def run_continuations(forward, prefix, u: torch.Tensor, rest_ids: torch.Tensor, rest_mask: torch.Tensor):
     """Run each row's continuation ``rest_ids`` (B, Lr), right-padded with mask ``rest_mask``, against the cache
-    of its prompt ``u[b]`` from :func:`run_prompts` (``prefix``). The cache's rows are copied by a differentiable
-    ``index_select``, so the gradient reaches the prompt's keys and values. Returns the forward's output."""
+    of its prompt ``u[b]`` from :func:`run_prompts` (``prefix``). The cache's rows are copied differentiably
+    (:func:`_give_rows_their_prompts`), so the gradient reaches the prompt's keys and values. Returns the forward's
+    output."""
     _, cache, pmask, ppos = prefix
-    cache.reorder_cache(u)
+    _give_rows_their_prompts(cache, u)
     j = torch.arange(rest_ids.shape[1], device=rest_ids.device)[None]  # (1, Lr)
     return forward(
         input_ids=rest_ids,
@@ -139,6 +190,37 @@ def run_continuations(forward, prefix, u: torch.Tensor, rest_ids: torch.Tensor, 
         use_cache=True,
         **{CACHE_ARG: cache},
     )
+
+
+_PLAIN_REORDER = getattr(getattr(cache_utils, "DynamicLayer", None), "reorder_cache", None)
+"""The per-layer ``reorder_cache`` that only indexes ``keys`` and ``values`` (recent transformers releases keep a cache
+as layers; earlier ones keep lists, and :func:`_give_rows_their_prompts` leaves those to ``reorder_cache``)."""
+
+
+def _give_rows_their_prompts(cache: DynamicCache, u: torch.Tensor) -> None:
+    """Make row b of ``cache`` (one row per prompt) the keys and values of prompt ``u[b]``, one row per datum.
+
+    GRPO's datums come in groups: the G rows of prompt 0, then the G rows of prompt 1, ... There each prompt's
+    keys and values are repeated by ``expand``, whose backward pass sums the G rows' gradients (a reduction);
+    the general ``index_select`` that ``reorder_cache`` uses backs into a ``scatter_add`` over the whole cache,
+    about 1 ms for each layer's keys and each layer's values in a GRPO step's ``forward_backward`` at 2 threads
+    (benchmarks/README.md, "The third cut"). Both give the same values, and gradients equal up to rounding."""
+    layers = getattr(cache, "layers", None)
+    U = int(u.max()) + 1
+    G = len(u) // U
+    grouped = (
+        layers is not None
+        and G * U == len(u)
+        and all(type(layer).reorder_cache is _PLAIN_REORDER for layer in layers)
+        and torch.equal(u, torch.arange(U, device=u.device).repeat_interleave(G))
+    )
+    if not grouped:
+        cache.reorder_cache(u)
+        return
+    for layer in layers:
+        for name in ("keys", "values"):
+            kv = getattr(layer, name)  # (U, kv_heads, Lp, head_dim)
+            setattr(layer, name, kv[:, None].expand(U, G, *kv.shape[1:]).reshape(U * G, *kv.shape[1:]))
 
 
 def _whole_rows(forward, ids, attn, targets, with_entropy: bool, temperature: float):

@@ -1,8 +1,14 @@
 import pytest
 import torch
+from transformers import DynamicCache
 
 from edurl.llm.padding import pad
-from edurl.llm.shared_prefix import scaled_log_softmax, token_logprobs
+from edurl.llm.shared_prefix import (
+    EAGER_ATTENTION_MAX_TOKENS,
+    scaled_log_softmax,
+    short_row_attention,
+    token_logprobs,
+)
 
 
 def batch(rows, masks):
@@ -50,6 +56,37 @@ def test_the_gradient_through_the_shared_prompt_matches_whole_rows(small_model):
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
 
 
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+def test_grouped_and_interleaved_rows_get_their_prompts_gradients(small_model, monkeypatch, order):
+    """GRPO's rows come as G rows of prompt 0, then G of prompt 1: their prompts' keys and values are repeated by
+    expand (its backward sums the group's gradients); any other order goes through reorder_cache's index_select.
+    Both must give whole rows' log-probs and gradients, prompts of different lengths included."""
+    prompt_a, prompt_b = [3, 35, 33, 19, 32], [3, 9]
+    tails = [[5, 6], [7], [8, 9, 10]]
+    rows = [prompt_a + t for t in tails] + [prompt_b + t[::-1] for t in tails]
+    masks = [[0] * (len(r) - len(t) - 1) + [1] * len(t) for r, t in zip(rows, tails + [t[::-1] for t in tails])]
+    if order == "interleaved":
+        rows, masks = rows[0::2] + rows[1::2], masks[0::2] + masks[1::2]
+    reorders = []
+    original = DynamicCache.reorder_cache
+    monkeypatch.setattr(DynamicCache, "reorder_cache", lambda self, u: reorders.append(u) or original(self, u))
+    ids, attn, targets, mask = batch(rows, masks)
+    results = []
+    for share in (True, False):
+        small_model.zero_grad()
+        lp, _ = token_logprobs(
+            small_model, ids, attn, targets, mask, share_prompts=share, model_config=small_model.config
+        )
+        (lp * mask * torch.arange(1.0, 1.0 + lp.shape[1])).sum().backward()  # weights: each position counts
+        results.append((lp.detach(), {n: p.grad.clone() for n, p in small_model.named_parameters()}))
+    small_model.zero_grad()
+    assert len(reorders) == (0 if order == "grouped" else 1)
+    (lp_shared, g_shared), (lp_whole, g_whole) = results
+    assert torch.allclose(lp_shared * attn, lp_whole * attn, atol=1e-5)
+    for name in g_whole:
+        assert torch.allclose(g_shared[name], g_whole[name], atol=1e-5), name
+
+
 def test_distinct_prompts_fall_back_to_whole_rows(small_model):
     calls = []
 
@@ -66,3 +103,60 @@ def test_scaled_log_softmax_treats_temperature_zero_as_one():
     logits = torch.tensor([[1.0, 2.0, 0.5]])
     assert torch.allclose(scaled_log_softmax(logits, 0), torch.log_softmax(logits, -1))
     assert torch.allclose(scaled_log_softmax(logits, 0.5), torch.log_softmax(logits / 0.5, -1))
+
+
+def test_short_rows_attend_eagerly_on_the_cpu_and_long_rows_keep_sdpa(small_model):
+    seen = []
+
+    def forward(**inputs):
+        seen.append(small_model.config._attn_implementation)
+        return small_model(**inputs)
+
+    config = small_model.config
+    assert config._attn_implementation == "sdpa"
+    for length, want in ((EAGER_ATTENTION_MAX_TOKENS, "eager"), (EAGER_ATTENTION_MAX_TOKENS + 1, "sdpa")):
+        seen.clear()
+        rows = [[3, 35, 5] + [6] * (length - 3), [3, 35, 7]]
+        ids, attn, targets, mask = batch(rows, [[0, 1] + [1] * (length - 3), [0, 1]])
+        token_logprobs(forward, ids, attn, targets, mask, model_config=config, eager_short_rows=True)
+        assert len(seen) == 2 and set(seen) == {want}, (length, seen)  # the prompt's pass and the completions'
+        assert config._attn_implementation == "sdpa"  # put back
+    seen.clear()  # distinct prompts are scored whole, with the model's own attention (e.g. SFT batches)
+    ids, attn, targets, mask = batch([[3, 4, 5, 6], [7, 8, 9]], [[0, 1, 1], [0, 1]])
+    token_logprobs(forward, ids, attn, targets, mask, model_config=config, eager_short_rows=True)
+    assert seen == ["sdpa"]
+    with short_row_attention(config, 8, torch.device("cuda")):  # a GPU keeps its fused kernels
+        assert config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError), short_row_attention(config, 8, torch.device("cpu")):
+        assert config._attn_implementation == "eager"
+        raise RuntimeError("a failing forward")
+    assert config._attn_implementation == "sdpa"
+
+
+def test_eager_and_sdpa_give_the_same_log_probs_and_gradients(small_model):
+    """The switch changes the kernels, not the arithmetic: left-padded prompts of different lengths, grouped rows."""
+    prompt_a, prompt_b = [3, 35, 33, 19, 32, 100], [3, 9]
+    tails = [[5, 6, 4], [7], [8, 9]]
+    rows = [prompt_a + t for t in tails] + [prompt_b + t for t in tails]
+    masks = [[0] * (len(r) - len(t) - 1) + [1] * len(t) for r, t in zip(rows, tails + tails)]
+    ids, attn, targets, mask = batch(rows, masks)
+    results = []
+    for eager in (True, False):
+        small_model.zero_grad()
+        lp, ent = token_logprobs(
+            small_model,
+            ids,
+            attn,
+            targets,
+            mask,
+            with_entropy=True,
+            model_config=small_model.config,
+            eager_short_rows=eager,
+        )
+        (lp * mask).sum().backward()
+        results.append((lp.detach(), ent, {n: p.grad.clone() for n, p in small_model.named_parameters()}))
+    small_model.zero_grad()
+    (lp_e, ent_e, g_e), (lp_s, ent_s, g_s) = results
+    assert torch.allclose(lp_e, lp_s, atol=1e-5) and torch.allclose(ent_e, ent_s, atol=1e-5)
+    for name in g_s:
+        assert torch.allclose(g_e[name], g_s[name], atol=1e-5), name
