@@ -18,6 +18,16 @@ def batch(rows, masks):
     return ids, attn, targets, mask
 
 
+def scored(model, ids, attn, targets, mask, weights=None, **kw):
+    """token_logprobs' log-probs and entropy, and the gradient of sum(log-probs * weights) (``mask`` by default)."""
+    model.zero_grad()
+    lp, ent = token_logprobs(model, ids, attn, targets, mask, model_config=model.config, **kw)
+    (lp * (mask if weights is None else weights)).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return lp.detach(), ent, grads
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_a_shared_prompt_scores_what_whole_rows_score(small_model, temperature):
     prompt_a, prompt_b = [3, 35, 33, 19, 32, 100], [3, 35, 9]
@@ -42,15 +52,7 @@ def test_the_gradient_through_the_shared_prompt_matches_whole_rows(small_model):
     rows = [[3, 35, 33, 19, 5, 6], [3, 35, 33, 19, 7], [3, 35, 33, 19, 8, 9, 10]]
     masks = [[0, 0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 1, 1, 1]]
     ids, attn, targets, mask = batch(rows, masks)
-    grads = []
-    for share in (True, False):
-        small_model.zero_grad()
-        lp, _ = token_logprobs(
-            small_model, ids, attn, targets, mask, share_prompts=share, model_config=small_model.config
-        )
-        (lp * mask).sum().backward()
-        grads.append({n: p.grad.clone() for n, p in small_model.named_parameters() if p.grad is not None})
-    small_model.zero_grad()
+    grads = [scored(small_model, ids, attn, targets, mask, share_prompts=share)[2] for share in (True, False)]
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), name
@@ -71,17 +73,11 @@ def test_grouped_and_interleaved_rows_get_their_prompts_gradients(small_model, m
     original = DynamicCache.reorder_cache
     monkeypatch.setattr(DynamicCache, "reorder_cache", lambda self, u: reorders.append(u) or original(self, u))
     ids, attn, targets, mask = batch(rows, masks)
-    results = []
-    for share in (True, False):
-        small_model.zero_grad()
-        lp, _ = token_logprobs(
-            small_model, ids, attn, targets, mask, share_prompts=share, model_config=small_model.config
-        )
-        (lp * mask * torch.arange(1.0, 1.0 + lp.shape[1])).sum().backward()  # weights: each position counts
-        results.append((lp.detach(), {n: p.grad.clone() for n, p in small_model.named_parameters()}))
-    small_model.zero_grad()
+    weights = mask * torch.arange(1.0, 1.0 + ids.shape[1])  # each position counts differently
+    (lp_shared, _, g_shared), (lp_whole, _, g_whole) = (
+        scored(small_model, ids, attn, targets, mask, weights, share_prompts=share) for share in (True, False)
+    )
     assert len(reorders) == (0 if order == "grouped" else 1)
-    (lp_shared, g_shared), (lp_whole, g_whole) = results
     assert torch.allclose(lp_shared * attn, lp_whole * attn, atol=1e-5)
     for name in g_whole:
         assert torch.allclose(g_shared[name], g_whole[name], atol=1e-5), name
@@ -140,22 +136,10 @@ def test_eager_and_sdpa_give_the_same_log_probs_and_gradients(small_model):
     rows = [prompt_a + t for t in tails] + [prompt_b + t for t in tails]
     masks = [[0] * (len(r) - len(t) - 1) + [1] * len(t) for r, t in zip(rows, tails + tails)]
     ids, attn, targets, mask = batch(rows, masks)
-    results = []
-    for eager in (True, False):
-        small_model.zero_grad()
-        lp, ent = token_logprobs(
-            small_model,
-            ids,
-            attn,
-            targets,
-            mask,
-            with_entropy=True,
-            model_config=small_model.config,
-            eager_short_rows=eager,
-        )
-        (lp * mask).sum().backward()
-        results.append((lp.detach(), ent, {n: p.grad.clone() for n, p in small_model.named_parameters()}))
-    small_model.zero_grad()
+    results = [
+        scored(small_model, ids, attn, targets, mask, with_entropy=True, eager_short_rows=eager)
+        for eager in (True, False)
+    ]
     (lp_e, ent_e, g_e), (lp_s, ent_s, g_s) = results
     assert torch.allclose(lp_e, lp_s, atol=1e-5) and torch.allclose(ent_e, ent_s, atol=1e-5)
     for name in g_s:
