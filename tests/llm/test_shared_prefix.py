@@ -1,9 +1,11 @@
 import pytest
 import torch
 from transformers import DynamicCache
+from transformers.models.llama import modeling_llama
 
 from edurl.llm.padding import pad
 from edurl.llm.shared_prefix import (
+    _ATTENTION_READ_AT_EACH_CALL,
     EAGER_ATTENTION_MAX_TOKENS,
     scaled_log_softmax,
     short_row_attention,
@@ -101,21 +103,27 @@ def test_scaled_log_softmax_treats_temperature_zero_as_one():
     assert torch.allclose(scaled_log_softmax(logits, 0.5), torch.log_softmax(logits / 0.5, -1))
 
 
-def test_short_rows_attend_eagerly_on_the_cpu_and_long_rows_keep_sdpa(small_model):
-    seen = []
+@pytest.mark.skipif(not _ATTENTION_READ_AT_EACH_CALL, reason="this transformers cannot switch attention per call")
+def test_short_rows_attend_eagerly_on_the_cpu_and_long_rows_keep_sdpa(small_model, monkeypatch):
+    seen, eager_calls = [], []
 
     def forward(**inputs):
         seen.append(small_model.config._attn_implementation)
         return small_model(**inputs)
 
+    eager = modeling_llama.eager_attention_forward  # the kernel itself ran, not only the setting changed
+    monkeypatch.setattr(
+        modeling_llama, "eager_attention_forward", lambda *a, **k: eager_calls.append(1) or eager(*a, **k)
+    )
     config = small_model.config
     assert config._attn_implementation == "sdpa"
     for length, want in ((EAGER_ATTENTION_MAX_TOKENS, "eager"), (EAGER_ATTENTION_MAX_TOKENS + 1, "sdpa")):
-        seen.clear()
+        seen.clear(), eager_calls.clear()
         rows = [[3, 35, 5] + [6] * (length - 3), [3, 35, 7]]
         ids, attn, targets, mask = batch(rows, [[0, 1] + [1] * (length - 3), [0, 1]])
         token_logprobs(forward, ids, attn, targets, mask, model_config=config, eager_short_rows=True)
         assert len(seen) == 2 and set(seen) == {want}, (length, seen)  # the prompt's pass and the completions'
+        assert len(eager_calls) == (2 * config.num_hidden_layers if want == "eager" else 0)
         assert config._attn_implementation == "sdpa"  # put back
     seen.clear()  # distinct prompts are scored whole, with the model's own attention (e.g. SFT batches)
     ids, attn, targets, mask = batch([[3, 4, 5, 6], [7, 8, 9]], [[0, 1, 1], [0, 1]])
