@@ -211,7 +211,7 @@ def _give_rows_their_prompts(cache: DynamicCache, u: torch.Tensor) -> None:
     grouped = (
         layers is not None
         and G * U == len(u)
-        and all(type(layer).reorder_cache is _PLAIN_REORDER for layer in layers)
+        and all(type(layer).reorder_cache is _PLAIN_REORDER and layer.keys.shape[0] == U for layer in layers)
         and torch.equal(u, torch.arange(U, device=u.device).repeat_interleave(G))
     )
     if not grouped:

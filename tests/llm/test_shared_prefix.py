@@ -7,6 +7,7 @@ from edurl.llm.padding import pad
 from edurl.llm.shared_prefix import (
     _ATTENTION_READ_AT_EACH_CALL,
     EAGER_ATTENTION_MAX_TOKENS,
+    _give_rows_their_prompts,
     scaled_log_softmax,
     short_row_attention,
     token_logprobs,
@@ -152,3 +153,31 @@ def test_eager_and_sdpa_give_the_same_log_probs_and_gradients(small_model):
     assert torch.allclose(lp_e, lp_s, atol=1e-5) and torch.allclose(ent_e, ent_s, atol=1e-5)
     for name in g_s:
         assert torch.allclose(g_e[name], g_s[name], atol=1e-5), name
+
+
+@pytest.mark.parametrize(
+    "u",
+    [[0, 0, 0, 1, 1, 1, 2, 2, 2], [0, 1, 2, 0, 1, 2], [0, 0, 1, 1], [2, 2, 0, 0, 1, 1], [1, 0, 2]],
+    ids=["grouped", "interleaved", "a subset of the prompts", "groups out of order", "one row each, permuted"],
+)
+def test_rows_get_their_prompts_keys_and_values_in_any_layout(u):
+    """_give_rows_their_prompts against reorder_cache's index_select, for a cache of 3 prompts and 2 layers."""
+    g = torch.Generator().manual_seed(0)
+    kv = [(torch.randn(3, 2, 4, 5, generator=g), torch.randn(3, 2, 4, 5, generator=g)) for _ in range(2)]
+    caches = []
+    for _ in range(2):
+        cache = DynamicCache()
+        for i, (k, v) in enumerate(kv):
+            cache.update(k.clone(), v.clone(), i)
+        caches.append(cache)
+    index = torch.tensor(u)
+    _give_rows_their_prompts(caches[0], index)
+    caches[1].reorder_cache(index)
+    for i in range(2):
+        for got, want in zip(_layer_kv(caches[0], i), _layer_kv(caches[1], i)):
+            assert torch.equal(got, want)
+
+
+def _layer_kv(cache, i):
+    layers = getattr(cache, "layers", None)
+    return (layers[i].keys, layers[i].values) if layers is not None else (cache.key_cache[i], cache.value_cache[i])
