@@ -883,16 +883,24 @@ _FORWARD_BACKWARD_ARGS = (
 )
 
 
-def _wrong_forward_backward_args(calls, config) -> list[str]:
-    """Each forward_backward argument that differs from the config's value, once, as "name=used where ..."."""
+_LEFT_AT_DEFAULT = "its default"
+
+
+def _wrong_forward_backward_args(calls, config) -> list[tuple[str, object, object]]:
+    """Each forward_backward argument that differs from the config's value, once: (name, used, wanted); ``used`` is
+    :data:`_LEFT_AT_DEFAULT` for a keyword the call left out."""
     wrong = []
     for name, value in _FORWARD_BACKWARD_ARGS:
         for _, g_fn, g_cfg, g_kwargs, _ in calls:
-            used = {"loss_fn": g_fn, "loss_fn_config": g_cfg or {}}.get(name, g_kwargs.get(name, "its default"))
+            used = {"loss_fn": g_fn, "loss_fn_config": g_cfg or {}}.get(name, g_kwargs.get(name, _LEFT_AT_DEFAULT))
             if used != value(config):
-                wrong.append(f"{name}={used!r} where the config asks for {value(config)!r}")
+                wrong.append((name, used, value(config)))
                 break
     return wrong
+
+
+def _named(wrong: list[tuple[str, object, object]]) -> str:
+    return "; ".join(f"{name}={used!r} where the config asks for {wanted!r}" for name, used, wanted in wrong)
 
 
 def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
@@ -907,7 +915,7 @@ def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
         if wrong:
             return (
                 f"step {n}: the datums are right but the gradient is not: forward_backward was called with "
-                f"{'; '.join(wrong)}. The config names the loss, its loss_fn_config(), the aggregation, the token "
+                f"{_named(wrong)}. The config names the loss, its loss_fn_config(), the aggregation, the token "
                 "budget and the temperature: pass each of them."
             )
         if len(calls) > 1:
@@ -920,10 +928,10 @@ def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
     # Before the policy moves, importance sampling, PPO, CISPO and DRO give the same gradient up to rounding, so a
     # wrong loss can pass the comparison above; a value passed explicitly against the config's is still named.
     # (An argument left at its default is judged by the gradient alone.)
-    explicit = [w for w in wrong if "'its default'" not in w]
+    explicit = [w for w in wrong if w[1] is not _LEFT_AT_DEFAULT]
     if explicit:
         return (
-            f"step {n}: forward_backward was called with {'; '.join(explicit)}. The gradient matches on this step "
+            f"step {n}: forward_backward was called with {_named(explicit)}. The gradient matches on this step "
             "only because the policy has not moved yet; later steps would differ. Pass the config's values."
         )
     if adam is None or adam.learning_rate != ref_adam.learning_rate:

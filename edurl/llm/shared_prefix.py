@@ -8,8 +8,9 @@ KV cache is copied to its completions::
     whole rows:     [prompt | completion 1]  ...  [prompt | completion G]      G * (Lp + Lc) positions
     shared prefix:  [prompt] -> KV cache -> [completion 1] ... [completion G]  Lp + G * Lc positions
 
-The gradient still flows into the prompt's keys and values (the cache is copied by a differentiable
-``index_select``), and the result equals whole-row scoring up to rounding (tests/llm/test_shared_prefix.py).
+The gradient still flows into the prompt's keys and values (the cache is copied differentiably: by ``expand`` for
+rows grouped by prompt, by ``index_select`` otherwise), and the result equals whole-row scoring up to rounding
+(tests/llm/test_shared_prefix.py).
 """
 
 from __future__ import annotations
