@@ -1,0 +1,141 @@
+"""What a sampler beside the trainer could buy on this machine: the two halves of a GRPO step, alone and side by side.
+
+A sampler one step ahead (``GRPOConfig(max_steps_off_policy=1)``, Chapter 10) makes a step cost
+max(sample, train) instead of sample + train, but only when each half runs as fast beside the other, on its
+share of the cores, as the synchronous loop runs it on all of them. On a batch of the recipe's run (seed 0, 32
+problems x 8 completions as in ``async_grpo.py``, at step ``--at``), this script times:
+
+* **sync**: the sample half (a fresh sampler, ``grpo.collect``: sample, grade, advantages, datums) and the
+  train half (``forward_backward`` with the recipe's loss, gradients then dropped) one after the other, on
+  ``--cores`` threads;
+* each half **alone** on ``--cores // 2`` threads;
+* each half **beside** the other, which runs over and over in a second thread on the other half of the cores.
+
+The async loop's steps cost at least the slower half beside the other, so ``sync / max(beside)`` bounds its
+speed-up (the optimizer step and the queue add to it). Chapter 10's target is 1.2x on 2 cores;
+``benchmarks/async_grpo.py`` measures the real loop.
+
+    python benchmarks/async_budget.py             # about a minute on 2 cores
+    python benchmarks/async_budget.py --cores 8   # what a larger machine's split would give
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+
+from edurl.llm import grpo
+from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.utils import torch_threads
+
+
+def sample_half(config, trainer, renderer, task, step):
+    sampler = trainer.save_weights_and_get_sampling_client(f"budget_{step}")
+    return grpo.collect(config, sampler, renderer, task, step, renderer.get_stop_sequences())
+
+
+def train_half(config, trainer, rollout):
+    """``grpo.update``'s forward_backward for a one-substep recipe, without the optimizer step (the weights stay)."""
+    trainer.forward_backward(
+        rollout.datums,
+        config.loss_fn,
+        config.loss_fn_config(),
+        aggregation=config.aggregation,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+    ).result()
+    for p in trainer.trainable_parameters():
+        p.grad = None
+
+
+def median_ms(fn, reps: int, threads: int) -> float:
+    times = []
+    with torch_threads(threads):
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def beside(fn, other, reps: int, threads: int) -> float:
+    """``fn``'s median ms while ``other`` runs over and over in a thread of its own, each on ``threads`` threads."""
+    stop, started = threading.Event(), threading.Event()
+
+    def loop():
+        with torch_threads(threads):  # torch's thread count is set per thread
+            while not stop.is_set():
+                other()
+                started.set()
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+    started.wait()
+    try:
+        return median_ms(fn, reps, threads)
+    finally:
+        stop.set()
+        worker.join()
+
+
+def main(argv=None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="CPU cores the run may use")
+    parser.add_argument("--at", type=int, default=5, help="the recipe step whose batch is timed")
+    parser.add_argument("--reps", type=int, default=7, help="timed calls per measurement (median)")
+    args = parser.parse_args(argv)
+    half = max(1, args.cores // 2)
+    out: dict[str, float] = {}
+
+    def step_fn(config, trainer, renderer, task, step):
+        row, _ = grpo.grpo_step(config, trainer, renderer, task, step, renderer.get_stop_sequences())
+        if step < args.at:
+            return row
+        rollout = sample_half(config, trainer, renderer, task, step)
+
+        def sample():
+            sample_half(config, trainer, renderer, task, step)
+
+        def train():
+            train_half(config, trainer, rollout)
+
+        out["sample, sync"] = median_ms(sample, args.reps, args.cores)
+        out["train, sync"] = median_ms(train, args.reps, args.cores)
+        out["sample, alone"] = median_ms(sample, args.reps, half)
+        out["train, alone"] = median_ms(train, args.reps, half)
+        out["sample, beside"] = beside(sample, train, args.reps, half)
+        out["train, beside"] = beside(train, sample, args.reps, half)
+        return row
+
+    with tempfile.TemporaryDirectory(prefix="edurl-async-budget-") as tmp:
+        config = GRPOConfig(  # 32 problems x 8, as benchmarks/async_grpo.py and the rest of Chapter 10
+            seed=0,
+            group_size=8,
+            max_steps=args.at + 1,
+            eval_every=10**6,
+            num_threads=args.cores,
+            progress=False,
+            log_dir=tmp,
+        )
+        train_grpo(config, step_fn=step_fn)
+    sync = out["sample, sync"] + out["train, sync"]
+    slower = max(out["sample, beside"], out["train, beside"])
+    print(
+        f"GRPO recipe batch ({config.batch_size} problems x {config.group_size} samples) at step {args.at}, "
+        f"median of {args.reps} calls; sync on {args.cores} threads, each async half on {half}"
+    )
+    print(f"{'half':<8} {'sync ms':>9} {'alone ms':>9} {'beside ms':>10}")
+    for name in ("sample", "train"):
+        print(f"{name:<8} {out[f'{name}, sync']:9.1f} {out[f'{name}, alone']:9.1f} {out[f'{name}, beside']:10.1f}")
+    print(f"sync step (sample + train): {sync:.1f} ms; async step >= the slower half beside the other: {slower:.1f} ms")
+    print(f"bound on async's speed-up: {sync / slower:.2f}x (Chapter 10's target: 1.2x)")
+    out["bound"] = sync / slower
+    return out
+
+
+if __name__ == "__main__":
+    main()
