@@ -395,10 +395,13 @@ OFFLINE_RUNS = (("dro", 0.1, "mean"), ("dro", 0.0, "mean"), ("dro", 0.1, "soft")
 
 
 def _off_policy_base(seed: int, threads: int):
-    """Notebook 10's GRPO run: the default recipe from the Chapter 6 warm start, OFF_STEPS steps."""
+    """Notebook 10's GRPO run: the recipe from the Chapter 6 warm start with 8 completions per problem (the
+    recipe's default until Chapter 7 moved to 4; this study and notebook 10 keep 8), OFF_STEPS steps."""
     from edurl.llm.grpo import GRPOConfig
 
-    return GRPOConfig(seed=seed, max_steps=OFF_STEPS, num_threads=threads, progress=False, eval_every=OFF_STEPS)
+    return GRPOConfig(
+        seed=seed, group_size=8, max_steps=OFF_STEPS, num_threads=threads, progress=False, eval_every=OFF_STEPS
+    )
 
 
 def _stale_runs(seed: int, threads: int, ks, root: Path, **online) -> dict:

@@ -1,7 +1,7 @@
 """Asynchronous GRPO (a sampler one step ahead) against the synchronous loop, on the same machine (Chapter 10).
 
-For each seed, both arms start from that seed's Chapter 6 SFT checkpoint and run the recipe's GRPO for the
-same number of steps:
+For each seed, both arms start from that seed's Chapter 6 SFT checkpoint and run the recipe's GRPO, with 32
+problems x 8 completions a step as in the rest of Chapter 10, for the same number of steps:
 
 * **sync**: ``train_grpo`` as Chapter 7 runs it, sampling then training, with every torch op on all the cores
   (``num_threads`` = cores);
@@ -53,7 +53,9 @@ def main(argv=None) -> pd.DataFrame:
     rows = []
     with tempfile.TemporaryDirectory(prefix="edurl-async-") as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
-            base = GRPOConfig(seed=seed, max_steps=args.steps, eval_every=args.steps, progress=False)
+            base = GRPOConfig(  # 8 completions per problem: Chapter 10's measurements (Chapter 7 defaults to 4)
+                seed=seed, group_size=8, max_steps=args.steps, eval_every=args.steps, progress=False
+            )
             sync = run(replace(base, num_threads=args.cores, log_dir=f"{tmp}/sync{seed}"))
             side = args.async_threads or max(1, args.cores // 2)
             lagged = replace(base, max_steps_off_policy=1, num_threads=side)

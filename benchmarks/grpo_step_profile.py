@@ -1,5 +1,6 @@
-"""Where a GRPO step's time goes (issue 19), on the recipe's default run: 32 problems x 8 samples from the
-Chapter 6 SFT checkpoint, importance_sampling, token_mean, full fine-tune, on the CPU.
+"""Where a GRPO step's time goes (issue 19), on the recipe's run with 32 problems x 8 samples (the batch of the
+TRL comparison, ``grpo_vs_trl.py``, and of benchmarks/README.md's tables; ``--group-size 4`` profiles the recipe's
+default) from the Chapter 6 SFT checkpoint, importance_sampling, token_mean, full fine-tune, on the CPU.
 
 The step (``edurl.llm.grpo.grpo_step``) is timed in pieces by wrapping the client methods it calls:
 
@@ -8,7 +9,7 @@ The step (``edurl.llm.grpo.grpo_step``) is timed in pieces by wrapping the clien
 * grade + datums: the rest of ``time/sample`` (parsing, grading, group advantages, building datums);
 * forward_backward and optim_step: the two ``TrainingClient`` calls (``time/train`` is these and little else).
 
-It also logs, per step, the share of sequences whose advantage is exactly 0 (the groups whose 8 rewards are
+It also logs, per step, the share of sequences whose advantage is exactly 0 (the groups whose G rewards are
 all equal): their gradient is 0, so a forward_backward that skipped them, keeping the denominator, would
 give the same update. That share bounds what such a skip could save of forward_backward.
 
@@ -80,6 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--group-size", type=int, default=8, help="completions per problem (the recipe's default: 4)")
     parser.add_argument(
         "--plain-decode",
         action="store_true",
@@ -95,7 +97,9 @@ def main() -> None:
         shared_prefix.EAGER_ATTENTION_MAX_TOKENS = 0
     if args.plain_decode:  # the sampler asks fast_decoder for its decode step; None means the model's forward
         sampling.fast_decoder = lambda model: None
-    config = GRPOConfig(seed=args.seed, max_steps=args.steps, eval_every=args.steps, progress=False)
+    config = GRPOConfig(
+        seed=args.seed, group_size=args.group_size, max_steps=args.steps, eval_every=args.steps, progress=False
+    )
     calls: dict[str, list[float]] = defaultdict(list)
     with timed_methods(calls):
         result = train_grpo(config)
@@ -111,7 +115,7 @@ def main() -> None:
     later = slice(1, None)  # the first step pays one-time costs
     total = float(np.median(step_total[later]))
     print(
-        f"GRPO step, recipe defaults ({config.batch_size} problems x {config.group_size} samples, "
+        f"GRPO step, the recipe ({config.batch_size} problems x {config.group_size} samples, "
         f"{config.loss_fn}, {config.aggregation}), seed {args.seed}, {steps} steps; median over steps 2-{steps}; "
         f"decode: {'the model forward per token' if args.plain_decode else 'edurl.llm.decode'}; "
         f"training attention: {'sdpa' if args.sdpa else 'eager for short rows'}"

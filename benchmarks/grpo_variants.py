@@ -2,11 +2,16 @@
 
 Each run is ``train_grpo`` from a seed's Chapter 6 warm start with the recipe's defaults and one change:
 
-* ``default``: the recipe (importance sampling, token-mean, Adam 3e-4, advantages centred per group, no std);
-* ``std``: ``advantage_scale="group"``, GRPO's division of each group's advantages by its standard deviation;
-* ``lr6e-4`` and ``lr1e-3``: Adam at 2x and 3.3x the recipe's learning rate.
+* ``default``: the recipe (32 problems x 4 completions, importance sampling, token-mean, Adam 3e-4, advantages
+  centred per group, no std);
+* ``g8``: 32 problems x 8 completions, the recipe until Chapter 7 moved to 4;
+* ``p16``: 16 problems x 8 completions, the same 128 sequences a step as the recipe, from half as many problems;
+* ``std``, ``lr6e-4`` and ``lr1e-3``, studied at 32 x 8 (Chapter 7's table): ``advantage_scale="group"``,
+  GRPO's division of each group's advantages by its standard deviation, and Adam at 2x and 3.3x the recipe's
+  learning rate.
 
-Held-out pass@1 (greedy, 200 test problems) is measured every 25 steps. Each run appends one JSON line to
+Held-out pass@1 (greedy, 200 test problems) is measured every 25 steps, with the training seconds so far
+(``time/sample`` + ``time/train``: evaluations left out), so the report also compares the variants per second. Each run appends one JSON line to
 ``--out`` and claims its (variant, seed) first, so one process per core can share the work:
 
     python benchmarks/grpo_variants.py --variants default,std,lr1e-3 --seeds 0,1,2,3 --steps 150 --out F &
@@ -30,12 +35,15 @@ from pathlib import Path
 
 VARIANTS = {
     "default": {},
-    "std": {"advantage_scale": "group"},
-    "lr6e-4": {"learning_rate": 6e-4},
-    "lr1e-3": {"learning_rate": 1e-3},
+    "g8": {"group_size": 8},
+    "p16": {"batch_size": 16, "group_size": 8},
+    "std": {"group_size": 8, "advantage_scale": "group"},
+    "lr6e-4": {"group_size": 8, "learning_rate": 6e-4},
+    "lr1e-3": {"group_size": 8, "learning_rate": 1e-3},
 }
 REPORT_STEPS = (50, 100, 150, 200, 300)
 GAIN_LINE = 0.15  # the gain the report counts seeds against
+BUDGET_SECONDS, BUDGET_GAIN = 60, 0.30  # Chapter 7's per-second target: +30 points within a minute of training
 
 
 def claim(out: str, *key) -> bool:
@@ -66,6 +74,7 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
     result = train_grpo(config)
     sft_history = load_or_train_sft(replace(config.sft, seed=seed), progress=False)[2]  # cached by train_grpo
     m = result.metrics
+    m = m.assign(train_s=(m["time/sample"] + m["time/train"]).cumsum())
     evals = m.dropna(subset=["test/pass_at_1"])
     return {
         "variant": variant,
@@ -79,7 +88,9 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
         # (steps done, held-out pass@1): the evaluation after step s (0-based) has seen s + 1 updates
         "curve": [[0, result.start.pass_at_1]]
         + [[int(s) + 1, float(p)] for s, p in evals[["step", "test/pass_at_1"]].values],
+        "curve_seconds": [0.0] + [round(float(t), 2) for t in evals["train_s"]],  # training seconds at each point
         "train_correct_last20": float(m["env/all/correct"].iloc[-20:].mean()),
+        "frac_mixed": float(m["env/all/by_group/frac_mixed"].mean()),  # groups with a signal, over the run
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
@@ -91,6 +102,17 @@ def gains_at(rows: list[dict], steps: int) -> list[float]:
         at = dict((int(s), p) for s, p in r["curve"])
         if steps in at:
             out.append(at[steps] - r["start"])
+    return out
+
+
+def gains_within(rows: list[dict], seconds: float) -> list[float]:
+    """Each run's held-out gain at its last evaluation within ``seconds`` of training (runs recorded before the
+    seconds were are left out)."""
+    out = []
+    for r in rows:
+        if "curve_seconds" in r:
+            within = [p for (_, p), t in zip(r["curve"], r["curve_seconds"]) if t <= seconds]
+            out.append(within[-1] - r["start"])
     return out
 
 
@@ -132,6 +154,24 @@ def report(rows: list[dict]) -> str:
             text = f"{statistics.median(g) * 100:+.1f} ({min(g) * 100:+.1f} to {max(g) * 100:+.1f}) {sum(x >= GAIN_LINE for x in g)}/{len(g)}"
             cells.append(f"{text:>30s}")
         lines.append(f"{variant:10s}" + "".join(cells))
+    lines += [
+        "",
+        f"per second: the gain at the last evaluation within {BUDGET_SECONDS} s of training (seeds >= "
+        f"+{BUDGET_GAIN * 100:.0f}), the training seconds of the whole run, and its share of mixed groups (rewards "
+        "not all equal): median (min to max)",
+    ]
+    for variant in variants:
+        mine = [r for r in rows if r["variant"] == variant and "curve_seconds" in r]
+        if not mine:
+            continue
+        g, t = gains_within(mine, BUDGET_SECONDS), [r["curve_seconds"][-1] for r in mine]
+        mixed = [r["frac_mixed"] for r in mine if "frac_mixed" in r]
+        lines.append(
+            f"{variant:10s} {statistics.median(g) * 100:+.1f} ({min(g) * 100:+.1f} to {max(g) * 100:+.1f}) "
+            f"{sum(x >= BUDGET_GAIN for x in g)}/{len(g)}   {statistics.median(t):.0f} s ({min(t):.0f} to "
+            f"{max(t):.0f}) for {max(max(r['curve'])[0] for r in mine)} steps"
+            + (f"   mixed {statistics.median(mixed):.0%} ({min(mixed):.0%} to {max(mixed):.0%})" if mixed else "")
+        )
     lines += ["", "per seed: the warm start's held-out pass@1, and each variant's gain after its last step (steps)"]
     lines.append(f"{'seed':>4s} {'warm start':>10s} {'SFT steps':>16s}" + "".join(f"{v:>16s}" for v in variants))
     for seed in sorted({r["seed"] for r in rows}):

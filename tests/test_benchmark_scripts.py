@@ -170,3 +170,36 @@ def test_grpo_variants_report_counts_gains_per_variant_and_step(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and "unknown variant(s) fast" in proc.stderr, proc.stderr
+
+
+def test_grpo_variants_report_compares_gains_within_a_minute_of_training(tmp_path):
+    import json
+
+    def row(variant, seed, start, after, seconds, **extra):  # after: {updates: pass@1}; seconds: training s at each
+        curve = [[0, start]] + [[s, p] for s, p in after.items()]
+        return {
+            "variant": variant,
+            "seed": seed,
+            "start": start,
+            "curve": curve,
+            "curve_seconds": [0.0, *seconds],
+        } | extra
+
+    rows = [
+        row("default", 0, 0.30, {50: 0.45, 150: 0.70}, [30.0, 70.0]),  # at 30 s: +15 (the +40 at 70 s is too late)
+        row("default", 1, 0.40, {50: 0.75, 150: 0.80}, [20.0, 50.0], frac_mixed=0.5),  # at 50 s: +40
+        row("g8", 0, 0.30, {50: 0.65}, [61.0]),  # nothing but the start within 60 s: +0
+        row("std", 0, 0.30, {50: 0.40}, [10.0]),
+    ]
+    rows[-1].pop("curve_seconds")  # a run recorded without seconds: in the step table only
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = _script("benchmarks/grpo_variants.py", "--report", str(path)).splitlines()
+    block = out[next(i for i, x in enumerate(out) if x.startswith("per second")) + 1 :]
+    block = block[: block.index("")]
+    assert (
+        block[0].split()
+        == "default +27.5 (+15.0 to +40.0) 1/2 60 s (50 to 70) for 150 steps mixed 50% (50% to 50%)".split()
+    )
+    assert block[1].split() == "g8 +0.0 (+0.0 to +0.0) 0/1 61 s (61 to 61) for 50 steps".split(), out
+    assert len(block) == 2, out
