@@ -74,8 +74,6 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
     result = train_grpo(config)
     sft_history = load_or_train_sft(replace(config.sft, seed=seed), progress=False)[2]  # cached by train_grpo
     m = result.metrics
-    m = m.assign(train_s=(m["time/sample"] + m["time/train"]).cumsum())
-    evals = m.dropna(subset=["test/pass_at_1"])
     return {
         "variant": variant,
         "seed": seed,
@@ -85,13 +83,23 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
         "sft_target_met": sft_history[-1].get("target_met"),
         "final": result.final.pass_at_1,
         "format": result.final.format,
-        # (steps done, held-out pass@1): the evaluation after step s (0-based) has seen s + 1 updates
-        "curve": [[0, result.start.pass_at_1]]
-        + [[int(s) + 1, float(p)] for s, p in evals[["step", "test/pass_at_1"]].values],
-        "curve_seconds": [0.0] + [round(float(t), 2) for t in evals["train_s"]],  # training seconds at each point
+        **learning_curve(result),
         "train_correct_last20": float(m["env/all/correct"].iloc[-20:].mean()),
         "frac_mixed": float(m["env/all/by_group/frac_mixed"].mean()),  # groups with a signal, over the run
         "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def learning_curve(result) -> dict[str, list]:
+    """A GRPO run's held-out curve: ``curve``, [updates done, pass@1] from the start (the evaluation after step s,
+    0-based, has seen s + 1 updates), and ``curve_seconds``, the training seconds so far at each point
+    (``time/sample`` + ``time/train``: evaluations left out)."""
+    m = result.metrics
+    evals = m.assign(train_s=(m["time/sample"] + m["time/train"]).cumsum()).dropna(subset=["test/pass_at_1"])
+    return {
+        "curve": [[0, result.start.pass_at_1]]
+        + [[int(s) + 1, float(p)] for s, p in evals[["step", "test/pass_at_1"]].values],
+        "curve_seconds": [0.0] + [round(float(t), 2) for t in evals["train_s"]],
     }
 
 

@@ -11,7 +11,8 @@ the same held-out problems:
 
 So the two arms get the same gradient compute. Continued SFT needs a dataset of answers; GRPO needs only a
 verifier. The table also checks Chapter 7's learning target: GRPO gains >= 30 points of held-out pass@1 in
-every seed, within a minute of training (``time/sample`` + ``time/train``) on 2 cores.
+every seed within a minute of training (``time/sample`` + ``time/train``) on 2 cores, judged at the last
+evaluation (every 25 steps) within that minute, whether or not the run goes on past it.
 
     python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 300 steps each (about 8 minutes)
     python benchmarks/grpo_vs_sft.py --smoke          # 3 steps, seed 0: does it run end to end?
@@ -31,6 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from grpo_variants import gains_within, learning_curve  # noqa: E402  (benchmarks/ is on sys.path)
 
 from edurl.llm.grpo import GRPOConfig, train_grpo  # noqa: E402
 from edurl.llm.sft import continued_sft  # noqa: E402
@@ -55,6 +57,10 @@ def run(arm: str, config: GRPOConfig) -> tuple[dict, pd.DataFrame]:
         "train s": train_s,
         "total s": seconds,
     }
+    if arm == "GRPO":  # the target's measure: the gain at the last evaluation within TARGET_SECONDS of training
+        row[f"gain by {TARGET_SECONDS} s"] = gains_within(
+            [{"start": result.start.pass_at_1, **learning_curve(result)}], TARGET_SECONDS
+        )[0]
     curve = m.dropna(subset=["test/pass_at_1"])[["step", "test/pass_at_1"]].assign(seed=config.seed, arm=arm)
     start = pd.DataFrame(
         {"step": [-1], "test/pass_at_1": [result.start.pass_at_1], "seed": [config.seed], "arm": [arm]}
@@ -124,8 +130,12 @@ def main() -> None:
     if len(seeds) > 1:
         side.loc["median"] = side.median()
     print("\n" + side.to_string(float_format=lambda x: f"{x:,.3f}"))
-    ok = (grpo["gain"] >= TARGET_GAIN) & (grpo["train s"] <= TARGET_SECONDS)
-    print(f"\nGRPO gained >= {TARGET_GAIN:.0%} within {TARGET_SECONDS} s in {int(ok.sum())} of {len(ok)} seeds")
+    ok = grpo[f"gain by {TARGET_SECONDS} s"] >= TARGET_GAIN
+    print(
+        f"\nGRPO gained >= {TARGET_GAIN:.0%} by its last evaluation within {TARGET_SECONDS} s of training in "
+        f"{int(ok.sum())} of {len(ok)} seeds (and within its whole run, if that took no longer, in "
+        f"{int((ok & (grpo['train s'] <= TARGET_SECONDS)).sum())})"
+    )
     out.mkdir(parents=True, exist_ok=True)
     plot(pd.concat(curves), out / "grpo_vs_sft.png")
     print(f"learning curves: {out / 'grpo_vs_sft.png'}")

@@ -203,3 +203,31 @@ def test_grpo_variants_report_compares_gains_within_a_minute_of_training(tmp_pat
     )
     assert block[1].split() == "g8 +0.0 (+0.0 to +0.0) 0/1 61 s (61 to 61) for 50 steps".split(), out
     assert len(block) == 2, out
+
+
+def test_learning_curve_counts_training_seconds_at_each_evaluation():
+    import math
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from grpo_variants import gains_within, learning_curve
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    metrics = pd.DataFrame(
+        {
+            "step": [0, 1, 2, 3],
+            "time/sample": [1.0, 1.0, 1.0, 1.0],
+            "time/train": [2.0, 2.0, 2.0, 2.0],
+            "test/pass_at_1": [math.nan, 0.5, math.nan, 0.7],  # evaluated after steps 1 and 3 (0-based)
+        }
+    )
+    result = SimpleNamespace(metrics=metrics, start=SimpleNamespace(pass_at_1=0.3))
+    curve = learning_curve(result)
+    assert curve == {"curve": [[0, 0.3], [2, 0.5], [4, 0.7]], "curve_seconds": [0.0, 6.0, 12.0]}
+    run = {"start": 0.3, **curve}
+    assert [round(g, 6) for g in gains_within([run], 11.9)] == [0.2]  # grpo_vs_sft.py --check's measure
+    assert [round(g, 6) for g in gains_within([run], 12.0)] == [0.4]
+    assert gains_within([run], 5.0) == [0.0]  # only the start lies within 5 s
