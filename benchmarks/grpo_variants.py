@@ -11,8 +11,9 @@ Each run is ``train_grpo`` from a seed's Chapter 6 warm start with the recipe's 
   learning rate.
 
 Held-out pass@1 (greedy, 200 test problems) is measured every 25 steps, with the training seconds so far
-(``time/sample`` + ``time/train``: evaluations left out), so the report also compares the variants per second. Each run appends one JSON line to
-``--out`` and claims its (variant, seed) first, so one process per core can share the work:
+(``time/sample`` + ``time/train``: evaluations left out), so the report also compares the variants per second.
+Each run appends one JSON line to ``--out`` and claims its (variant, seed) first, so one process per core can
+share the work:
 
     python benchmarks/grpo_variants.py --variants default,std,lr1e-3 --seeds 0,1,2,3 --steps 150 --out F &
     python benchmarks/grpo_variants.py --variants default,std,lr1e-3 --seeds 0,1,2,3 --steps 150 --out F &
@@ -114,8 +115,8 @@ def gains_at(rows: list[dict], steps: int) -> list[float]:
 
 
 def gains_within(rows: list[dict], seconds: float) -> list[float]:
-    """Each run's held-out gain at its last evaluation within ``seconds`` of training (runs recorded before the
-    seconds were are left out)."""
+    """Each run's held-out gain at its last evaluation within ``seconds`` of training (the start counts as one, at
+    0 s). Runs recorded without their seconds, by an earlier version of this script, are left out."""
     out = []
     for r in rows:
         if "curve_seconds" in r:
