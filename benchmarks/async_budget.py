@@ -64,22 +64,30 @@ def median_ms(fn, reps: int, threads: int) -> float:
 
 def beside(fn, other, reps: int, threads: int) -> float:
     """``fn``'s median ms while ``other`` runs over and over in a thread of its own, each on ``threads`` threads."""
-    stop, started = threading.Event(), threading.Event()
+    stop, started, failed = threading.Event(), threading.Event(), []
 
     def loop():
-        with torch_threads(threads):  # torch's thread count is set per thread
-            while not stop.is_set():
-                other()
-                started.set()
+        try:
+            with torch_threads(threads):  # torch's thread count is set per thread
+                while not stop.is_set():
+                    other()
+                    started.set()
+        except BaseException as e:  # handed to the main thread, which would otherwise wait for ever
+            failed.append(e)
+        finally:
+            started.set()
 
     worker = threading.Thread(target=loop, daemon=True)
     worker.start()
     started.wait()
     try:
-        return median_ms(fn, reps, threads)
+        ms = None if failed else median_ms(fn, reps, threads)
     finally:
         stop.set()
         worker.join()
+    if failed:
+        raise RuntimeError("the half running beside the timed one failed; its error is above") from failed[0]
+    return ms
 
 
 def main(argv=None) -> dict[str, float]:

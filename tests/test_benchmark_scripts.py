@@ -231,3 +231,31 @@ def test_learning_curve_counts_training_seconds_at_each_evaluation():
     assert [round(g, 6) for g in gains_within([run], 11.9)] == [0.2]  # grpo_vs_sft.py --check's measure
     assert [round(g, 6) for g in gains_within([run], 12.0)] == [0.4]
     assert gains_within([run], 5.0) == [0.0]  # only the start lies within 5 s
+
+
+def test_async_budget_reports_a_failing_side_half_instead_of_waiting_for_ever():
+    import threading
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from async_budget import beside
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+    def broken():
+        raise ValueError("the sampler broke")
+
+    outcome = []
+
+    def call():
+        try:
+            beside(lambda: None, broken, reps=2, threads=1)
+        except RuntimeError as e:
+            outcome.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "beside() still waits for a half that failed"
+    assert outcome and isinstance(outcome[0].__cause__, ValueError), outcome
+    assert beside(lambda: None, lambda: None, reps=3, threads=1) >= 0.0
