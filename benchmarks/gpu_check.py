@@ -27,6 +27,7 @@ On a machine without an NVIDIA GPU it says so and exits 0, running nothing. ``pp
     python benchmarks/gpu_check.py                       # all four checks, table + gpu_check.json
     python benchmarks/gpu_check.py --only ppo llm        # just the throughput figures
     python benchmarks/gpu_check.py --only profile        # where the sampler's time goes
+    python benchmarks/gpu_check.py --only notebooks --notebooks 06 08 10   # some notebooks, when time is short
 """
 
 from __future__ import annotations
@@ -198,10 +199,43 @@ def code_cells(notebook: Path) -> int:
     return sum(cell["cell_type"] == "code" for cell in json.loads(notebook.read_text())["cells"])
 
 
-def check_notebooks(timeout: float, workers: int, failures_dir: Path | None = None) -> tuple[bool, str, dict]:
+def select_notebooks(names: list[str] | None) -> list[Path]:
+    """The notebooks to run: all of them for None, else each name's notebook, by number ("06") or by path."""
+    everything = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return everything
+    chosen = []
+    for name in names:
+        path = Path(name)
+        hits = (
+            [path.resolve()]
+            if path.suffix == ".ipynb" and path.exists()
+            else [p for p in everything if p.name.startswith(f"{name}_")]
+        )
+        if not hits:
+            raise ValueError(
+                f"no notebook matches {name!r}: give a number or a path, one of "
+                + ", ".join(p.name.split("_")[0] for p in everything)
+            )
+        chosen += [p for p in hits if p not in chosen]
+    return chosen
+
+
+def check_notebooks(
+    timeout: float, workers: int, failures_dir: Path | None = None, notebooks: list[Path] | None = None
+) -> tuple[bool, str, dict]:
+    notebooks_run = notebooks or select_notebooks(None)
     # loadscope keeps each notebook's cells on one worker, as `make notebooks` does
     r = run_pytest(
-        ["--nbval-lax", "--nbval-current-env", "notebooks/", "-n", str(workers), "--dist", "loadscope"],
+        [
+            "--nbval-lax",
+            "--nbval-current-env",
+            *(str(p) for p in notebooks_run),
+            "-n",
+            str(workers),
+            "--dist",
+            "loadscope",
+        ],
         timeout,
         # as `make test` does: workers that each take every core's thread fight for them
         env={
@@ -215,7 +249,7 @@ def check_notebooks(timeout: float, workers: int, failures_dir: Path | None = No
     failed = sorted(name.removeprefix("notebooks.") for name, outcome in notebooks.items() if outcome == "failed")
     unfinished = []
     if r["timed_out"]:  # a notebook with fewer cells reported than it has was cut off
-        for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for path in notebooks_run:
             seen, total = r.get("finished", {}).get(f"notebooks.{path.name}", 0), code_cells(path)
             if seen < total:
                 unfinished.append(f"{path.name} ({seen} of {total} cells)")
@@ -542,7 +576,17 @@ def main(argv: list[str] | None = None) -> int:
     # on an H200 (2026-11-26) notebooks 01-09 took under 380 s with 10 workers, and 10 alone more than 300 s: the tiny
     # models are launch-bound on a GPU, so allow far more than that
     ap.add_argument("--notebooks-timeout", type=float, default=900, help="seconds allowed for the notebooks")
+    ap.add_argument(
+        "--notebooks",
+        nargs="+",
+        metavar="NN",
+        help="run only these notebooks, by number or path (e.g. --notebooks 06 08): a GPU lease may not hold all ten",
+    )
     args = ap.parse_args(argv)
+    try:
+        notebooks = select_notebooks(args.notebooks)
+    except ValueError as err:
+        ap.error(str(err))
 
     why = missing_gpu()
     if why:
@@ -551,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = Path(args.out).with_name(Path(args.out).stem + "_failures")  # each failing test's report, as it happens
     checks = {
         "cuda-tests": lambda: check_cuda_tests(args.tests_timeout, failures / "cuda-tests"),
-        "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers, failures / "notebooks"),
+        "notebooks": lambda: check_notebooks(args.notebooks_timeout, args.workers, failures / "notebooks", notebooks),
         "ppo": lambda: check_ppo(args.num_envs),
         "llm": check_llm,
         "profile": check_sampler_profile,

@@ -176,3 +176,38 @@ def test_a_run_cut_off_by_its_timeout_keeps_its_counts_and_each_failure(gpu_chec
     assert "Cell 1" in text and "assert x >= 0.1  # 10 study seeds" in text  # the id and the cell's source
     assert "gold overshoot 0.05" in text  # what it printed before the assert
     assert "AssertionError" in text
+
+
+def test_notebooks_are_chosen_by_number_or_path(gpu_check):
+    everything = gpu_check.select_notebooks(None)
+    assert [p.name[:2] for p in everything] == [f"{n:02d}" for n in range(1, len(everything) + 1)]
+    eight = REPO / "notebooks" / "08_rlhf.ipynb"
+    assert gpu_check.select_notebooks(["06", "08", str(eight)]) == [everything[5], eight]  # each once, in order
+    with pytest.raises(ValueError, match=r"no notebook matches '99'.*one of 01, 02"):
+        gpu_check.select_notebooks(["99"])
+
+
+def test_a_wrong_notebook_number_is_refused_before_anything_runs(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--only", "notebooks", "--notebooks", "6", "--out", str(tmp_path / "x.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "no notebook matches '6'" in done.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_notebooks_check_runs_only_the_chosen_ones(gpu_check, monkeypatch):
+    seen = {}
+
+    def fake_run_pytest(args, timeout, env=None, failures_dir=None):
+        seen["args"] = args
+        return {"returncode": None, "timed_out": True, "passed": 3, "failed": 0, "files": {}, "finished": {}}
+
+    monkeypatch.setattr(gpu_check, "run_pytest", fake_run_pytest)
+    eight = REPO / "notebooks" / "08_rlhf.ipynb"
+    ok, result, details = gpu_check.check_notebooks(60, 1, None, [eight])
+    assert str(eight) in seen["args"] and "notebooks/" not in seen["args"]
+    assert not ok and details["notebooks"] == {"notebooks.08_rlhf.ipynb": "unfinished"}  # only it is reported
+    assert "unfinished: 08_rlhf.ipynb (0 of" in result
