@@ -24,12 +24,15 @@ shard the weights and optimizer; the arithmetic they must get right is the one o
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SINGLE", "World", "init_world", "loss_share"]
+__all__ = ["SINGLE", "World", "init_world", "launch", "loss_share"]
 
 
 @dataclass(frozen=True)
@@ -199,3 +202,60 @@ def loss_share(datums: Sequence, aggregation: str, world: World) -> float:
         raise ValueError(f"unknown aggregation {aggregation!r}")
     (total,) = world.sum_floats([local])
     return local / total if total else 0.0
+
+
+def launch(
+    args: Sequence[str], nproc: int = 0, *, env: dict[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` (``nproc=0``) or ``torchrun --standalone --nproc_per_node NPROC ARGS`` and wait for it.
+
+    ``args`` follow the interpreter, e.g. ``["-m", "edurl.recipes.grpo_arithmetic", "--max-steps", "10"]``. The
+    command runs in a process group of its own, so torchrun's ranks are stopped with it: when ``timeout``
+    seconds pass, or when the caller is interrupted (a notebook's stop button), the whole group gets SIGTERM,
+    then SIGKILL 5 s later, and no rank is left running in the background, holding its port and cores.
+    Returns the finished process with its captured ``stdout`` and ``stderr`` (text). Raises ``RuntimeError``
+    with the end of stderr when it exits with a non-zero status, and ``TimeoutError`` past ``timeout``.
+    """
+    if not isinstance(nproc, int) or nproc < 0:
+        raise ValueError(f"nproc must be 0 (one plain process) or the number of torchrun ranks, got {nproc!r}")
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
+    cmd = [sys.executable, *launcher, *map(str, args)]
+    own_group = hasattr(os, "killpg")  # POSIX; elsewhere only the launcher itself can be stopped
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=own_group
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _stop(proc, own_group)
+        out, err = proc.communicate()
+        raise TimeoutError(
+            f"{' '.join(cmd)} ran past {timeout:g} s and was stopped with its ranks; the end of its stderr:\n"
+            f"{err[-3000:]}"
+        ) from None
+    except BaseException:  # KeyboardInterrupt and the like: stop the ranks too, then let it through
+        _stop(proc, own_group)
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited with status {proc.returncode}; the end of its stderr:\n{err[-3000:]}"
+        )
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stop(proc: subprocess.Popen, own_group: bool) -> None:
+    """SIGTERM to ``proc``'s process group (or to ``proc`` alone), SIGKILL if it is still there after 5 s."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig) if own_group else proc.send_signal(sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            if own_group:  # the launcher is gone; its ranks may not be: finish the group off
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return

@@ -4,8 +4,6 @@ whole batch, and a torchrun run with 2 processes repeats a single-process run, a
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -15,7 +13,7 @@ import torch.multiprocessing as mp
 from edurl.llm import losses as L
 from edurl.llm.clients import ServiceClient
 from edurl.llm.datum import build_datum
-from edurl.llm.distributed import SINGLE, World, init_world, loss_share
+from edurl.llm.distributed import SINGLE, World, init_world, launch, loss_share
 from edurl.llm.grpo import GRPOConfig, train_grpo
 from edurl.llm.model import build_tiny_lm
 from edurl.llm.tokenizer import build_char_tokenizer
@@ -180,11 +178,9 @@ CLOSE = ["optim/loss", "optim/grad_norm", "optim/entropy", "optim/kl_sample_trai
 
 def _recipe(log_dir, nproc: int, *extra: str) -> pd.DataFrame:
     """Run the GRPO recipe with plain python (nproc 0) or under torchrun, with the warm-start cache beside log_dir."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
-    cmd = [sys.executable, *launcher, "-m", "edurl.recipes.grpo_arithmetic", *ARGS, "--log-dir", str(log_dir), *extra]
+    args = ["-m", "edurl.recipes.grpo_arithmetic", *ARGS, "--log-dir", str(log_dir), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "EDURL_CACHE": str(log_dir.parent / "cache")}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    launch(args, nproc, env=env, timeout=600)  # raises with the end of stderr if a rank fails
     return pd.read_json(log_dir / "metrics.jsonl", lines=True)
 
 

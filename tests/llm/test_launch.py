@@ -1,0 +1,91 @@
+"""edurl.llm.distributed.launch: runs python or torchrun in a process group of its own, and stops all of it."""
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edurl.llm.distributed import launch
+
+posix_only = pytest.mark.skipif(not hasattr(os, "killpg") or not Path("/proc").is_dir(), reason="needs /proc")
+
+# a parent that starts a child (as torchrun starts its ranks), writes the child's pid, and waits
+PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "open(sys.argv[1], 'w').write(str(child.pid))\n"
+    "time.sleep(120)\n"
+)
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an exited child its new parent has not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _child_pid(path: Path, within: float = 30.0) -> int:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError("the parent never wrote its child's pid")
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    end = time.monotonic() + within
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_launch_returns_what_the_process_printed():
+    done = launch(["-c", "import sys; print('out'); print('err', file=sys.stderr)"])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "out\n", "err\n")
+    assert done.args[0] == sys.executable
+
+
+def test_a_failing_process_raises_with_the_end_of_its_stderr():
+    with pytest.raises(RuntimeError, match=r"(?s)exited with status 3.*the rank said why"):
+        launch(["-c", "import sys; print('the rank said why', file=sys.stderr); sys.exit(3)"])
+
+
+@pytest.mark.parametrize("nproc", [-1, 1.5, "2"])
+def test_launch_refuses_a_bad_nproc(nproc):
+    with pytest.raises(ValueError, match="nproc must be 0"):
+        launch(["-c", "pass"], nproc)
+
+
+@posix_only
+def test_a_timeout_stops_the_process_and_its_children(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="ran past 3 s"):
+        launch(["-c", PARENT, pid_file], timeout=3)
+    assert time.monotonic() - start < 60
+    assert _gone(_child_pid(pid_file)), "the child outlived launch's timeout"
+
+
+@posix_only
+def test_an_interrupt_stops_the_process_and_its_children(tmp_path):
+    """What a notebook's stop button does: KeyboardInterrupt in the caller, while it waits."""
+    pid_file = tmp_path / "child.pid"
+
+    def interrupt_once_started():
+        _child_pid(pid_file)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Thread(target=interrupt_once_started, daemon=True)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        launch(["-c", PARENT, pid_file], timeout=60)
+    timer.join(timeout=30)
+    assert _gone(_child_pid(pid_file)), "the child outlived the interrupt"
