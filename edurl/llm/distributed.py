@@ -245,7 +245,8 @@ def launch(
 
 def _stop(proc: subprocess.Popen, own_group: bool) -> None:
     """SIGTERM to ``proc``'s process group (or to ``proc`` alone), SIGKILL if it is still there after 5 s."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, None)):
+    kill = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL; its SIGTERM is TerminateProcess
+    for sig, wait in ((signal.SIGTERM, 5.0), (kill, None)):
         try:
             os.killpg(proc.pid, sig) if own_group else proc.send_signal(sig)
         except ProcessLookupError:

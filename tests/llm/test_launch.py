@@ -89,3 +89,12 @@ def test_an_interrupt_stops_the_process_and_its_children(tmp_path):
         launch(["-c", PARENT, pid_file], timeout=60)
     timer.join(timeout=30)
     assert _gone(_child_pid(pid_file)), "the child outlived the interrupt"
+
+
+def test_without_process_groups_the_process_itself_is_stopped(monkeypatch):
+    """Where os.killpg does not exist (Windows), launch signals the process it started."""
+    monkeypatch.delattr(os, "killpg")
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="ran past 2 s"):
+        launch(["-c", "import time; time.sleep(120)"], timeout=2)
+    assert time.monotonic() - start < 30
