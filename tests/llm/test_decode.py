@@ -214,7 +214,8 @@ def _five_steps(model, G: int, fast: bool) -> torch.Tensor:
 def test_the_fast_decode_is_as_accurate_as_the_forward_in_bfloat16(arch, lora):
     """In bf16, the GPU checks' dtype (with a LoRA adapter, whose weights peft keeps in float32), the two paths
     round differently, so neither is the reference: the same weights run in float64 are. The decode step's logits
-    must be about as close to those as the model's own bf16 forward is (measured: 0.8-1.2 times its error)."""
+    must be about as close to those as the model's own bf16 forward is (measured on one CPU: 0.85 to 1.26 times
+    its error over the four cases; the bound of 2 leaves room for other CPUs' bf16 kernels)."""
     model = _model(arch, torch.bfloat16)
     if lora:
         model = wrap_lora(model, 4)
@@ -227,4 +228,4 @@ def test_the_fast_decode_is_as_accurate_as_the_forward_in_bfloat16(arch, lora):
         forward_error = (_five_steps(model, 3, fast=False) - truth).abs().max()
         decode_error = (_five_steps(model, 3, fast=True) - truth).abs().max()
     assert forward_error > 0  # bf16 did round
-    assert decode_error <= 1.5 * forward_error, (float(decode_error), float(forward_error))
+    assert decode_error <= 2 * forward_error, (float(decode_error), float(forward_error))
