@@ -5,11 +5,21 @@ Benchmarks are run by hand, so a change to the library's internals can break one
 session ran it.
 """
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _benchmark(name: str):
+    """Import benchmarks/NAME.py as a module, with benchmarks/ on sys.path while it imports its siblings."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
 
 
 def _script(*args: str, timeout: int = 120) -> str:
@@ -211,11 +221,8 @@ def test_learning_curve_counts_training_seconds_at_each_evaluation():
 
     import pandas as pd
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from grpo_variants import gains_within, learning_curve
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    variants = _benchmark("grpo_variants")
+    gains_within, learning_curve = variants.gains_within, variants.learning_curve
     metrics = pd.DataFrame(
         {
             "step": [0, 1, 2, 3],
@@ -236,11 +243,7 @@ def test_learning_curve_counts_training_seconds_at_each_evaluation():
 def test_async_budget_reports_a_failing_side_half_instead_of_waiting_for_ever():
     import threading
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from async_budget import beside
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    beside = _benchmark("async_budget").beside
 
     def broken():
         raise ValueError("the sampler broke")
