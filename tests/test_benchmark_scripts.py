@@ -262,3 +262,13 @@ def test_async_budget_reports_a_failing_side_half_instead_of_waiting_for_ever():
     assert not caller.is_alive(), "beside() still waits for a half that failed"
     assert outcome and isinstance(outcome[0].__cause__, ValueError), outcome
     assert beside(lambda: None, lambda: None, reps=3, threads=1) >= 0.0
+
+
+def test_async_budget_beside_process_reports_a_second_process_that_died(monkeypatch, capfd):
+    import pytest
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the spawned process imports async_budget by name
+    beside_process = _benchmark("async_budget").beside_process
+    with pytest.raises(RuntimeError, match="'nonsense' half exited with status 1 before it was ready"):
+        beside_process(lambda: None, "nonsense", at=0, cores=1, reps=1, threads=1, start_timeout=120)
+    assert "which must be one of ('sample', 'train'), got 'nonsense'" in capfd.readouterr().err
