@@ -46,7 +46,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from edurl.llm import losses as L
 from edurl.llm.datum import Datum, ModelInput
 from edurl.llm.padding import pad
-from edurl.llm.policy import LoraSettings, load_policy, wrap_lora
+from edurl.llm.policy import LoraSettings, load_policy, refuse_prompt_learning, wrap_lora
 from edurl.llm.sampling import PrefixCache, SamplingParams, sample
 from edurl.llm.shared_prefix import token_logprobs
 
@@ -249,6 +249,7 @@ class TrainingClient:
         reference: PreTrainedModel | None = None,
         log_dir: str | Path | None = None,
     ):
+        refuse_prompt_learning(model, "TrainingClient")
         self.model = disable_dropout(model)
         self.tokenizer = tokenizer
         self._reference = (

@@ -91,6 +91,22 @@ def load_policy(
     return model, tokenizer
 
 
+def refuse_prompt_learning(model, who: str) -> None:
+    """Raise if ``model`` carries a peft prompt-learning adapter (prompt, prefix or p-tuning).
+
+    Such an adapter prepends virtual tokens (or their keys and values) inside peft's own forward. The sampler's
+    prefill and decode and the trainer's shared-prompt passes feed the model a KV cache of their own, so the
+    virtual tokens would be left out, or misplaced, and the log-probs would be wrong without any error."""
+    config = getattr(model, "active_peft_config", None)
+    if getattr(config, "is_prompt_learning", False):
+        kind = getattr(getattr(config, "peft_type", None), "value", None) or type(config).__name__
+        raise ValueError(
+            f"{who} cannot use a peft {kind} adapter: its virtual tokens sit outside the KV cache that edurl's "
+            "sampler and trainer build, so the sampled tokens and log-probs would be wrong. Use a LoRA adapter "
+            "(edurl.llm.wrap_lora(model, 16), or load_policy(path, lora=16)) or train the full weights."
+        )
+
+
 def wrap_lora(model, lora: LoraSettings | int):
     """Wrap ``model`` with a peft LoRA adapter; only the adapter's weights stay trainable."""
     from peft import LoraConfig, get_peft_model

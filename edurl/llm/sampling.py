@@ -43,6 +43,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from edurl.llm.decode import fast_decoder
 from edurl.llm.padding import pad
+from edurl.llm.policy import refuse_prompt_learning
 from edurl.llm.shared_prefix import CACHE_ARG
 
 
@@ -234,6 +235,7 @@ def sample(
     ``max_tokens``) instead of calling the model's forward once per token; the logits are the same up to
     floating-point rounding. ``False``, or a model it does not know, calls the forward every step.
     """
+    refuse_prompt_learning(model, "sample")
     params = params or SamplingParams()
     prompts = check_prompts(prompts)
     if not isinstance(num_samples, int) or num_samples < 1:

@@ -72,3 +72,25 @@ def test_bf16_on_cuda(qwen_dir):
     model, _ = load_policy(qwen_dir, lora=4)
     assert next(model.parameters()).device.type == "cuda"
     assert model.get_base_model().dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kind", ["PROMPT_TUNING", "PREFIX_TUNING"])
+def test_prompt_learning_adapters_are_refused_before_they_give_wrong_log_probs(qwen_dir, kind):
+    # their virtual tokens live outside the KV cache the sampler and trainer build: prompt tuning crashed the
+    # layer-by-layer decode, and prefix tuning sampled from the base model while reporting its log-probs as the
+    # adapted model's (found by a differential fuzz of the two decode paths)
+    from peft import PrefixTuningConfig, PromptTuningConfig, TaskType, get_peft_model
+
+    from edurl.llm.clients import TrainingClient
+
+    model, tok = load_policy(qwen_dir, device="cpu")
+    config = {"PROMPT_TUNING": PromptTuningConfig, "PREFIX_TUNING": PrefixTuningConfig}[kind]
+    adapted = get_peft_model(model, config(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=3))
+    for fast in (True, False):
+        with pytest.raises(ValueError, match=f"sample cannot use a peft {kind} adapter.*Use a LoRA adapter"):
+            sample(adapted, [[5, 6, 7]], 2, SamplingParams(max_tokens=3, seed=0), fast_decode=fast)
+    with pytest.raises(ValueError, match=f"TrainingClient cannot use a peft {kind} adapter"):
+        TrainingClient(adapted, tok)
+    lora, _ = load_policy(qwen_dir, lora=4, device="cpu")
+    assert len(sample(lora, [[5, 6, 7]], 2, SamplingParams(max_tokens=3, seed=0))) == 2
+    TrainingClient(lora, tok)
