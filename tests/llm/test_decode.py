@@ -229,3 +229,20 @@ def test_the_fast_decode_is_as_accurate_as_the_forward_in_bfloat16(arch, lora):
         decode_error = (_five_steps(model, 3, fast=True) - truth).abs().max()
     assert forward_error > 0  # bf16 did round
     assert decode_error <= 2 * forward_error, (float(decode_error), float(forward_error))
+
+
+@pytest.mark.parametrize("G", [1, 2])
+def test_completion_buffers_start_small_and_grow_past_their_first_room(G, monkeypatch):
+    # room for max_tokens up front held memory that rows stopping early never use (a fuzz run with max_tokens
+    # 2e7 ran out of memory only on this path); now the buffers double as the completions grow
+    model = _model("qwen2", torch.float64)
+    cache, mask, _, _ = _prefill(model)
+    decoder = fast_decoder(model)
+    decoder.load([_layer_kv(cache, i) for i in range(len(cache))], mask, G, room=10**6)
+    assert decoder.completion_kv[0][0].shape[2] == GroupKV.FIRST_ROOM
+    monkeypatch.setattr(GroupKV, "FIRST_ROOM", 3)  # grows 3 -> 6 -> 11 columns within 11 tokens
+    params = SamplingParams(max_tokens=11, temperature=1.0, seed=0)
+    slow, fast = (sample(model, PROMPTS, G, params, pad_token_id=0, eos_token_id=[], fast_decode=f) for f in (0, 1))
+    assert all(len(c.tokens) == 11 for c in fast)
+    for a, b in zip(slow, fast, strict=True):
+        assert a.tokens == b.tokens and a.logprobs == pytest.approx(b.logprobs, abs=1e-10)
