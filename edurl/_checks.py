@@ -57,6 +57,7 @@ _RULES = {
     "positive": ("a finite number > 0", lambda v: _real(v) and math.isfinite(v) and v > 0),
     "nonneg": ("a finite number >= 0", lambda v: _real(v) and math.isfinite(v) and v >= 0),
     "unit": ("a number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
+    "finite": ("a finite number", lambda v: _real(v) and math.isfinite(v)),
     "sizes": (
         "a non-empty tuple of positive ints",
         lambda v: (
@@ -78,7 +79,7 @@ def check_fields(
     """Validate a config's fields at construction (call it from ``__post_init__``).
 
     Each keyword of ``rules`` names a rule of ``_RULES`` (``positive_int``, ``nonneg_int``, ``positive``,
-    ``nonneg``, ``unit``, ``sizes``) and the fields it applies to; a field in ``optional`` may also be None.
+    ``nonneg``, ``unit``, ``finite``, ``sizes``) and the fields it applies to; a field in ``optional`` may also be None.
     ``choices`` maps a field to its allowed values. The first bad field raises a ValueError that names the
     config, the field, what it must be and what it got, e.g.
     ``PPOConfig.num_envs must be a positive int, got 0``.

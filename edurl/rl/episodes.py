@@ -40,7 +40,11 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         check_fields(
-            self, positive_int=("solve_window", "num_threads"), nonneg_int=("seed",), optional=("num_threads",)
+            self,
+            positive_int=("solve_window", "num_threads"),
+            nonneg_int=("seed",),
+            finite=("solve_threshold",),
+            optional=("num_threads",),
         )
 
 

@@ -28,7 +28,7 @@ from edurl.objectives import clip_fraction, clipped_surrogate
 from edurl.rl.advantages import gae
 from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
-from edurl.rl.rollout import collect_rollout, make_vector_env
+from edurl.rl.rollout import collect_rollout, make_vector_env, space_sizes
 from edurl.rl.seed_stack import (
     ActorCriticStack,
     RowAdam,
@@ -414,7 +414,7 @@ def make_env(config: PPOConfig, device: torch.device):
         else:
             env = _SeedVectorEnvs([make_vector_env(config.env_id, config.num_envs) for _ in seeds])
             obs, _ = env.reset(seed=seeds)
-        return env, obs, env.single_observation_space.shape[0], env.single_action_space.n
+        return env, obs, *space_sizes(env.single_observation_space, env.single_action_space, config.env_id)
     raise ValueError(f"env_backend must be 'gymnasium' or 'torch', got {config.env_backend!r}.")
 
 

@@ -24,7 +24,7 @@ from edurl.metrics import MetricsLogger
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
-from edurl.rl.rollout import EpisodeBatch, collect_episodes
+from edurl.rl.rollout import EpisodeBatch, collect_episodes, space_sizes
 from edurl.rl.seed_stack import ActorCriticStack, RowAdam, SeedRuns, inverse_cdf_sample, keep_seeds
 from edurl.utils import progress, torch_threads
 
@@ -193,7 +193,7 @@ def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     envs = [gym.make(config.env_id) for _ in range(config.episodes_per_update)]
-    obs_dim, num_actions = envs[0].observation_space.shape[0], envs[0].action_space.n
+    obs_dim, num_actions = space_sizes(envs[0].observation_space, envs[0].action_space, config.env_id)
     policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
     value = value_opt = None

@@ -21,7 +21,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-__all__ = ["EpisodeBatch", "collect_episodes", "make_vector_env", "Rollout", "collect_rollout", "evaluate_policy"]
+__all__ = [
+    "EpisodeBatch",
+    "collect_episodes",
+    "make_vector_env",
+    "space_sizes",
+    "Rollout",
+    "collect_rollout",
+    "evaluate_policy",
+]
 
 
 @dataclass
@@ -94,6 +102,25 @@ def make_vector_env(env_id: str, num_envs: int, **kwargs) -> gym.vector.VectorEn
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
         **kwargs,
     )
+
+
+def space_sizes(observation_space, action_space, env_id: str) -> tuple[int, int]:
+    """``(obs_dim, num_actions)`` for the course's policies: a flat vector of observations and a discrete set of
+    actions. Any other env (continuous actions, image observations) gets a ValueError that says which, before a
+    network of the wrong shape is built."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"{env_id} has a {type(action_space).__name__} action space ({action_space}); REINFORCE, A2C and PPO "
+            "here sample from a categorical policy, which needs a discrete one (gymnasium.spaces.Discrete), as in "
+            "CartPole-v1, Acrobot-v1 or LunarLander-v3. Continuous actions need a Gaussian policy head instead."
+        )
+    shape = getattr(observation_space, "shape", None)
+    if not isinstance(observation_space, gym.spaces.Box) or shape is None or len(shape) != 1:
+        raise ValueError(
+            f"{env_id} has observations {observation_space}; the course's MLP policies read a flat vector "
+            "(a Box of shape (n,)). Flatten them first, e.g. with gymnasium.wrappers.FlattenObservation."
+        )
+    return int(shape[0]), int(action_space.n)
 
 
 @dataclass

@@ -254,6 +254,10 @@ def clip_grad_norm_per_seed_(rows: list[torch.Tensor], max_norm: float) -> torch
     return norms
 
 
+def _seed_dir(config, seed: int) -> str | None:
+    return f"{config.log_dir}/seed{seed}" if config.log_dir else None
+
+
 class SeedRuns:
     """The per-seed bookkeeping of a trainer that runs seeds side by side (REINFORCE, A2C and PPO): an
     :class:`~edurl.rl.episodes.EpisodeLog` and a metrics logger per seed, which seeds are still training, and the
@@ -264,11 +268,14 @@ class SeedRuns:
         self.seeds = list(seeds)
         one = len(self.seeds) == 1
         # one log per seed, holding the config of that seed's own run; their clocks start here (setup counts)
-        self.logs = [EpisodeLog(config if one else replace(config, seed=s, num_seeds=1)) for s in self.seeds]
-        self.loggers = [None] * len(self.seeds)
-        if config.log_dir:
-            dirs = [config.log_dir] if one else [f"{config.log_dir}/seed{s}" for s in self.seeds]
-            self.loggers = [MetricsLogger(d, if_exists="overwrite") for d in dirs]
+        # (a stacked seed writes its metrics to log_dir/seed{s}, and its config says so)
+        configs = (
+            [config]
+            if one
+            else [replace(config, seed=s, num_seeds=1, log_dir=_seed_dir(config, s)) for s in self.seeds]
+        )
+        self.logs = [EpisodeLog(c) for c in configs]
+        self.loggers = [MetricsLogger(c.log_dir, if_exists="overwrite") if c.log_dir else None for c in configs]
         self.live = list(range(len(self.seeds)))
         """The seeds still training (indices into ``seeds``), in stack order."""
         self.final: dict[int, tuple] = {}

@@ -111,3 +111,28 @@ def test_policy_sample_logprobs_match_the_distribution():
     lp, ent = policy.logprob_and_entropy(obs, actions)
     torch.testing.assert_close(lp, logprobs)
     torch.testing.assert_close(ent, policy(obs).entropy())
+
+
+@pytest.mark.parametrize("trainer", ["reinforce", "a2c", "ppo"])
+def test_trainers_refuse_an_env_their_policy_cannot_act_in(trainer):
+    # Pendulum's actions are continuous: the trainers used to fail deep inside with
+    # "AttributeError: 'Box' object has no attribute 'n'"
+    from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig, train_a2c, train_ppo, train_reinforce
+
+    train, config = {
+        "reinforce": (train_reinforce, ReinforceConfig),
+        "a2c": (train_a2c, A2CConfig),
+        "ppo": (train_ppo, PPOConfig),
+    }[trainer]
+    with pytest.raises(ValueError, match=r"Pendulum-v1 has a Box action space .*needs a discrete one"):
+        train(config(env_id="Pendulum-v1", device="cpu", progress=False))
+
+
+def test_space_sizes_explains_observations_that_are_not_a_flat_vector():
+    import gymnasium as gym
+
+    from edurl.rl.rollout import space_sizes
+
+    assert space_sizes(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "CartPole-v1") == (4, 2)
+    with pytest.raises(ValueError, match=r"Pong has observations .*FlattenObservation"):
+        space_sizes(gym.spaces.Box(0, 255, (210, 160, 3)), gym.spaces.Discrete(6), "Pong")

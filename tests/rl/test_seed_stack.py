@@ -266,3 +266,16 @@ def test_a_stack_trains_on_cuda():
     assert all(next(r.policy.parameters()).device.type == "cuda" for r in results)
     assert all(len(r.updates) == 4 and len(r.episodes) > 0 for r in results)
     assert not torch.equal(_flat(results[0].policy), _flat(results[1].policy))
+
+
+def test_a_stacked_seeds_config_names_the_folder_its_metrics_are_in(tmp_path):
+    kw = dict(env_backend="torch", device="cpu", progress=False, total_steps=256, stop_when_solved=False)
+    stacked = train_ppo(PPOConfig(seed=3, num_seeds=2, log_dir=str(tmp_path), **kw))
+    for s, result in zip((3, 4), stacked):
+        assert result.config.log_dir == f"{tmp_path}/seed{s}" and result.config.seed == s
+        assert (tmp_path / f"seed{s}" / "metrics.jsonl").exists()
+
+
+def test_a_solve_threshold_that_is_not_a_number_is_refused():
+    with pytest.raises(ValueError, match="PPOConfig.solve_threshold must be a finite number, got nan"):
+        PPOConfig(solve_threshold=float("nan"))
