@@ -314,7 +314,8 @@ class TrainingClient:
     ):
         """:func:`edurl.llm.shared_prefix.token_logprobs` with this client's model: (B, T) log-probs and entropy
         (or None). Gradient checkpointing (which drops the KV cache while training) scores every row whole. On the
-        CPU, shared-prefix passes over short rows run with eager attention (``short_row_attention``), faster there."""
+        CPU, shared-prefix passes over short rows run with eager attention (``short_row_attention``), faster there,
+        except in float64."""
         checkpointing = self.model.training and any(
             getattr(m, "gradient_checkpointing", False) for m in self.model.modules()
         )
@@ -329,7 +330,9 @@ class TrainingClient:
             share_prompts=self.share_prompts and not checkpointing,
             pad_token_id=self.tokenizer.pad_token_id or 0,
             model_config=self.model.config,
-            eager_short_rows=True,
+            # not in float64: transformers' eager attention takes its softmax in float32, where a float64 mask's
+            # lowest value becomes -inf, so a left-padded prompt's padding rows turn to NaN and spread to every row
+            eager_short_rows=self.model.dtype != torch.float64,
         )
 
     def _scored(self, ids, attn, targets, split, temperature: float, no_grad_rows: torch.Tensor | None):
