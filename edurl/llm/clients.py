@@ -500,6 +500,15 @@ class TrainingClient:
             norm = torch.nn.utils.clip_grad_norm_(grads, p.grad_clip_norm)
         else:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(q.grad) for q in grads]))
+        if not torch.isfinite(norm):  # one Adam step on it would write nan into every weight it touches
+            for q in {*targets, *params}:
+                q.grad = None
+            raise FloatingPointError(
+                f"optim_step: the gradient norm is {float(norm)}, so the weights were left as they were and the "
+                "gradients dropped. Usual causes: sampling log-probs that do not belong to these tokens or this "
+                "model (the ratio exp(logp - sampling_logp) overflows), a learning rate large enough to have made "
+                "the last step's loss overflow, or a reward or advantage that is inf or nan."
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if master:

@@ -563,3 +563,26 @@ def test_a_float64_model_shares_left_padded_prompts_without_nan():
     assert loss_shared == pytest.approx(loss_whole, rel=1e-10)
     torch.testing.assert_close(lp_shared, lp_whole, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(g_shared, g_whole, atol=1e-7, rtol=1e-6)  # measured: 5.7e-9 at most
+
+
+def test_optim_step_refuses_a_non_finite_gradient_and_leaves_the_weights():
+    # sampling log-probs of -200 on a token the model gives about -4.6: exp(lp - q) overflows float32, the
+    # gradient is inf/nan, and one Adam step would have written nan into every weight
+    from edurl.llm.model import TinyLMConfig, build_tiny_lm
+    from edurl.llm.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    model = build_tiny_lm(tok, TinyLMConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0)
+    client = ServiceClient(device="cpu").create_training_client((model, tok))
+    before = [q.detach().clone() for q in client.model.parameters()]
+    bad = [build_datum([10, 11, 12], [30, 31], [-200.0, -1.0], 1.0), build_datum([10, 11, 12], [33], [-1.0], -1.0)]
+    client.forward_backward(bad, "importance_sampling")
+    with pytest.raises(FloatingPointError, match="gradient norm is (nan|inf).*weights were left as they were"):
+        client.optim_step(AdamParams(learning_rate=1e-3))
+    assert all(torch.equal(a, q) for a, q in zip(before, client.model.parameters()))
+    assert all(q.grad is None for q in client.model.parameters())
+    good = [build_datum([10, 11, 12], [30, 31], [-4.0, -4.0], 1.0), build_datum([10, 11, 12], [33], [-4.0], -1.0)]
+    client.forward_backward(good, "importance_sampling")  # the client goes on from where it was
+    norm = client.optim_step(AdamParams(learning_rate=1e-3)).result()["optim/grad_norm"]
+    assert math.isfinite(norm) and norm > 0
+    assert not all(torch.equal(a, q) for a, q in zip(before, client.model.parameters()))
