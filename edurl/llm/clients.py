@@ -332,7 +332,7 @@ class TrainingClient:
             model_config=self.model.config,
             # not in float64: transformers' eager attention takes its softmax in float32, where a float64 mask's
             # lowest value becomes -inf, so a left-padded prompt's padding rows turn to NaN and spread to every row
-            eager_short_rows=self.model.dtype != torch.float64,
+            eager_short_rows=next(self.model.parameters()).dtype != torch.float64,
         )
 
     def _scored(self, ids, attn, targets, split, temperature: float, no_grad_rows: torch.Tensor | None):
