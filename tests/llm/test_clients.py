@@ -537,15 +537,11 @@ def test_forward_backward_scores_short_rows_with_eager_attention_and_puts_sdpa_b
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_a_float64_model_shares_left_padded_prompts_without_nan():
+def test_a_float64_model_shares_left_padded_prompts_without_nan(small_model, char_tokenizer):
     # the CPU's eager attention for short rows took its softmax in float32, where a float64 mask's lowest value
     # is -inf: the shorter prompt's padding rows became NaN and spread to every log-prob and gradient
-    from edurl.llm.model import TinyLMConfig, build_tiny_lm
-    from edurl.llm.tokenizer import build_char_tokenizer
-
-    tok = build_char_tokenizer()
-    model = build_tiny_lm(tok, TinyLMConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0)
-    client = ServiceClient(device="cpu").create_training_client((model.double(), tok))
+    model = copy.deepcopy(small_model).double()
+    client = ServiceClient(device="cpu").create_training_client((model, char_tokenizer))
     datums = [
         build_datum(prompt, completion, [-1.0] * len(completion), advantage)
         for prompt in ([10, 11, 12], [20, 21, 22, 23, 24])  # two prompt lengths: the shorter is left-padded
@@ -565,15 +561,10 @@ def test_a_float64_model_shares_left_padded_prompts_without_nan():
     torch.testing.assert_close(g_shared, g_whole, atol=1e-7, rtol=1e-6)  # measured: 5.7e-9 at most
 
 
-def test_optim_step_refuses_a_non_finite_gradient_and_leaves_the_weights():
+def test_optim_step_refuses_a_non_finite_gradient_and_leaves_the_weights(small_model, char_tokenizer):
     # sampling log-probs of -200 on a token the model gives about -4.6: exp(lp - q) overflows float32, the
     # gradient is inf/nan, and one Adam step would have written nan into every weight
-    from edurl.llm.model import TinyLMConfig, build_tiny_lm
-    from edurl.llm.tokenizer import build_char_tokenizer
-
-    tok = build_char_tokenizer()
-    model = build_tiny_lm(tok, TinyLMConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64), seed=0)
-    client = ServiceClient(device="cpu").create_training_client((model, tok))
+    client = ServiceClient(device="cpu").create_training_client((copy.deepcopy(small_model), char_tokenizer))
     before = [q.detach().clone() for q in client.model.parameters()]
     bad = [build_datum([10, 11, 12], [30, 31], [-200.0, -1.0], 1.0), build_datum([10, 11, 12], [33], [-1.0], -1.0)]
     client.forward_backward(bad, "importance_sampling")
