@@ -17,6 +17,8 @@ give the same update. That share bounds what such a skip could save of forward_b
     python benchmarks/grpo_step_profile.py --steps 100 --seed 1
     python benchmarks/grpo_step_profile.py --plain-decode  # the sampler calls the model's forward every token
     python benchmarks/grpo_step_profile.py --sdpa          # forward_backward keeps sdpa attention for short rows
+    python benchmarks/grpo_step_profile.py --score-zero-advantage  # score zero-advantage datums (no graph)
+    python benchmarks/grpo_step_profile.py --replay-zero-advantage 3  # then A/B/C forward_backward's three modes
 
 Prints ms per step for each piece (median over the steps after the first) and the zero-advantage share over
 the run. One run, one machine: compare pieces within a run.
@@ -30,9 +32,11 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 import numpy as np
+import torch
 
 from edurl.llm import clients, grpo, sampling, shared_prefix
 from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.utils import torch_threads
 
 WRAPPED = {
     "fresh sampler": (clients.TrainingClient, "save_weights_and_get_sampling_client"),
@@ -43,14 +47,19 @@ WRAPPED = {
 
 
 @contextmanager
-def timed_methods(calls: dict[str, list[float]]):
+def timed_methods(calls: dict[str, list[float]], recorded: list | None = None):
     """Wrap ``grpo_step`` and the methods in WRAPPED: each call made inside a step appends its seconds to
-    ``calls[name]`` (the held-out evaluations decode too, outside the steps, and are left out)."""
+    ``calls[name]`` (the held-out evaluations decode too, outside the steps, and are left out). With ``recorded``,
+    each ``forward_backward`` call also appends (trainer, a copy of its weights then, datums, args, kwargs)."""
     originals = {name: getattr(cls, attr) for name, (cls, attr) in WRAPPED.items()}
     step_fn, inside = grpo.grpo_step, [False]
 
     def wrap(name, fn):
         def timed(*args, **kwargs):
+            if recorded is not None and name == "forward_backward" and inside[0]:
+                trainer, datums, *rest = args
+                weights = [p.detach().clone() for p in trainer.model.parameters()]  # about 1 ms: 650k numbers
+                recorded.append((trainer, weights, list(datums), tuple(rest), dict(kwargs)))
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             if inside[0]:
@@ -88,6 +97,20 @@ def main() -> None:
         help="decode through the model's own forward and KV cache (sample(fast_decode=False)), not edurl.llm.decode",
     )
     parser.add_argument(
+        "--score-zero-advantage",
+        action="store_true",
+        help="score the datums whose advantages are all 0 in a pass without a graph (GRPOConfig.score_zero_advantage)"
+        ", as the recipe did until 2026-11-28, instead of not at all",
+    )
+    parser.add_argument(
+        "--replay-zero-advantage",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="afterwards, run the steps' forward_backward calls again on the same batches and weights, alternating "
+        "the three ways of treating zero-advantage datums, ROUNDS times: median ms of each",
+    )
+    parser.add_argument(
         "--sdpa",
         action="store_true",
         help="score training rows with the model's sdpa attention, not eager for short rows (short_row_attention)",
@@ -98,10 +121,16 @@ def main() -> None:
     if args.plain_decode:  # the sampler asks fast_decoder for its decode step; None means the model's forward
         sampling.fast_decoder = lambda model: None
     config = GRPOConfig(
-        seed=args.seed, group_size=args.group_size, max_steps=args.steps, eval_every=args.steps, progress=False
+        seed=args.seed,
+        group_size=args.group_size,
+        max_steps=args.steps,
+        eval_every=args.steps,
+        progress=False,
+        score_zero_advantage=args.score_zero_advantage,
     )
     calls: dict[str, list[float]] = defaultdict(list)
-    with timed_methods(calls):
+    recorded: list = []
+    with timed_methods(calls, recorded if args.replay_zero_advantage else None):
         result = train_grpo(config)
     m = result.metrics.dropna(subset=["time/sample"]).reset_index(drop=True)
     steps = len(m)
@@ -118,7 +147,8 @@ def main() -> None:
         f"GRPO step, the recipe ({config.batch_size} problems x {config.group_size} samples, "
         f"{config.loss_fn}, {config.aggregation}), seed {args.seed}, {steps} steps; median over steps 2-{steps}; "
         f"decode: {'the model forward per token' if args.plain_decode else 'edurl.llm.decode'}; "
-        f"training attention: {'sdpa' if args.sdpa else 'eager for short rows'}"
+        f"training attention: {'sdpa' if args.sdpa else 'eager for short rows'}; zero-advantage datums: "
+        f"{'scored without a graph' if args.score_zero_advantage else 'not scored'}"
     )
     print(f"{'piece':<18} {'ms':>8} {'share':>6}")
     order = ("fresh sampler", "decode", "grade + datums", "forward_backward", "optim_step")
@@ -131,6 +161,42 @@ def main() -> None:
         f"sequences with advantage exactly 0: median {np.median(zero):.0%} of a step "
         f"(first 10 steps {np.mean(zero[:10]):.0%}, last 10 {np.mean(zero[-10:]):.0%})"
     )
+    if args.replay_zero_advantage:
+        replay_zero_advantage(recorded[1:], args.replay_zero_advantage, config.num_threads)
+
+
+MODES = {  # (skip_zero_advantage, score_zero_advantage)
+    "one pass with a graph over every datum": (False, True),
+    "zero-advantage datums scored without a graph": (True, True),
+    "zero-advantage datums not scored (the recipe)": (True, False),
+}
+
+
+def replay_zero_advantage(recorded: list, rounds: int, threads: int) -> None:
+    """Each recorded ``forward_backward`` call again, on its own batch and the weights it saw, in each of
+    MODES, the modes' order turning every round: the same work per mode, so the medians compare like with like."""
+    times: dict[str, list[float]] = defaultdict(list)
+    names = list(MODES)
+    with torch_threads(threads):
+        for r in range(rounds):
+            for trainer, weights, datums, args, kwargs in recorded:
+                with torch.no_grad():
+                    for p, w in zip(trainer.model.parameters(), weights):
+                        p.copy_(w)
+                for name in names[r % 3 :] + names[: r % 3]:
+                    trainer.skip_zero_advantage, trainer.score_zero_advantage = MODES[name]
+                    trainer.model.zero_grad()
+                    t0 = time.perf_counter()
+                    trainer.forward_backward(datums, *args, **kwargs)
+                    times[name].append(time.perf_counter() - t0)
+    base = float(np.median(times[names[0]]))
+    print(
+        f"forward_backward on the same {len(recorded)} batches, {rounds} rounds, modes alternating "
+        f"(median ms, and against one pass over every datum):"
+    )
+    for name in names:
+        ms = float(np.median(times[name]))
+        print(f"  {name:<48} {ms * 1e3:7.1f}  {ms / base:5.2f}x")
 
 
 if __name__ == "__main__":

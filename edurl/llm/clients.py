@@ -125,6 +125,9 @@ class ForwardBackwardOutput:
     """One dict per datum: ``logprobs``, the training log-probs of its target tokens, shape (n,)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """``optim/entropy``, ``optim/kl_sample_train_v1``/``v2``, ``optim/clip_fraction``, ``optim/kl_ref``."""
+    metric_tokens: int | None = None
+    """How many action tokens those metrics average over: every datum's, or only the scored datums' when
+    ``TrainingClient.score_zero_advantage`` is False (data parallelism weights each rank's metrics by it)."""
 
 
 def _as_model_input(prompt) -> list[int]:
@@ -266,6 +269,14 @@ class TrainingClient:
         no KL term in the loss), score the datums whose advantages are all 0 without building a graph: their
         gradient is 0, so the backward pass skips them. The loss, its denominator, the metrics and every
         datum's returned log-probs are those of the full batch. False: one pass with gradients over every datum."""
+        self.score_zero_advantage = True
+        """With ``skip_zero_advantage``: False does not score those datums at all, neither forward nor backward,
+        as if they had been left out of the batch (as Tinker's ``rl_loop`` leaves out the groups whose rewards are
+        all equal), except that their tokens still count in the loss's denominator. The loss and the gradient are
+        unchanged; the metrics that read the training log-probs (``optim/kl_sample_train_*``,
+        ``optim/clip_fraction``, ``optim/entropy``) cover the scored datums only, and the others' returned
+        log-probs are NaN. Not with ``log_kl_ref``, and not when every datum's advantages are 0 (nothing would be
+        scored): then they are scored as with True. ``GRPOConfig.score_zero_advantage`` sets it."""
 
     # ---------------------------------------------------------------- properties
     @property
@@ -335,12 +346,31 @@ class TrainingClient:
             eager_short_rows=next(self.model.parameters()).dtype != torch.float64,
         )
 
-    def _scored(self, ids, attn, targets, split, temperature: float, no_grad_rows: torch.Tensor | None):
+    def _scored(
+        self,
+        ids,
+        attn,
+        targets,
+        split,
+        temperature: float,
+        no_grad_rows: torch.Tensor | None,
+        unscored: torch.Tensor | None = None,
+    ):
         """(B, T) training log-probs and entropy for ``forward_backward``: one pass with gradients, or, when some
         but not all rows are in ``no_grad_rows``, those rows in a pass without a graph and the rest with one,
-        put back in their places (the values are the same up to rounding: the batches are only split)."""
+        put back in their places (the values are the same up to rounding: the batches are only split). With
+        ``unscored`` (a (B, T) stand-in, e.g. the sampler's log-probs), the ``no_grad_rows`` are not scored:
+        their log-probs are taken from it, with no graph, and their entropy is 0."""
         if no_grad_rows is None or not no_grad_rows.any() or no_grad_rows.all():
             return self._train_logprobs(ids, attn, targets, split, with_entropy=True, temperature=temperature)
+        if unscored is not None:
+            rows = (~no_grad_rows).nonzero().squeeze(1)
+            lp, ent = self._train_logprobs(
+                ids[rows], attn[rows], targets[rows], split[rows], with_entropy=True, temperature=temperature
+            )
+            lp_all = unscored.to(lp.dtype).index_copy(0, rows, lp)  # out of place: the scored rows keep their graph
+            ent_all = torch.zeros_like(lp_all).index_copy(0, rows, ent.detach())
+            return lp_all, ent_all
         parts = []
         for rows, grad in ((no_grad_rows.nonzero().squeeze(1), False), ((~no_grad_rows).nonzero().squeeze(1), True)):
             with torch.set_grad_enabled(grad):
@@ -429,10 +459,22 @@ class TrainingClient:
         ids, attn, f = self._batch(datums)
         mask = self._mask(datums, f, rl)
         split = _prompt_split(f, mask)
-        no_grad_rows = None
+        no_grad_rows, unscored = None, None
         if rl and self.skip_zero_advantage and loss_fn in L.ZERO_AT_ZERO_ADVANTAGE and kl_coef == 0:
             no_grad_rows = ((f["advantages"] * mask) == 0).all(1)  # (B,) datums with no gradient to give
-        train_logprobs, entropy = self._scored(ids, attn, f["target_tokens"], split, temperature, no_grad_rows)
+            if not self.score_zero_advantage and not log_kl_ref and not no_grad_rows.all():
+                unscored = no_grad_rows
+        train_logprobs, entropy = self._scored(
+            ids,
+            attn,
+            f["target_tokens"],
+            split,
+            temperature,
+            no_grad_rows,
+            # ratio 1 and advantage 0 on the unscored rows: their per-token loss is exactly 0 for these losses
+            unscored=f["logprobs"] if unscored is not None else None,
+        )
+        metric_mask = mask if unscored is None else mask * (~unscored).unsqueeze(1).to(mask.dtype)
         if rl:
             ref_logprobs = None
             if kl_coef > 0 or log_kl_ref:
@@ -453,14 +495,21 @@ class TrainingClient:
                 kl_coef=kl_coef,
                 kl_estimator=kl_estimator,
                 entropy=entropy,
+                metric_mask=metric_mask,
             )
         else:
             loss, metrics = L.supervised_objective(
                 train_logprobs, f["weights"], mask, aggregation=aggregation, max_tokens=max_tokens, entropy=entropy
             )
         loss.backward()
-        outputs = [{"logprobs": train_logprobs[i, : d.model_input.length].detach().cpu()} for i, d in enumerate(datums)]
-        return Future(ForwardBackwardOutput(loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics))
+        returned = train_logprobs.detach()
+        if unscored is not None:  # not computed: NaN, not the stand-in
+            returned = returned.masked_fill(unscored.unsqueeze(1), float("nan"))
+        outputs = [{"logprobs": returned[i, : d.model_input.length].cpu()} for i, d in enumerate(datums)]
+        out = ForwardBackwardOutput(
+            loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics, metric_tokens=int(metric_mask.sum())
+        )
+        return Future(out)
 
     async def forward_backward_async(self, datums, loss_fn, loss_fn_config=None, **kwargs):
         return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)

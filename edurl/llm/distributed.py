@@ -82,12 +82,13 @@ class World:
             return metrics
         return dict(zip(metrics, (v / self.size for v in self.sum_floats(list(metrics.values())))))
 
-    def token_mean(self, metrics: dict[str, float], datums: Sequence) -> dict[str, float]:
+    def token_mean(self, metrics: dict[str, float], datums: Sequence, tokens: int | None = None) -> dict[str, float]:
         """Metrics that are means over this rank's action tokens (``optim/entropy``, ``optim/kl_sample_train_v1``,
-        ...), made means over every rank's: each rank's mean weighted by its number of action tokens."""
+        ...), made means over every rank's: each rank's mean weighted by its number of action tokens, or by
+        ``tokens`` when the metrics cover fewer (``ForwardBackwardOutput.metric_tokens``)."""
         if self.size == 1:
             return metrics
-        n = sum(int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums)
+        n = tokens if tokens is not None else sum(int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums)
         *sums, total = self.sum_floats([v * n for v in metrics.values()] + [n])
         return {k: v / total for k, v in zip(metrics, sums)}
 

@@ -97,6 +97,11 @@ class GRPOConfig:
     """False uses raw rewards as advantages: one of Chapter 7's common mistakes."""
     drop_uniform_groups: bool = False
     """Skip groups whose rewards are all equal (DAPO's dynamic sampling, without refilling)."""
+    score_zero_advantage: bool = False
+    """``TrainingClient.score_zero_advantage``. False (the recipe): datums whose advantages are all 0 get no forward
+    or backward pass but keep their tokens in the loss's denominator, so the update is the same; ``optim/entropy``,
+    ``optim/kl_sample_train_*`` and ``optim/clip_fraction`` then cover the datums with a gradient, as in Tinker's
+    ``rl_loop``, which leaves uniform groups out. True scores them too (without a graph): metrics over every datum."""
     refresh_sampler: bool = True
     """False keeps the first step's sampler for the whole run: the stale-sampler mistake."""
     temperature: float = 1.0
@@ -319,7 +324,8 @@ def update(config: GRPOConfig, trainer: TrainingClient, rollout: Rollout, world:
             world.all_reduce_gradients(trainer.trainable_parameters(), share)
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             loss = world.sum(share * out.loss)  # the loss on the whole batch
-            fwd_metrics.append({**world.token_mean(out.metrics, chunk), **opt, "optim/loss": loss})
+            metrics = world.token_mean(out.metrics, chunk, out.metric_tokens)
+            fwd_metrics.append({**metrics, **opt, "optim/loss": loss})
     row = {**rollout.row, **kl_row, "time/train": time.perf_counter() - t1}
     for key in fwd_metrics[0] if fwd_metrics else {}:
         row[key] = sum(m[key] for m in fwd_metrics) / len(fwd_metrics)

@@ -78,6 +78,7 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
         trainer = service.create_lora_training_client(base, rank=config.lora_rank)
     else:
         trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0 or config.log_kl_ref)
+    trainer.score_zero_advantage = config.score_zero_advantage
     return trainer, ChatMLRenderer(trainer.tokenizer), config.sft.task()
 
 

@@ -75,6 +75,7 @@ def rl_objective(
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
     entropy: torch.Tensor | None = None,
+    metric_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one RL ``forward_backward`` call, and its diagnostics. Every tensor argument is (B, T).
 
@@ -88,7 +89,7 @@ def rl_objective(
     ``loss_fn_config`` takes the loss's own default. ``mask`` is 1 on action tokens, 0 on prompt and padding.
     The KL term (TRL's way; Tinker's puts the penalty into the advantages with :func:`kl_penalty_advantages`)
     needs ``ref_logprobs``, the reference policy's log-probs of the same tokens. Metrics, each a mean over the
-    action tokens (float; no gradient):
+    action tokens, or over ``metric_mask``'s positions when it is given (float; no gradient):
 
     ==============================  ============================================================================
     optim/kl_sample_train_v1        mean(q - lp): k1 estimate of KL(sampler || trainer); 0 on-policy
@@ -116,22 +117,25 @@ def rl_objective(
     fn = get_loss_fn(loss_fn) if isinstance(loss_fn, str) else loss_fn
     per_token = fn(train_logprobs, sampling_logprobs, advantages, **config)  # (B, T)
     loss = aggregate(per_token, mask, aggregation, max_tokens=max_tokens)
-    n_tok = mask.sum().clamp(min=1)
+    if metric_mask is None:
+        metric_mask = mask
+    check_same_shape(train_logprobs, metric_mask, "train_logprobs", "metric_mask")
+    n_tok = metric_mask.sum().clamp(min=1)
     lp = train_logprobs.detach()
-    diff = (sampling_logprobs - lp) * mask  # (B, T) sampling - training, on action tokens
+    diff = (sampling_logprobs - lp) * metric_mask  # (B, T) sampling - training, on action tokens
     metrics = {
         "optim/kl_sample_train_v1": float(diff.sum() / n_tok),
         "optim/kl_sample_train_v2": float(0.5 * (diff**2).sum() / n_tok),
-        "optim/clip_fraction": float(clip_fraction(lp, sampling_logprobs, mask, *clip_bounds(loss_fn, config))),
+        "optim/clip_fraction": float(clip_fraction(lp, sampling_logprobs, metric_mask, *clip_bounds(loss_fn, config))),
     }
     if ref_logprobs is not None:
         check_same_shape(train_logprobs, ref_logprobs, "train_logprobs", "ref_logprobs")
-        metrics["optim/kl_ref"] = float((kl(lp, ref_logprobs, "k3") * mask).sum() / n_tok)
+        metrics["optim/kl_ref"] = float((kl(lp, ref_logprobs, "k3") * metric_mask).sum() / n_tok)
         if kl_coef > 0:
             kl_tok = kl(train_logprobs, ref_logprobs, kl_estimator)  # (B, T), with gradients
             loss = loss + kl_coef * aggregate(kl_tok, mask, aggregation, max_tokens=max_tokens)
     if entropy is not None:
-        metrics["optim/entropy"] = float((entropy * mask).sum() / n_tok)
+        metrics["optim/entropy"] = float((entropy * metric_mask).sum() / n_tok)
     return loss, metrics
 
 

@@ -462,6 +462,34 @@ def test_maskless_tinker_style_datums_still_share_their_prompts(small_model, cha
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
 
 
+def zero_advantage_batch(small_model, char_tokenizer, monkeypatch, loss_fn, first: dict):
+    """Two trainers on the same weights, the first with the attributes in ``first`` and the second with one pass
+    over everything; three groups of 4, the last two with advantage 0 (every reward equal), after one update, so
+    that the ratios are not all 1 (the clip and the ratio matter). Returns (trainers, datums, passes), where each
+    training pass appends (by the first trainer?, rows, with a graph?) to ``passes``."""
+    service = ServiceClient(device="cpu")
+    trainers = [service.create_training_client((small_model, char_tokenizer)) for _ in range(2)]
+    for name, value in first.items():
+        setattr(trainers[0], name, value)
+    trainers[1].skip_zero_advantage = False
+    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4], PROMPT[2:] + PROMPT[:3]])
+    for d in datums[4:]:
+        d.loss_fn_inputs["advantages"] = torch.zeros_like(d.loss_fn_inputs["advantages"])
+    trainers[0].forward_backward(datums[:4], loss_fn).result()
+    trainers[0].optim_step(AdamParams(learning_rate=1e-2)).result()
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    trainers[0].model.zero_grad()
+    passes = []
+    score = type(trainers[0])._train_logprobs
+
+    def counted(self, ids, *args, **kwargs):
+        passes.append((self is trainers[0], len(ids), torch.is_grad_enabled()))
+        return score(self, ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(trainers[0]), "_train_logprobs", counted)
+    return trainers, datums, passes
+
+
 @pytest.mark.parametrize(
     "loss_fn, aggregation",
     [("importance_sampling", "token_mean"), ("ppo", "seq_mean_token_mean"), ("cispo", "sum")],
@@ -473,27 +501,7 @@ def test_datums_with_zero_advantage_skip_the_backward_pass_and_change_nothing(
     graph, yet the loss (with its denominator), the metrics, the returned log-probs and the gradient are those
     of one pass over the whole batch. A version that dropped them would change the token_mean/seq_mean
     denominators, and with them the gradient."""
-    service = ServiceClient(device="cpu")
-    trainers = [service.create_training_client((small_model, char_tokenizer)) for _ in range(2)]
-    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
-    trainers[1].skip_zero_advantage = False
-    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4], PROMPT[2:] + PROMPT[:3]])
-    for d in datums[4:]:  # groups 2 and 3: every reward equal, so every advantage 0
-        d.loss_fn_inputs["advantages"] = torch.zeros_like(d.loss_fn_inputs["advantages"])
-    # one update first, so that the ratios are not all 1 (the clip and the ratio matter)
-    trainers[0].forward_backward(datums[:4], loss_fn).result()
-    trainers[0].optim_step(AdamParams(learning_rate=1e-2)).result()
-    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
-    trainers[0].model.zero_grad()
-
-    passes = []
-    score = type(trainers[0])._train_logprobs
-
-    def counted(self, ids, *args, **kwargs):
-        passes.append((self is trainers[0], len(ids), torch.is_grad_enabled()))
-        return score(self, ids, *args, **kwargs)
-
-    monkeypatch.setattr(type(trainers[0]), "_train_logprobs", counted)
+    trainers, datums, passes = zero_advantage_batch(small_model, char_tokenizer, monkeypatch, loss_fn, {})
     outs = [t.forward_backward(datums, loss_fn, aggregation=aggregation).result() for t in trainers]
     assert passes == [(True, 8, False), (True, 4, True), (False, 12, True)]
     assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5) and outs[0].loss != 0
@@ -504,6 +512,55 @@ def test_datums_with_zero_advantage_skip_the_backward_pass_and_change_nothing(
         assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
     for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+@pytest.mark.parametrize(
+    "loss_fn, aggregation",
+    [("importance_sampling", "token_mean"), ("ppo", "seq_mean_token_mean"), ("cispo", "sum")],
+)
+def test_unscored_zero_advantage_datums_change_neither_the_loss_nor_the_gradient(
+    small_model, char_tokenizer, monkeypatch, loss_fn, aggregation
+):
+    """Issue 19, score_zero_advantage=False: the datums whose advantages are all 0 get no pass at all. The loss
+    (its denominator counts their tokens) and the gradient are those of one pass over the whole batch; the metrics
+    are those of the scored datums alone, and the others' returned log-probs are NaN. Dropping the datums would
+    change the token_mean / seq_mean denominators; metrics over the stand-in rows would pull the KL toward 0."""
+    first = {"score_zero_advantage": False}
+    trainers, datums, passes = zero_advantage_batch(small_model, char_tokenizer, monkeypatch, loss_fn, first)
+    outs = [t.forward_backward(datums, loss_fn, aggregation=aggregation).result() for t in trainers]
+    assert passes == [(True, 4, True), (False, 12, True)], "the 8 zero-advantage datums are not scored"
+    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5) and outs[0].loss != 0
+    for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+    for a, b in zip(outs[0].loss_fn_outputs[:4], outs[1].loss_fn_outputs[:4]):
+        assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+    assert all(o["logprobs"].isnan().all() for o in outs[0].loss_fn_outputs[4:])
+    trainers[1].model.zero_grad()
+    scored_only = trainers[1].forward_backward(datums[:4], loss_fn, aggregation=aggregation).result()
+    assert outs[0].metrics.keys() == scored_only.metrics.keys()
+    for key in outs[0].metrics:
+        assert outs[0].metrics[key] == pytest.approx(scored_only.metrics[key], rel=1e-4, abs=1e-7), key
+    # and they are not the whole batch's (the updated weights moved the unscored rows' ratios less), so the check
+    # above would catch metrics taken over the stand-in rows too
+    assert abs(outs[0].metrics["optim/kl_sample_train_v1"] - outs[1].metrics["optim/kl_sample_train_v1"]) > 0.02
+    tokens = [int(d.loss_fn_inputs["mask"].sum()) for d in datums]
+    assert (outs[0].metric_tokens, outs[1].metric_tokens) == (sum(tokens[:4]), sum(tokens))
+
+
+def test_unscored_mode_scores_everything_when_every_advantage_is_0_or_the_reference_kl_is_logged(trainer):
+    """Nothing to score would leave no graph and no metric; log_kl_ref asks for a metric over every datum."""
+    trainer.score_zero_advantage = False
+    trainer._reference = copy.deepcopy(trainer.model)
+    datums = rl_datums(trainer)
+    for d in datums:
+        d.loss_fn_inputs["advantages"] = torch.zeros_like(d.loss_fn_inputs["advantages"])
+    out = trainer.forward_backward(datums, "importance_sampling").result()
+    assert out.loss == 0 and not any(o["logprobs"].isnan().any() for o in out.loss_fn_outputs)
+    assert all(p.grad is not None for p in trainer.trainable_parameters())
+    datums[0].loss_fn_inputs["advantages"][-1] = 1.0
+    out = trainer.forward_backward(datums, "importance_sampling", log_kl_ref=True).result()
+    assert not any(o["logprobs"].isnan().any() for o in out.loss_fn_outputs)
+    assert out.metric_tokens == sum(int(d.loss_fn_inputs["mask"].sum()) for d in datums)
 
 
 @pytest.mark.parametrize("loss_fn, kl_coef", [("dro", 0.0), ("importance_sampling", 0.1)])

@@ -321,3 +321,22 @@ def test_a_lora_run_initialises_its_adapter_from_its_seed(tmp_path):
     assert first.keys() == again.keys() and len(first) > 0
     assert all(torch.equal(first[n], again[n]) for n in first)
     assert not all(torch.equal(first[n], other[n]) for n in first)
+
+
+def test_unscored_zero_advantage_datums_leave_the_run_as_it_was_but_the_metrics(tmp_path):
+    """Issue 19: the recipe (score_zero_advantage=False) gives the datums of uniform groups no pass at all. Their
+    gradient is 0 and their tokens stay in the denominator, so the run takes the same steps, to the last bit on
+    one thread (the scored rows form the same sub-batch either way); only the metrics that read training
+    log-probs change, to the datums with a gradient."""
+
+    def half_uniform(problems, prompts, completions):  # even problems: one reward for all; odd: a token parity
+        return torch.tensor([[float(i % 2 and sum(c) % 2) for c in group] for i, group in enumerate(completions)])
+
+    kw = dict(max_steps=4, eval_every=4, batch_size=8)
+    recipe = train_grpo(tiny(tmp_path / "a", **kw), reward_fn=half_uniform).metrics
+    scored = train_grpo(tiny(tmp_path / "b", score_zero_advantage=True, **kw), reward_fn=half_uniform).metrics
+    mixed = recipe["env/all/by_group/frac_mixed"]
+    assert ((mixed > 0) & (mixed <= 0.5)).all(), "every step needs uniform and mixed groups"
+    for column in ("optim/loss", "optim/grad_norm", "env/all/reward/total", "test/pass_at_1"):
+        assert recipe[column].equals(scored[column]), column
+    assert (recipe["optim/entropy"] != scored["optim/entropy"]).all()
