@@ -354,21 +354,21 @@ class TrainingClient:
         split,
         temperature: float,
         no_grad_rows: torch.Tensor | None,
-        unscored: torch.Tensor | None = None,
+        stand_in: torch.Tensor | None = None,
     ):
         """(B, T) training log-probs and entropy for ``forward_backward``: one pass with gradients, or, when some
         but not all rows are in ``no_grad_rows``, those rows in a pass without a graph and the rest with one,
         put back in their places (the values are the same up to rounding: the batches are only split). With
-        ``unscored`` (a (B, T) stand-in, e.g. the sampler's log-probs), the ``no_grad_rows`` are not scored:
-        their log-probs are taken from it, with no graph, and their entropy is 0."""
+        ``stand_in`` ((B, T), e.g. the sampler's log-probs), the ``no_grad_rows`` are not scored: their log-probs
+        are taken from it, with no graph, and their entropy is 0."""
         if no_grad_rows is None or not no_grad_rows.any() or no_grad_rows.all():
             return self._train_logprobs(ids, attn, targets, split, with_entropy=True, temperature=temperature)
-        if unscored is not None:
+        if stand_in is not None:
             rows = (~no_grad_rows).nonzero().squeeze(1)
             lp, ent = self._train_logprobs(
                 ids[rows], attn[rows], targets[rows], split[rows], with_entropy=True, temperature=temperature
             )
-            lp_all = unscored.to(lp.dtype).index_copy(0, rows, lp)  # out of place: the scored rows keep their graph
+            lp_all = stand_in.to(lp.dtype).index_copy(0, rows, lp)  # out of place: the scored rows keep their graph
             ent_all = torch.zeros_like(lp_all).index_copy(0, rows, ent.detach())
             return lp_all, ent_all
         parts = []
@@ -472,7 +472,7 @@ class TrainingClient:
             temperature,
             no_grad_rows,
             # ratio 1 and advantage 0 on the unscored rows: their per-token loss is exactly 0 for these losses
-            unscored=f["logprobs"] if unscored is not None else None,
+            stand_in=f["logprobs"] if unscored is not None else None,
         )
         metric_mask = mask if unscored is None else mask * (~unscored).unsqueeze(1).to(mask.dtype)
         if rl:
