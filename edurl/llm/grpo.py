@@ -119,6 +119,10 @@ class GRPOConfig:
     concurrent_sampler: bool = True
     """With max_steps_off_policy: sample in a thread of its own, beside the trainer (the two overlap when k >= 1;
     give each num_threads = cores / 2). The batches are the same as with False, which samples in turn."""
+    sampler_process: bool = False
+    """With max_steps_off_policy: sample in a second process instead of a thread (:class:`edurl.llm.off_policy.
+    ProcessSampler`), so the sampler does not share the trainer's Python interpreter lock. Same batches. The
+    model, renderer, task and reward_fn must pickle (a module-level reward_fn, not a lambda)."""
     eval_every: int = 25
     """Steps between held-out evaluations (greedy pass@1); also at the start and the end."""
     num_eval: int = 200
@@ -183,6 +187,11 @@ class GRPOConfig:
                     "refresh_sampler=False keeps the first sampler for the whole run, but max_steps_off_policy "
                     "chooses the sampler's weights itself; set one of them"
                 )
+        if self.sampler_process and (self.max_steps_off_policy is None or not self.concurrent_sampler):
+            raise ValueError(
+                "sampler_process=True runs the off-policy sampler beside the trainer in a process of its own; it "
+                "needs max_steps_off_policy set (e.g. 1) and concurrent_sampler=True"
+            )
         if self.lora_rank is not None and (not isinstance(self.lora_rank, int) or self.lora_rank < 1):
             raise ValueError(f"lora_rank must be None (train every weight) or a positive int, got {self.lora_rank!r}")
         if self.sft.seed not in (0, self.seed):
@@ -430,18 +439,24 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
 
 def _train_off_policy(config: GRPOConfig, reward_fn: RewardFn | None) -> GRPOResult:
     """train_grpo with a sampler ``max_steps_off_policy`` steps behind the trainer (:mod:`edurl.llm.off_policy`)."""
-    from edurl.llm.off_policy import LaggedSampler
+    from edurl.llm.off_policy import SamplerProcess, make_lagged_sampler
 
-    lagged, restored = None, {}
+    lagged, restored, first = None, {}, []
+    process = SamplerProcess() if config.sampler_process else None  # its start-up overlaps the trainer's
+
+    def start(trainer, renderer, task, step):
+        nonlocal lagged
+        lagged = make_lagged_sampler(config, trainer, renderer, task, reward_fn, step, restored, process)
+        first.append(step)
 
     def off_policy_step(trainer, renderer, task, step):
-        nonlocal lagged
-        if lagged is None:  # at the first step run (or resumed): it needs the trainer and where the run starts
-            lagged = LaggedSampler(config, trainer, renderer, task, reward_fn, step, restored)
         rollout, waited = lagged.next(step)
         row = update(config, trainer, rollout)
         lagged.publish(step + 1)
-        return {**row, "async/staleness": float(step - rollout.sampler_version), "time/wait": waited}
+        row = {**row, "async/staleness": float(step - rollout.sampler_version), "time/wait": waited}
+        if step == first[0] and hasattr(lagged, "start_seconds"):  # outside time/step, as the trainer's start-up
+            row["time/sampler_start"] = lagged.start_seconds
+        return row
 
     def on_resume(trainer, checkpoint, extra):
         restored.update(extra.get("snapshots", {}))
@@ -451,11 +466,19 @@ def _train_off_policy(config: GRPOConfig, reward_fn: RewardFn | None) -> GRPORes
 
     try:
         return run_training_loop(
-            config, off_policy_step, "GRPO", postfix="env/all/correct", on_resume=on_resume, extra_to_save=extra_to_save
+            config,
+            off_policy_step,
+            "GRPO",
+            postfix="env/all/correct",
+            on_resume=on_resume,
+            extra_to_save=extra_to_save,
+            on_start=start,
         )
     finally:
         if lagged is not None:
             lagged.close()
+        elif process is not None:
+            process.close()
 
 
 # ---------------------------------------------------------------- helpers

@@ -95,12 +95,14 @@ def run_training_loop(
     sampler_to_save=None,
     extra_to_save=None,
     world: World = SINGLE,
+    on_start=None,
 ) -> GRPOResult:
     """The loop around ``step_fn(trainer, renderer, task, step) -> metrics row``: resume, held-out
     evaluation every ``eval_every`` steps, ``metrics.jsonl``, checkpoints and a progress bar.
     ``on_resume(trainer, checkpoint, extra)`` restores what the step function carries between steps,
     ``sampler_to_save()`` names a sampler that every checkpoint must keep, and ``extra_to_save(next_step)`` returns
-    a dict that the checkpoint keeps in its ``extra`` (handed back to ``on_resume``).
+    a dict that the checkpoint keeps in its ``extra`` (handed back to ``on_resume``). ``on_start(trainer, renderer,
+    task, start_step)`` runs once, after any resume and the first held-out evaluation, before the first step.
 
     Under data parallelism (``world``, see :mod:`edurl.llm.distributed`) every rank runs this loop; only rank 0
     evaluates, logs and checkpoints, every rank resumes from rank 0's checkpoint, and the evaluations that the
@@ -133,6 +135,8 @@ def run_training_loop(
                 (log_dir / "config.json").write_text(config_json)
                 start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
             start_eval = world.broadcast_object(start_eval)
+        if on_start is not None:  # after the first evaluation, so that no step's work overlaps it
+            on_start(trainer, renderer, task, start_step)
         bar = progress(
             range(start_step, config.max_steps),
             desc=desc,

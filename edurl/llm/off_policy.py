@@ -28,18 +28,23 @@ The trainer's loss decides what staleness costs: the ratio ``r = pi / pi_sampler
 
 from __future__ import annotations
 
+import io
+import multiprocessing
+import pickle
 import queue
 import threading
 import time
+import traceback
 
 import torch
 
 from edurl.llm.clients import SamplingClient, TrainingClient
+from edurl.llm.datum import Datum, ModelInput
 from edurl.llm.grpo import GRPOConfig, Rollout, collect
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.utils import torch_threads
 
-__all__ = ["LaggedSampler"]
+__all__ = ["LaggedSampler", "ProcessSampler", "SamplerProcess", "make_lagged_sampler"]
 
 
 class LaggedSampler:
@@ -68,13 +73,7 @@ class LaggedSampler:
         self._queue: queue.Queue = queue.Queue()
         for version, weights in (snapshots or {}).items():
             self._snapshots[int(version)] = self._restore(weights)
-        missing = [v for v in range(self.version_for(start_step), start_step) if v not in self._snapshots]
-        if missing:
-            raise ValueError(
-                f"resuming at step {start_step} with max_steps_off_policy={self.k} needs the weights of steps "
-                f"{missing[0]} to {missing[-1]}, which the checkpoint does not hold; resume with the "
-                "max_steps_off_policy the run was saved with"
-            )
+        _check_snapshots(self.k, start_step, self._snapshots)
         self.publish(start_step)
         self._thread = None
         if config.concurrent_sampler:
@@ -161,3 +160,248 @@ class LaggedSampler:
                     self._queue.put(rollout)
         except BaseException as error:  # handed to the trainer, which raises it
             self._queue.put(error)
+
+
+def make_lagged_sampler(
+    config: GRPOConfig, trainer: TrainingClient, renderer, task, reward_fn, start_step, snapshots, process=None
+):
+    """The sampler that ``config`` asks for: :class:`ProcessSampler` with ``sampler_process=True`` (in ``process``,
+    a :class:`SamplerProcess` started earlier, if given), else :class:`LaggedSampler` (a thread, or in turn)."""
+    if config.sampler_process:
+        return ProcessSampler(config, trainer, renderer, task, reward_fn, start_step, snapshots, process)
+    return LaggedSampler(config, trainer, renderer, task, reward_fn, start_step, snapshots)
+
+
+def _check_snapshots(k: int, start_step: int, versions) -> None:
+    """A resumed run needs the weights of steps ``start_step - k`` to ``start_step - 1`` from its checkpoint."""
+    missing = [v for v in range(max(0, start_step - k), start_step) if v not in versions]
+    if missing:
+        raise ValueError(
+            f"resuming at step {start_step} with max_steps_off_policy={k} needs the weights of steps "
+            f"{missing[0]} to {missing[-1]}, which the checkpoint does not hold; resume with the "
+            "max_steps_off_policy the run was saved with"
+        )
+
+
+_MAIN_GUARD = (
+    "sampler_process=True starts the sampler with 'spawn', which imports your script again in the new process: put "
+    'the code that calls train_grpo under `if __name__ == "__main__":` (a notebook needs nothing). If the machine '
+    "ran out of memory, or to rule the process out, sample in a thread with sampler_process=False"
+)
+
+
+class ProcessSampler:
+    """:class:`LaggedSampler`'s batches, sampled in a second process (``GRPOConfig(sampler_process=True)``).
+
+    A thread shares the trainer's Python interpreter, and with it the lock that lets one thread at a time run
+    Python code (the GIL): the sampler's decode loop is mostly small torch calls made from Python, so the two
+    halves wait for each other. A process has an interpreter of its own, as a real system's sampler (a vLLM
+    server) does. It is started with ``spawn`` and gets a copy of the sampler's model once; after each optimizer
+    step the trainer sends it the trainable weights (``publish``), and it sends back each batch's datums packed
+    into a few flat tensors. Batch s is still sampled with the weights of step ``max(0, s - k)``, so the batches
+    are those of the thread and of the run in turn, to the bit on the same machine and thread count.
+
+    Starting the process takes seconds (it imports torch, transformers and edurl). ``train_grpo`` starts it
+    (:class:`SamplerProcess`) before it builds the trainer, so the two start-ups overlap; :meth:`__init__` then
+    waits until the process has the model, and ``start_seconds`` is how long that wait took (logged as
+    ``time/sampler_start`` with the first step, outside ``time/step``, as the trainer's own start-up is)."""
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        trainer: TrainingClient,
+        renderer: ChatMLRenderer,
+        task,
+        reward_fn=None,
+        start_step: int = 0,
+        snapshots: dict[int, dict[str, torch.Tensor]] | None = None,
+        process: SamplerProcess | None = None,
+    ):
+        if config.max_steps_off_policy is None or config.max_steps_off_policy < 0:
+            raise ValueError(f"max_steps_off_policy must be an int >= 0, got {config.max_steps_off_policy!r}")
+        self.config, self.trainer, self.k = config, trainer, config.max_steps_off_policy
+        snapshots = {int(v): w for v, w in (snapshots or {}).items()}
+        _check_snapshots(self.k, start_step, snapshots)
+        self._names = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
+        first = trainer.save_weights_and_get_sampling_client("process-sampler")
+        device = next(first.model.parameters()).device
+        first.model.to("cpu")  # sent as bytes; the process moves it back
+        try:
+            payload = pickle.dumps(
+                (config, first.model, first.tokenizer, str(device), renderer, task, reward_fn, start_step)
+            )
+        except Exception as error:
+            raise TypeError(
+                "sampler_process=True sends the model, the renderer, the task and the reward_fn to a second "
+                f"process, but one of them cannot be pickled ({error}); define a reward_fn at module level (not "
+                "a lambda or a closure), or sample in a thread with sampler_process=False"
+            ) from error
+        del first
+        t0 = time.perf_counter()
+        self.process = process if process is not None else SamplerProcess()
+        self._kept: dict[int, dict[str, torch.Tensor]] = {}
+        self.process.weights.put(("setup", payload))
+        for version, weights in sorted(snapshots.items()):
+            self._send(version, weights)
+        self.publish(start_step)
+        self._receive("ready", "starting")
+        self.start_seconds = time.perf_counter() - t0
+
+    def version_for(self, step: int) -> int:
+        """The step whose weights sample batch ``step``."""
+        return max(0, step - self.k)
+
+    def publish(self, version: int) -> None:
+        """Send the trainer's weights to the sampler process as those of step ``version``."""
+        with torch.no_grad():
+            named = dict(self.trainer.model.named_parameters())
+            self._send(version, {name: named[name].detach().to("cpu", copy=True) for name in self._names})
+
+    def next(self, step: int) -> tuple[Rollout, float]:
+        """Batch ``step``, and the seconds the trainer waited for it."""
+        t0 = time.perf_counter()
+        rollout = unpack_rollout(pickle.loads(self._receive("rollout", f"sampling for step {step}")))
+        if rollout.step != step:
+            raise RuntimeError(f"the sampler sent the batch of step {rollout.step} for step {step}")
+        return rollout, time.perf_counter() - t0
+
+    def state(self, next_step: int) -> dict[int, dict[str, torch.Tensor]]:
+        """As :meth:`LaggedSampler.state`: the trainable weights of steps ``next_step - k`` to ``next_step - 1``."""
+        return {v: w for v, w in self._kept.items() if self.version_for(next_step) <= v < next_step}
+
+    def close(self) -> None:
+        """Stop the sampler process (it finishes the batch it is on) and wait for it."""
+        self.process.close()
+
+    def _receive(self, expected: str, doing: str):
+        """The body of the sampler's next message, which must be of kind ``expected``."""
+        while True:
+            try:
+                kind, body = self.process.batches.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.process.process.is_alive():
+                    raise RuntimeError(
+                        f"the sampler process exited (status {self.process.process.exitcode}) while {doing}; its "
+                        f"error, if it printed one, is above. {_MAIN_GUARD}"
+                    ) from None
+        if kind == "error":
+            raise RuntimeError(f"the sampler process failed while {doing}:\n{body}")
+        if kind != expected:
+            raise RuntimeError(f"the sampler process sent a {kind!r} message while {doing}")
+        return body
+
+    def _send(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        self._kept[version] = weights
+        for old in [v for v in self._kept if v < self.version_for(version)]:
+            del self._kept[old]
+        buffer = io.BytesIO()
+        torch.save(weights, buffer)
+        self.process.weights.put((version, buffer.getvalue()))
+
+
+class SamplerProcess:
+    """A spawned process that will serve :class:`ProcessSampler`, and its queues: ``weights`` (trainer to sampler:
+    the setup, then weights by step) and ``batches`` (sampler to trainer). Start it early; it waits for the setup."""
+
+    def __init__(self):
+        if getattr(multiprocessing.current_process(), "_inheriting", False):  # a spawned child re-running a script
+            raise RuntimeError(_MAIN_GUARD)
+        ctx = multiprocessing.get_context("spawn")
+        self.weights, self.batches, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        # everything large goes through the queues, not the arguments: multiprocessing writes the arguments from
+        # this thread, and would wait for ever on a large one if the process died before reading it
+        self.process = ctx.Process(
+            target=_serve, args=(self.weights, self.batches, self.stop), name="edurl-sampler", daemon=True
+        )
+        self.process.start()
+
+    def close(self) -> None:
+        """Stop the process (it finishes the batch it is on) and wait for it."""
+        self.stop.set()
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        for q in (self.weights, self.batches):
+            q.cancel_join_thread()  # what is still queued is not needed; exit without flushing it
+            q.close()
+
+
+def _serve(weights: multiprocessing.Queue, batches: multiprocessing.Queue, stop) -> None:
+    """The sampler process: batch s with the weights of step ``max(0, s - k)``, for every step of the run."""
+    batches.cancel_join_thread()  # exit at close even if the trainer left batches unread
+    parent = multiprocessing.parent_process()
+
+    def receive():
+        """The next message from the trainer, or None once it asked us to stop (or is gone)."""
+        while not stop.is_set() and (parent is None or parent.is_alive()):
+            try:
+                return weights.get(timeout=0.5)
+            except queue.Empty:
+                continue
+        return None
+
+    try:
+        message = receive()
+        if message is None:
+            return
+        config, model, tokenizer, device, renderer, task, reward_fn, start_step = pickle.loads(message[1])
+        torch.set_num_threads(config.num_threads)
+        sampler = SamplingClient(model.to(device), tokenizer, "process-sampler")
+        batches.put(("ready", None))
+        named = dict(sampler.model.named_parameters())
+        k, received, loaded = config.max_steps_off_policy, {}, None
+        for step in range(start_step, config.max_steps):
+            version = max(0, step - k)
+            while version not in received:
+                message = receive()
+                if message is None:
+                    return
+                received[message[0]] = message[1]
+            for old in [v for v in received if v < version]:
+                del received[old]
+            if loaded != version:
+                with torch.no_grad():
+                    for name, value in torch.load(io.BytesIO(received[version]), weights_only=True).items():
+                        named[name].copy_(value)
+                loaded = version
+            if stop.is_set():
+                return
+            rollout = collect(config, sampler, renderer, task, step, renderer.get_stop_sequences(), reward_fn)
+            rollout.sampler_version = version
+            # as bytes: a tensor put on the queue itself would be shared through a file descriptor that this
+            # process must stay alive to hand over
+            batches.put(("rollout", pickle.dumps(pack_rollout(rollout))))
+    except BaseException:
+        batches.put(("error", traceback.format_exc()))
+
+
+def pack_rollout(rollout: Rollout) -> dict:
+    """``rollout`` with its datums' tensors joined into one flat tensor per field: a few large tensors pickle in
+    about a millisecond, where 256 datums of 5 small ones each take tens (:func:`unpack_rollout` undoes it)."""
+    datums = rollout.datums
+    keys = list(datums[0].loss_fn_inputs) if datums else []
+    for d in datums:
+        if list(d.loss_fn_inputs) != keys:
+            raise ValueError(f"every datum needs the fields {keys} in that order, got {list(d.loss_fn_inputs)}")
+    return {
+        "step": rollout.step,
+        "row": rollout.row,
+        "sampler_version": rollout.sampler_version,
+        "lengths": [d.model_input.length for d in datums],
+        "tokens": torch.tensor([t for d in datums for t in d.model_input.tokens], dtype=torch.long),
+        "fields": {key: torch.cat([d.loss_fn_inputs[key] for d in datums]) for key in keys},
+    }
+
+
+def unpack_rollout(packed: dict) -> Rollout:
+    """The :class:`Rollout` that :func:`pack_rollout` packed (each field a view into its flat tensor)."""
+    lengths, tokens = packed["lengths"], packed["tokens"].tolist()
+    pieces = {key: flat.split(lengths) for key, flat in packed["fields"].items()}
+    datums, start = [], 0
+    for i, n in enumerate(lengths):
+        inputs = {key: split[i] for key, split in pieces.items()}
+        datums.append(Datum(ModelInput(tuple(tokens[start : start + n])), inputs))
+        start += n
+    return Rollout(packed["step"], datums, packed["row"], packed["sampler_version"])

@@ -1,12 +1,18 @@
 """Off-policy GRPO (edurl.llm.off_policy): batch s is sampled with the weights of step s - k, in a thread of its
-own or in turn, and the run repeats, resumes and fails cleanly."""
+own, in a process of its own or in turn, and the run repeats, resumes and fails cleanly."""
 
+import pickle
+import subprocess
+import sys
 from dataclasses import replace
 
 import pandas as pd
 import pytest
+import torch
 
-from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.llm.datum import build_datum
+from edurl.llm.grpo import GRPOConfig, Rollout, train_grpo
+from edurl.llm.off_policy import pack_rollout, unpack_rollout
 
 from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
 
@@ -74,5 +80,80 @@ def test_off_policy_settings_are_checked(tmp_path):
         GRPOConfig(max_steps_off_policy=-1)
     with pytest.raises(ValueError, match="set one of them"):
         GRPOConfig(max_steps_off_policy=1, refresh_sampler=False)
+    with pytest.raises(ValueError, match="needs max_steps_off_policy set"):
+        GRPOConfig(sampler_process=True)
+    with pytest.raises(ValueError, match="concurrent_sampler=True"):
+        GRPOConfig(max_steps_off_policy=1, sampler_process=True, concurrent_sampler=False)
     with pytest.raises(ValueError, match="step_fn"):
         train_grpo(tiny(tmp_path, max_steps_off_policy=1), step_fn=lambda *a: {})
+
+
+def test_the_sampler_process_gives_the_batches_of_the_sequential_run(tmp_path):
+    in_turn = run(tmp_path, "in_turn", max_steps_off_policy=1, concurrent_sampler=False)
+    process = run(tmp_path, "process", max_steps_off_policy=1, sampler_process=True)
+    same(process, in_turn)
+    assert list(process["async/staleness"]) == [0.0] + [1.0] * 7
+    # its start-up is logged once, with the first step, and kept out of time/step
+    assert process["time/sampler_start"].notna().tolist() == [True] + [False] * 7
+    assert process["time/sampler_start"].iloc[0] > 0
+
+
+def test_a_process_sampled_run_resumes_exactly(tmp_path):
+    whole = run(tmp_path, "whole", max_steps_off_policy=2, save_every=4)
+    run(tmp_path, "resumed", max_steps_off_policy=2, save_every=4, max_steps=4, sampler_process=True)
+    resumed = run(tmp_path, "resumed", max_steps_off_policy=2, save_every=4, resume=True, sampler_process=True)
+    assert list(resumed["step"]) == list(range(8))
+    drop = ["test/pass_at_1", "test/format", "time/sampler_start"]
+    same(whole.drop(columns=["test/pass_at_1", "test/format"]), resumed.drop(columns=drop))
+
+
+def grader_that_breaks(problems, prompts, completions):  # module level, so that it pickles
+    raise ValueError("the grader broke")
+
+
+def test_an_error_in_the_sampler_process_reaches_the_caller(tmp_path):
+    with pytest.raises(RuntimeError, match="sampler process failed while sampling for step 0") as info:
+        train_grpo(
+            tiny(tmp_path / "broken", sft=WARM, max_steps_off_policy=1, sampler_process=True),
+            reward_fn=grader_that_breaks,
+        )
+    assert "ValueError: the grader broke" in str(info.value)  # the process's traceback
+
+
+def test_the_sampler_process_refuses_what_does_not_pickle(tmp_path):
+    with pytest.raises(TypeError, match="define a reward_fn at module level"):
+        train_grpo(
+            tiny(tmp_path / "lambda", sft=WARM, max_steps_off_policy=1, sampler_process=True),
+            reward_fn=lambda problems, prompts, completions: None,
+        )
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from edurl.llm.off_policy import SamplerProcess\n"
+        "p = SamplerProcess()\n"  # spawn imports this file again in the new process, which starts one again
+        "p.process.join(120)\n"
+        "print('exit code', p.process.exitcode)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert "exit code 1" in done.stdout
+    assert 'if __name__ == "__main__":' in done.stderr
+
+
+def test_packed_rollouts_come_back_equal():
+    datums = [
+        build_datum([1, 2, 3], [4, 5], [-0.5, -0.25], 1.5),
+        build_datum([7], [8, 9, 10], [-1.0, -2.0, -3.0], -0.5),
+    ]
+    rollout = Rollout(step=3, datums=datums, row={"env/all/correct": 0.5}, sampler_version=2)
+    back = unpack_rollout(pickle.loads(pickle.dumps(pack_rollout(rollout))))
+    assert (back.step, back.row, back.sampler_version) == (3, {"env/all/correct": 0.5}, 2)
+    assert [d.model_input for d in back.datums] == [d.model_input for d in datums]
+    for a, b in zip(back.datums, datums):
+        assert list(a.loss_fn_inputs) == list(b.loss_fn_inputs)
+        for key in b.loss_fn_inputs:
+            assert a.loss_fn_inputs[key].dtype == b.loss_fn_inputs[key].dtype
+            assert torch.equal(a.loss_fn_inputs[key], b.loss_fn_inputs[key])
+    empty = unpack_rollout(pack_rollout(Rollout(step=0, datums=[], row={})))
+    assert empty.datums == []
