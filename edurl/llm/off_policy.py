@@ -330,7 +330,6 @@ class SamplerProcess:
 
 def _serve(weights: multiprocessing.Queue, batches: multiprocessing.Queue, stop) -> None:
     """The sampler process: batch s with the weights of step ``max(0, s - k)``, for every step of the run."""
-    batches.cancel_join_thread()  # exit at close even if the trainer left batches unread
     parent = multiprocessing.parent_process()
 
     def receive():
@@ -375,6 +374,12 @@ def _serve(weights: multiprocessing.Queue, batches: multiprocessing.Queue, stop)
             batches.put(("rollout", pickle.dumps(pack_rollout(rollout))))
     except BaseException:
         batches.put(("error", traceback.format_exc()))
+    finally:
+        # a queue hands its messages to the pipe from a thread of its own: stay until the trainer has read them
+        # and says stop (or is gone), or the last batch, or the error, can be lost with this process
+        while not stop.wait(0.5) and (parent is None or parent.is_alive()):
+            pass
+        batches.cancel_join_thread()  # the trainer stopped: what it left unread is not needed
 
 
 def pack_rollout(rollout: Rollout) -> dict:

@@ -4,6 +4,7 @@ own, in a process of its own or in turn, and the run repeats, resumes and fails 
 import pickle
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pandas as pd
@@ -12,7 +13,8 @@ import torch
 
 from edurl.llm.datum import build_datum
 from edurl.llm.grpo import GRPOConfig, Rollout, train_grpo
-from edurl.llm.off_policy import pack_rollout, unpack_rollout
+from edurl.llm.loop import make_training_client
+from edurl.llm.off_policy import ProcessSampler, pack_rollout, unpack_rollout
 
 from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
 
@@ -96,6 +98,23 @@ def test_the_sampler_process_gives_the_batches_of_the_sequential_run(tmp_path):
     # its start-up is logged once, with the first step, and kept out of time/step
     assert process["time/sampler_start"].notna().tolist() == [True] + [False] * 7
     assert process["time/sampler_start"].iloc[0] > 0
+
+
+def test_the_sampler_process_stays_until_the_trainer_stops_it(tmp_path):
+    # it once exited right after queueing the last batch, and a batch large enough was lost on the way
+    trainer, renderer, task = make_training_client(tiny(tmp_path, sft=WARM))
+    config = tiny(tmp_path, sft=WARM, max_steps=2, max_steps_off_policy=1, sampler_process=True)
+    sampler = ProcessSampler(config, trainer, renderer, task)
+    try:
+        for step in range(2):
+            rollout, _ = sampler.next(step)
+            assert rollout.step == step and rollout.datums
+            sampler.publish(step + 1)
+        time.sleep(1.5)
+        assert sampler.process.process.is_alive()
+    finally:
+        sampler.close()
+    assert sampler.process.process.exitcode == 0
 
 
 def test_a_process_sampled_run_resumes_exactly(tmp_path):
