@@ -240,11 +240,15 @@ class ProcessSampler:
         t0 = time.perf_counter()
         self.process = process if process is not None else SamplerProcess()
         self._kept: dict[int, dict[str, torch.Tensor]] = {}
-        self.process.weights.put(("setup", payload))
-        for version, weights in sorted(snapshots.items()):
-            self._send(version, weights)
-        self.publish(start_step)
-        self._receive("ready", "starting")
+        try:
+            self.process.weights.put(("setup", payload))
+            for version, weights in sorted(snapshots.items()):
+                self._send(version, weights)
+            self.publish(start_step)
+            self._receive("ready", "starting")
+        except BaseException:
+            self.process.close()  # it would otherwise wait for a stop that no one sends
+            raise
         self.start_seconds = time.perf_counter() - t0
 
     def version_for(self, step: int) -> int:
@@ -309,6 +313,7 @@ class SamplerProcess:
             raise RuntimeError(_MAIN_GUARD)
         ctx = multiprocessing.get_context("spawn")
         self.weights, self.batches, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        self.weights.cancel_join_thread()  # weights the process never read must not keep this one from exiting
         # everything large goes through the queues, not the arguments: multiprocessing writes the arguments from
         # this thread, and would wait for ever on a large one if the process died before reading it
         self.process = ctx.Process(

@@ -14,7 +14,7 @@ import torch
 from edurl.llm.datum import build_datum
 from edurl.llm.grpo import GRPOConfig, Rollout, train_grpo
 from edurl.llm.loop import make_training_client
-from edurl.llm.off_policy import ProcessSampler, pack_rollout, unpack_rollout
+from edurl.llm.off_policy import ProcessSampler, SamplerProcess, pack_rollout, unpack_rollout
 
 from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
 
@@ -115,6 +115,25 @@ def test_the_sampler_process_stays_until_the_trainer_stops_it(tmp_path):
     finally:
         sampler.close()
     assert sampler.process.process.exitcode == 0
+
+
+def _fail_to_load():
+    raise ValueError("this task cannot be rebuilt in another process")
+
+
+class TaskThatWillNotLoad:  # pickles, but fails to unpickle in the sampler process
+    def __reduce__(self):
+        return (_fail_to_load, ())
+
+
+def test_a_sampler_process_that_fails_to_start_is_stopped(tmp_path):
+    trainer, renderer, _ = make_training_client(tiny(tmp_path, sft=WARM))
+    config = tiny(tmp_path, sft=WARM, max_steps_off_policy=1, sampler_process=True)
+    process = SamplerProcess()
+    with pytest.raises(RuntimeError, match="failed while starting") as info:
+        ProcessSampler(config, trainer, renderer, TaskThatWillNotLoad(), process=process)
+    assert "this task cannot be rebuilt in another process" in str(info.value)
+    assert not process.process.is_alive()  # closed, not left waiting for a stop
 
 
 def test_a_process_sampled_run_resumes_exactly(tmp_path):
