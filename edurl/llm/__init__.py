@@ -58,7 +58,7 @@ from edurl.llm import (
     tokenizer,
 )
 from edurl.llm.clients import AdamParams, SamplingClient, ServiceClient, TrainingClient
-from edurl.llm.datum import Datum, ModelInput, build_datum, build_supervised_datum
+from edurl.llm.datum import Datum, ModelInput, build_datum, build_datums, build_supervised_datum
 from edurl.llm.evaluation import EvalResult, evaluate, sequence_logprobs
 from edurl.llm.grpo import GRPOConfig, GRPOResult, Rollout, collect, grpo_step, train_grpo, update
 from edurl.llm.loop import make_training_client, problem_seed
@@ -125,6 +125,7 @@ __all__ = [
     "build_bpe_tokenizer",
     "build_char_tokenizer",
     "build_datum",
+    "build_datums",
     "build_supervised_datum",
     "build_tiny_lm",
     "evaluate",

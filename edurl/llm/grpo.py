@@ -35,7 +35,7 @@ import torch
 
 from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
-from edurl.llm.datum import Datum, build_datum
+from edurl.llm.datum import Datum, build_datums
 from edurl.llm.distributed import SINGLE, World, init_world, loss_share
 from edurl.llm.loop import GRPOResult, make_training_client, problem_seed, run_training_loop, substeps
 from edurl.llm.renderer import ChatMLRenderer
@@ -280,12 +280,15 @@ def collect(
         else torch.ones(P, dtype=torch.bool, device="cpu")
     )
     # 5. datums
-    datums = [
-        build_datum(prompt, seq.tokens, seq.logprobs, float(adv[i, j]))
+    kept = [
+        (prompt, seq, float(adv[i, j]))
         for i, prompt, response in zip(mine, prompts, responses)
         if keep[i]
         for j, seq in enumerate(response.sequences)
     ]
+    datums = build_datums(
+        [p for p, _, _ in kept], [s.tokens for _, s, _ in kept], [s.logprobs for _, s, _ in kept], [a for *_, a in kept]
+    )
     uniform = rewards.max(1).values == rewards.min(1).values
     formats, tokens = world.sum_floats(
         [sum(g.format for g in grades), sum(len(s.tokens) for r in responses for s in r.sequences)]

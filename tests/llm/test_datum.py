@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from edurl.llm.datum import Datum, ModelInput, build_datum, build_supervised_datum
+from edurl.llm.datum import Datum, ModelInput, build_datum, build_datums, build_supervised_datum
 
 
 def test_layout_hand_computed():
@@ -29,6 +29,40 @@ def test_errors():
         Datum(ModelInput.from_ints([1, 2]), {"advantages": torch.zeros(3)})
     with pytest.raises(TypeError, match="int token ids"):
         ModelInput.from_ints([1.5])
+
+
+def test_build_datums_equals_build_datum_one_by_one():
+    gen = torch.Generator().manual_seed(0)
+    prompts, completions, logprobs, advantages = [], [], [], []
+    for i in range(40):  # prompts of 1-6 tokens, completions of 0-5, as a GRPO batch has
+        n_prompt, n = 1 + i % 6, i % 6
+        prompts.append(torch.randint(0, 100, (n_prompt,), generator=gen).tolist())
+        completions.append(torch.randint(0, 100, (n,), generator=gen).tolist())
+        logprobs.append((-torch.rand(n, generator=gen)).tolist())
+        advantages.append(float(torch.randn(1, generator=gen)))
+    bulk = build_datums(prompts, completions, logprobs, advantages)
+    one_by_one = [build_datum(*args) for args in zip(prompts, completions, logprobs, advantages)]
+    assert len(bulk) == 40
+    for a, b in zip(bulk, one_by_one):
+        assert a.model_input == b.model_input
+        assert list(a.loss_fn_inputs) == list(b.loss_fn_inputs)
+        for key, value in b.loss_fn_inputs.items():
+            assert a.loss_fn_inputs[key].dtype == value.dtype
+            assert torch.equal(a.loss_fn_inputs[key], value)
+    assert build_datums([], [], [], []) == []
+
+
+def test_build_datums_errors():
+    with pytest.raises(ValueError, match="prompt_tokens is empty"):
+        build_datums([[1], []], [[2], [1]], [[0.0], [0.0]], [1.0, 1.0])
+    with pytest.raises(ValueError, match="one log-prob per sampled token"):
+        build_datums([[1]], [[2, 3]], [[0.0]], [1.0])
+    with pytest.raises(ValueError, match="one of each per datum"):
+        build_datums([[1]], [[2]], [[0.0]], [1.0, 2.0])
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        build_datums([[1]], [[2.5]], [[0.0]], [1.0])
+    with pytest.raises(TypeError, match="token ids must be ints"):
+        build_datums([[1.0]], [[]], [[]], [1.0])  # a float first token, which no target holds
 
 
 def test_supervised_layout_hand_computed():
