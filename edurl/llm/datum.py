@@ -131,22 +131,24 @@ def build_datums(
         spans += (len(prompt) - 1, len(completion))  # prompt targets, then actions
     try:  # an array checks every id is an int in C, and fills a tensor far faster than a list does
         flat_targets = (
-            torch.frombuffer(array("q", targets), dtype=torch.long) if targets else torch.zeros(0, dtype=torch.long)
+            torch.frombuffer(array("q", targets), dtype=torch.long)
+            if targets
+            else torch.zeros(0, dtype=torch.long, device="cpu")
         )
         array("q", firsts)
     except TypeError as error:
         raise TypeError(f"token ids must be ints ({error}); pass the token ids as ints") from error
-    counts = torch.tensor(spans, dtype=torch.long)
+    counts = torch.tensor(spans, dtype=torch.long, device="cpu")
     lengths = counts.view(-1, 2).sum(1).tolist()
-    is_action = torch.tensor([False, True]).repeat(len(inputs)).repeat_interleave(counts)
-    per_datum = torch.tensor([float(a) for a in advantages], dtype=torch.float32)
+    is_action = torch.tensor([False, True], device="cpu").repeat(len(inputs)).repeat_interleave(counts)
+    per_datum = torch.tensor([float(a) for a in advantages], dtype=torch.float32, device="cpu")
     fields = {
         "target_tokens": flat_targets.split(lengths),
         "logprobs": torch.frombuffer(array("f", logprobs), dtype=torch.float32).split(lengths)
         if logprobs
-        else torch.zeros(0).split(lengths),
+        else torch.zeros(0, device="cpu").split(lengths),
         "advantages": torch.where(
-            is_action, per_datum.repeat_interleave(torch.tensor(lengths, dtype=torch.long)), 0.0
+            is_action, per_datum.repeat_interleave(torch.tensor(lengths, dtype=torch.long, device="cpu")), 0.0
         ).split(lengths),
         "mask": is_action.float().split(lengths),
     }

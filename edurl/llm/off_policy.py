@@ -400,7 +400,7 @@ def pack_rollout(rollout: Rollout) -> dict:
         "row": rollout.row,
         "sampler_version": rollout.sampler_version,
         "lengths": [d.model_input.length for d in datums],
-        "tokens": torch.tensor([t for d in datums for t in d.model_input.tokens], dtype=torch.long),
+        "tokens": torch.tensor([t for d in datums for t in d.model_input.tokens], dtype=torch.long, device="cpu"),
         "fields": {key: torch.cat([d.loss_fn_inputs[key] for d in datums]) for key in keys},
     }
 
