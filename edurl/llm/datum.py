@@ -72,10 +72,10 @@ class Datum:
         self.loss_fn_inputs = fixed
 
 
-def build_datum(
-    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float], advantage: float
-) -> Datum:
-    """Reference implementation of the datum layout in the module docstring."""
+def _checked_tokens(
+    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float]
+) -> tuple[list[int], list[int]]:
+    """The prompt and completion as lists, once they are known to make a datum."""
     prompt, completion = list(prompt_tokens), list(completion_tokens)
     if not prompt:
         raise ValueError("prompt_tokens is empty; the first action must be predicted from at least one token")
@@ -84,6 +84,14 @@ def build_datum(
             f"{len(sampling_logprobs)} sampling log-probs for {len(completion)} completion tokens; "
             "pass one log-prob per sampled token"
         )
+    return prompt, completion
+
+
+def build_datum(
+    prompt_tokens: Sequence[int], completion_tokens: Sequence[int], sampling_logprobs: Sequence[float], advantage: float
+) -> Datum:
+    """Reference implementation of the datum layout in the module docstring."""
+    prompt, completion = _checked_tokens(prompt_tokens, completion_tokens, sampling_logprobs)
     tokens = prompt + completion
     n_prompt = len(prompt) - 1  # targets that are prompt tokens
     return Datum(
@@ -114,14 +122,7 @@ def build_datums(
         )
     inputs, firsts, targets, logprobs, spans = [], [], [], [], []
     for prompt, completion, lps in zip(prompts, completions, sampling_logprobs):
-        prompt, completion = list(prompt), list(completion)
-        if not prompt:
-            raise ValueError("prompt_tokens is empty; the first action must be predicted from at least one token")
-        if len(lps) != len(completion):
-            raise ValueError(
-                f"{len(lps)} sampling log-probs for {len(completion)} completion tokens; "
-                "pass one log-prob per sampled token"
-            )
+        prompt, completion = _checked_tokens(prompt, completion, lps)
         tokens = prompt + completion
         inputs.append(tuple(tokens[:-1]))
         firsts.append(tokens[0])  # the one token that no target holds
