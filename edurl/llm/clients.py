@@ -344,6 +344,9 @@ class TrainingClient:
             # not in float64: transformers' eager attention takes its softmax in float32, where a float64 mask's
             # lowest value becomes -inf, so a left-padded prompt's padding rows turn to NaN and spread to every row
             eager_short_rows=next(self.model.parameters()).dtype != torch.float64,
+            # the policy's completions run packed (edurl.llm.packed); a reference that is the LoRA adapter
+            # switched off needs the context that _forward enters, so it keeps the model's forward
+            model=self.model if not reference else self._reference,
         )
 
     def _scored(

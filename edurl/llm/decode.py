@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
-__all__ = ["GroupKV", "fast_decoder"]
+__all__ = ["GroupKV", "fast_decoder", "layer_by_layer_lm"]
 
 _ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
 
@@ -52,6 +52,16 @@ def fast_decoder(model: nn.Module) -> GroupKV | None:
 
     Supported: transformers' Llama and Qwen2 causal LMs (the course's tiny model, Qwen2.5, SmolLM2, Llama) with
     the default rotary embedding and full attention in every layer, plain or with peft's LoRA adapters."""
+    lm = layer_by_layer_lm(model)
+    return GroupKV(lm) if lm is not None else None
+
+
+def layer_by_layer_lm(model: nn.Module) -> nn.Module | None:
+    """The transformers causal LM inside ``model`` (under a peft wrapper, or ``model`` itself) when edurl can run
+    its layers one by one from their modules, as :class:`GroupKV` and :mod:`edurl.llm.packed` do; else None.
+
+    Supported: Llama and Qwen2 with the default rotary embedding and full attention in every layer, whose
+    attention is the four projections and nothing else (no q/k norms), plain or with peft's LoRA adapters."""
     lm = _causal_lm(model)
     config = getattr(lm, "config", None)
     if getattr(config, "model_type", None) not in ("llama", "qwen2") or getattr(lm, "model", None) is None:
@@ -69,7 +79,7 @@ def fast_decoder(model: nn.Module) -> GroupKV | None:
             return None  # e.g. q/k norms, or transformers < 4.48, whose attention holds its own rotary module
         if getattr(attn, "head_dim", None) is None or getattr(attn, "scaling", None) is None:
             return None
-    return GroupKV(lm)
+    return lm
 
 
 class GroupKV:

@@ -735,7 +735,15 @@ def reply_logprobs(
     masks = [[0.0] * (len(p) - 1) + [1.0] * len(r) for p, r in zip(prompts, replies)]
     mask, _ = pad(masks, 0, dtype=torch.float32, device=model.device)  # (B, T): 1 on the reply's targets
     logp, _ = token_logprobs(
-        model, ids, attn, targets, mask, share_prompts=share_prompts, pad_token_id=pad_id, model_config=model.config
+        model,
+        ids,
+        attn,
+        targets,
+        mask,
+        share_prompts=share_prompts,
+        pad_token_id=pad_id,
+        model_config=model.config,
+        model=model,  # the replies run packed, without their padding (edurl.llm.packed)
     )
     return torch.where(mask.bool(), logp, torch.zeros_like(logp)).sum(1)
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, cache_utils
 
+from edurl.llm.packed import packed_continuations
 from edurl.llm.padding import pad
 from edurl.objectives import entropy
 
@@ -102,6 +103,7 @@ def token_logprobs(
     pad_token_id: int = 0,
     model_config=None,
     eager_short_rows: bool = False,
+    model: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log pi(targets)`` at every position, (B, T), and the entropy of pi there (or None), both of the
     distribution at ``temperature`` (the one the sampler drew from).
@@ -111,6 +113,10 @@ def token_logprobs(
     (e.g. under gradient checkpointing, which drops the KV cache) scores every row whole. ``model_config`` is
     the model's config, which the KV cache needs. ``eager_short_rows`` runs the shared-prefix passes under
     :func:`short_row_attention` (the training client's choice; whole rows keep the model's attention).
+    ``model``, the module that ``forward`` calls, lets the completions run packed, without their padding
+    (:func:`edurl.llm.packed.packed_continuations`), when it is a model that runs layer by layer there and the
+    rows are short (at most :data:`EAGER_ATTENTION_MAX_TOKENS`) on the CPU; pass it only when ``forward`` is that
+    module's plain call (not, e.g., under a context that switches its LoRA adapter off).
     """
     if not share_prompts:
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
@@ -147,7 +153,17 @@ def token_logprobs(
     # ---- every completion (the rest of its row) reads its prompt's cache
     rest = lengths - first - 1  # (B,)
     Lr = int(rest.max())
-    if Lr > 0:
+    packed = None
+    if Lr > 0 and model is not None and dev.type == "cpu" and T <= EAGER_ATTENTION_MAX_TOKENS:
+        packed = _packed_rest(model, prefix, u, ids, first, rest, Lr)
+    if packed is not None:
+        logits, where = packed  # (N, V) for the N completion tokens, and their flat indices into (B, Lr)
+        logp_r = scaled_log_softmax(logits, temperature)
+        r, c = where // Lr, first[where // Lr] + 1 + where % Lr  # each token's row and column in the datum layout
+        lp = lp.index_put((r, c), logp_r.gather(1, targets[r, c][:, None]).squeeze(1))  # out of place
+        if with_entropy:
+            ent = ent.index_put((r, c), _entropy(logp_r))
+    elif Lr > 0:
         j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
         rmask = (j < rest[:, None]).long()
         rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
@@ -161,6 +177,20 @@ def token_logprobs(
         if with_entropy:
             ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
     return lp, ent
+
+
+def _packed_rest(model, prefix, u, ids, first, rest, Lr: int):
+    """The completions' logits from :func:`edurl.llm.packed.packed_continuations`, or None when ``model`` does
+    not run layer by layer or its cache does not keep its layers' keys and values as tensors."""
+    _, cache, pmask, ppos = prefix
+    layers = getattr(cache, "layers", None)
+    if not layers or any(not isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers):
+        return None
+    j = torch.arange(Lr, device=ids.device)[None]
+    rmask = j < rest[:, None]
+    rids = ids.gather(1, (first[:, None] + 1 + j).clamp(max=ids.shape[1] - 1)) * rmask
+    kv = [(layer.keys, layer.values) for layer in layers]
+    return packed_continuations(model, kv, pmask, ppos[:, -1], u, rids, rmask)
 
 
 def run_prompts(forward, prompts: list, pad_token_id: int, model_config, device):

@@ -1,0 +1,134 @@
+"""edurl.llm.packed: the completions of a batch scored without their padding equal the padded pass (the model's
+own forward against its KV cache) in log-probs, entropy and every parameter's gradient, in float64."""
+
+import copy
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from edurl.llm import shared_prefix
+from edurl.llm.packed import packed_continuations
+from edurl.llm.padding import pad
+from edurl.llm.shared_prefix import token_logprobs
+
+
+def _batch(prompts, tails, order="grouped"):
+    rows = [p + t for p, t in zip(prompts, tails)]
+    masks = [[0] * (len(p) - 1) + [1] * len(t) for p, t in zip(prompts, tails)]
+    if order == "interleaved":
+        rows, masks = rows[0::2] + rows[1::2], masks[0::2] + masks[1::2]
+    ids, attn = pad(rows, 0)
+    targets = torch.roll(ids, -1, dims=1) * attn
+    mask = pad(masks, 0, dtype=torch.float32, length=ids.shape[1])[0]
+    return ids, attn, targets, mask
+
+
+def _scored(model, ids, attn, targets, mask, packed: bool, temperature=1.0):
+    """Log-probs, entropy and the gradient of a weighted sum of the log-probs, with or without packing."""
+    model.zero_grad()
+    lp, ent = token_logprobs(
+        model,
+        ids,
+        attn,
+        targets,
+        mask,
+        model_config=model.config,
+        with_entropy=True,
+        temperature=temperature,
+        model=model if packed else None,
+    )
+    weights = mask * torch.arange(1.0, 1.0 + ids.shape[1], dtype=lp.dtype)  # each position counts differently
+    (lp * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return lp.detach(), ent, grads
+
+
+def _groups(G=3):
+    """Two prompts of different lengths (so the shorter one is left-padded), G completions of different lengths."""
+    prompt_a, prompt_b = [3, 35, 33, 19, 32, 4], [3, 9, 12]
+    tails_a = [[5, 6], [7], [8, 9, 10, 11, 13]][:G]
+    tails_b = [[14, 15, 16], [17, 18, 19, 20], [21]][:G]
+    return [prompt_a] * G + [prompt_b] * G, tails_a + tails_b
+
+
+def _assert_same(a, b):
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = a, b
+    assert torch.allclose(lp_a, lp_b, atol=1e-10, rtol=0)
+    assert torch.allclose(ent_a, ent_b, atol=1e-10, rtol=0)
+    assert g_a.keys() == g_b.keys() and len(g_a) > 0
+    for name in g_a:
+        assert torch.allclose(g_a[name], g_b[name], atol=1e-10, rtol=1e-9), name
+
+
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_completions_equal_the_padded_pass(small_model, order, temperature):
+    model = copy.deepcopy(small_model).double()
+    ids, attn, targets, mask = _batch(*_groups(), order=order)
+    packed = _scored(model, ids, attn, targets, mask, True, temperature)
+    padded = _scored(model, ids, attn, targets, mask, False, temperature)
+    _assert_same(packed, padded)
+
+
+def test_the_packed_pass_runs_only_the_real_tokens(small_model, monkeypatch):
+    """The packed pass is taken (not a silent fallback), and its rows are the completions' real tokens only."""
+    seen = []
+    original = shared_prefix.packed_continuations
+
+    def spy(*args):
+        out = original(*args)
+        seen.append(out[0].shape[0])
+        return out
+
+    monkeypatch.setattr(shared_prefix, "packed_continuations", spy)
+    prompts, tails = _groups()
+    ids, attn, targets, mask = _batch(prompts, tails)
+    token_logprobs(small_model, ids, attn, targets, mask, model_config=small_model.config, model=small_model)
+    # every row's tokens after its prompt, and not the padding up to the longest (5 tokens x 6 rows)
+    assert seen == [sum(len(t) for t in tails)] and seen[0] < 5 * len(tails)
+
+
+def test_grouped_query_attention_and_biases_match(tmp_path):
+    """A Qwen2 model with grouped-query attention (2 key/value heads for 4 query heads) and q/k/v biases."""
+    config = Qwen2Config(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).double()
+    with torch.no_grad():
+        for layer in model.model.layers:  # biases are zero at init: make them count
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    ids, attn, targets, mask = _batch(*_groups())
+    _assert_same(_scored(model, ids, attn, targets, mask, True), _scored(model, ids, attn, targets, mask, False))
+
+
+def test_lora_adapters_are_applied_and_trained(small_model):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        copy.deepcopy(small_model).double(),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)  # B starts at 0: give the adapters an effect
+    ids, attn, targets, mask = _batch(*_groups())
+    packed = _scored(model, ids, attn, targets, mask, True)
+    _assert_same(packed, _scored(model, ids, attn, targets, mask, False))
+    assert all("lora_" in n for n in packed[2])  # only the adapters train
+
+
+def test_an_unsupported_model_gets_none():
+    model = torch.nn.Linear(2, 2)
+    u = torch.zeros(1, dtype=torch.long)
+    ids = torch.ones(1, 2, dtype=torch.long)
+    assert packed_continuations(model, [], torch.ones(1, 3), torch.tensor([2]), u, ids, ids.bool()) is None
