@@ -11,7 +11,10 @@ problems x 8 completions a step as in the rest of Chapter 10, for the same numbe
 
 Steps per second count the steps' wall time only (``time/step``): the held-out evaluations are left out, and so is
 the sampler process's start-up, which overlaps the trainer's own and is printed as ``sampler start s`` (how long
-the trainer waited for it). Held-out pass@1 is greedy on the same 200 test problems. The issue's target: async
+the trainer waited for it). Held-out pass@1 is greedy on the same 200 test problems. ``sync trained`` and ``async trained`` are the
+mean share of a step's sequences in groups with mixed rewards, the only ones the trainer scores: the two arms
+sample different batches, so a run whose groups are more often uniform trains less per step, which moves its
+steps/s for a reason other than concurrency. The issue's target: async
 reaches >= 1.2x the synchronous steps/s on 2 cores, with a final pass@1 within 5 points of the synchronous run's,
 on 3 seeds.
 
@@ -42,6 +45,9 @@ def run(config: GRPOConfig) -> dict:
         "start": result.start.pass_at_1,
         "wait s": float(result.metrics["time/wait"].sum()) if "time/wait" in result.metrics else float("nan"),
         "start s": float(result.metrics["time/sampler_start"].sum()) if "time/sampler_start" in result.metrics else 0.0,
+        # the share of sequences in groups with mixed rewards, the only ones the trainer scores: the two arms
+        # follow different trajectories, so their trainers do different amounts of work per step
+        "trained": float(result.metrics["env/all/by_group/frac_mixed"].mean()),
     }
 
 
@@ -86,6 +92,8 @@ def main(argv=None) -> pd.DataFrame:
                         "gap (points)": 100 * (asyn["pass@1"] - sync["pass@1"]),
                         "trainer waited s": asyn["wait s"],
                         "sampler start s": asyn["start s"],
+                        "sync trained": sync["trained"],
+                        "async trained": asyn["trained"],
                     }
                 )
                 print(pd.DataFrame(rows[-1:]).to_string(index=False, float_format="%.3f"), flush=True)

@@ -19,6 +19,7 @@ give the same update. That share bounds what such a skip could save of forward_b
     python benchmarks/grpo_step_profile.py --sdpa          # forward_backward keeps sdpa attention for short rows
     python benchmarks/grpo_step_profile.py --score-zero-advantage  # score zero-advantage datums (no graph)
     python benchmarks/grpo_step_profile.py --replay-zero-advantage 3  # then A/B/C forward_backward's three modes
+    python benchmarks/grpo_step_profile.py --replay-packed 3  # then A/B completions packed and padded, 1 and 2 threads
 
 Prints ms per step for each piece (median over the steps after the first) and the zero-advantage share over
 the run. One run, one machine: compare pieces within a run.
@@ -111,6 +112,15 @@ def main() -> None:
         "the three ways of treating zero-advantage datums, ROUNDS times: median ms of each",
     )
     parser.add_argument(
+        "--replay-packed",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="afterwards, run the steps' forward_backward calls again on the same batches and weights with the "
+        "completions packed (edurl.llm.packed) and padded (the model's forward), alternating, ROUNDS times, on 1 "
+        "torch thread and on the run's: median ms of each",
+    )
+    parser.add_argument(
         "--sdpa",
         action="store_true",
         help="score training rows with the model's sdpa attention, not eager for short rows (short_row_attention)",
@@ -130,7 +140,7 @@ def main() -> None:
     )
     calls: dict[str, list[float]] = defaultdict(list)
     recorded: list = []
-    with timed_methods(calls, recorded if args.replay_zero_advantage else None):
+    with timed_methods(calls, recorded if args.replay_zero_advantage or args.replay_packed else None):
         result = train_grpo(config)
     m = result.metrics.dropna(subset=["time/sample"]).reset_index(drop=True)
     steps = len(m)
@@ -163,6 +173,9 @@ def main() -> None:
     )
     if args.replay_zero_advantage:
         replay_zero_advantage(recorded[1:], args.replay_zero_advantage, config.num_threads)
+    if args.replay_packed:
+        for threads in sorted({1, config.num_threads}):
+            replay_packed(recorded[1:], args.replay_packed, threads)
 
 
 MODES = {  # (skip_zero_advantage, score_zero_advantage)
@@ -172,23 +185,78 @@ MODES = {  # (skip_zero_advantage, score_zero_advantage)
 }
 
 
-def replay_zero_advantage(recorded: list, rounds: int, threads: int) -> None:
-    """Each recorded ``forward_backward`` call again, on its own batch and the weights it saw, in each of
-    MODES, the modes' order turning every round: the same work per mode, so the medians compare like with like."""
+def _replay(recorded: list, threads: int, set_mode, modes: list, rounds: int) -> dict[str, list[float]]:
+    """Each recorded ``forward_backward`` call again, on its own batch and the weights it saw, in each of ``modes``
+    (``set_mode(mode)`` switches to one), the modes' order turning every round: the same work per mode, so the
+    medians compare like with like. Returns each mode's seconds per call."""
     times: dict[str, list[float]] = defaultdict(list)
-    names = list(MODES)
     with torch_threads(threads):
         for r in range(rounds):
             for trainer, weights, datums, args, kwargs in recorded:
                 with torch.no_grad():
                     for p, w in zip(trainer.model.parameters(), weights):
                         p.copy_(w)
-                for name in names[r % 3 :] + names[: r % 3]:
-                    trainer.skip_zero_advantage, trainer.score_zero_advantage = MODES[name]
+                for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+                    set_mode(trainer, mode)
                     trainer.model.zero_grad()
                     t0 = time.perf_counter()
                     trainer.forward_backward(datums, *args, **kwargs)
-                    times[name].append(time.perf_counter() - t0)
+                    times[mode].append(time.perf_counter() - t0)
+    return times
+
+
+def _padding(recorded: list) -> list[float]:
+    """For each recorded batch, the share of the padded completion pass's rows that were padding: the scored
+    datums (those with a non-zero advantage) each continue their prompt with their sampled tokens after the
+    first, right-padded to the longest."""
+    shares = []
+    for _, _, datums, _, _ in recorded:
+        rest = [
+            int(sum(d.loss_fn_inputs["mask"])) - 1
+            for d in datums
+            if any(a != 0 for a in d.loss_fn_inputs["advantages"].tolist())
+        ]
+        if rest and max(rest) > 0:
+            shares.append(1 - sum(rest) / (len(rest) * max(rest)))
+    return shares
+
+
+def replay_packed(recorded: list, rounds: int, threads: int) -> None:
+    """The recorded ``forward_backward`` calls with the completions packed and padded (``token_logprobs`` with
+    and without its ``model``), alternating."""
+    packed = shared_prefix.packed_continuations
+    scorers = {  # token_logprobs falls back to the model's forward when the packed pass returns None
+        "completions padded (the model's forward)": lambda *args: None,
+        "completions packed (edurl.llm.packed)": packed,
+    }
+    modes = list(scorers)
+
+    def set_mode(trainer, mode):
+        shared_prefix.packed_continuations = scorers[mode]
+
+    try:
+        times = _replay(recorded, threads, set_mode, modes, rounds)
+    finally:
+        shared_prefix.packed_continuations = packed
+    base = float(np.median(times[modes[0]]))
+    print(f"completion rows that were padding in the padded pass: median {np.median(_padding(recorded)):.0%} a step")
+    print(
+        f"forward_backward on the same {len(recorded)} batches, {rounds} rounds, {threads} torch thread(s), alternating:"
+    )
+    for mode in modes:
+        ms = float(np.median(times[mode]))
+        print(f"  {mode:<48} {ms * 1e3:7.1f}  {ms / base:5.2f}x")
+
+
+def replay_zero_advantage(recorded: list, rounds: int, threads: int) -> None:
+    """Each recorded ``forward_backward`` call again, on its own batch and the weights it saw, in each of
+    MODES, the modes' order turning every round: the same work per mode, so the medians compare like with like."""
+    names = list(MODES)
+
+    def set_mode(trainer, name):
+        trainer.skip_zero_advantage, trainer.score_zero_advantage = MODES[name]
+
+    times = _replay(recorded, threads, set_mode, names, rounds)
     base = float(np.median(times[names[0]]))
     print(
         f"forward_backward on the same {len(recorded)} batches, {rounds} rounds, modes alternating "
