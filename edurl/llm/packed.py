@@ -70,7 +70,7 @@ def packed_continuations(
     G = B // U
     if not (G * U == B and torch.equal(u, torch.arange(U, device=dev).repeat_interleave(G))):
         # rows not in groups of G per prompt (GRPO's order): give each row its own copy of its prompt
-        prompt_kv = [(k[u], v[u]) for k, v in prompt_kv]
+        prompt_kv = [(k.index_select(0, u), v.index_select(0, u)) for k, v in prompt_kv]
         prompt_mask, U, G = prompt_mask[u], B, 1
     # each token's place in the attention's layout (U, heads, G, Lr, head_dim), per head: a row of its
     # (U * heads * G * Lr, head_dim) flattening; token n's head h at place[n, h]

@@ -132,3 +132,21 @@ def test_an_unsupported_model_gets_none():
     u = torch.zeros(1, dtype=torch.long)
     ids = torch.ones(1, 2, dtype=torch.long)
     assert packed_continuations(model, [], torch.ones(1, 3), torch.tensor([2]), u, ids, ids.bool()) is None
+
+
+def test_rows_out_of_group_order_give_the_same_gradient_every_time(small_model):
+    """Rows not in GRPO's group order (e.g. a mixed group that lost a datum whose advantage was exactly 0) give
+    each row its prompt's keys by index_select, whose backward pass sums into the prompts in a fixed order. An
+    advanced index (``keys[u]``) there summed in an order that changed from call to call on 2 threads: a 150-step
+    GRPO run stopped repeating itself at step 138."""
+    from edurl.utils import torch_threads
+
+    prompts = [[3, 35, 33, 19, 32, 4], [3, 9, 12], [3, 7, 7, 8]]
+    tails = [[5 + (i % 7), 6, 7 + (i % 3), 8][: 1 + i % 4] for i in range(240)]
+    ids, attn, targets, mask = _batch([prompts[i % 3] for i in range(240)], tails)  # interleaved: 0, 1, 2, 0, ...
+    with torch_threads(2):
+        grads = [torch.cat([g.flatten() for g in _scored(small_model, ids, attn, targets, mask, True)[2].values()])]
+        for _ in range(5):
+            again = _scored(small_model, ids, attn, targets, mask, True)[2]
+            grads.append(torch.cat([g.flatten() for g in again.values()]))
+    assert all(torch.equal(grads[0], g) for g in grads[1:])
