@@ -48,12 +48,14 @@ def packed_continuations(
     padded with ``prompt_mask`` (U, Lp); ``prompt_end`` (U,) is the position id of each prompt's last token.
     Row b (of B) continues prompt ``u[b]`` with ``rest_ids[b]`` (B, Lr), right-padded with ``rest_mask``.
     Returns ``(logits, where)``: the next-token logits of the N real continuation tokens, (N, vocab), in row-major
-    order, and their flat indices into (B, Lr). None when ``model`` is not one that runs layer by layer here
-    (the caller then uses the model's forward)."""
+    order, and their flat indices into (B, Lr). None when ``model`` is not one that runs layer by layer here, or
+    when it is training with attention dropout (the caller then uses the model's forward)."""
     lm = layer_by_layer_lm(model)
     if lm is None:
         return None
     layers = list(lm.model.layers)
+    if any(layer.self_attn.training and getattr(layer.self_attn, "attention_dropout", 0.0) for layer in layers):
+        return None  # the model's forward drops attention weights at random in training; this pass does not
     if len(prompt_kv) != len(layers):
         raise ValueError(f"prompt_kv has {len(prompt_kv)} layers; the model has {len(layers)}")
     B, Lr = rest_ids.shape

@@ -150,3 +150,21 @@ def test_rows_out_of_group_order_give_the_same_gradient_every_time(small_model):
             again = _scored(small_model, ids, attn, targets, mask, True)[2]
             grads.append(torch.cat([g.flatten() for g in again.values()]))
     assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+def test_a_model_training_with_attention_dropout_keeps_its_forward(small_model):
+    """The packed pass has no attention dropout, so a model that would drop attention weights gets None (the
+    caller falls back to the model's forward); the training client switches dropout off, so it packs."""
+    model = copy.deepcopy(small_model).train()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    prompts, tails = _groups()
+    ids, attn, targets, mask = _batch(prompts, tails)
+    heads = model.config.num_key_value_heads
+    kv = torch.zeros(2, heads, 6, model.config.hidden_size // model.config.num_attention_heads)
+    cache_kv = [(kv, kv)] * len(model.model.layers)
+    args = (cache_kv, torch.ones(2, 6), torch.tensor([5, 5]), torch.tensor([0, 0, 0, 1, 1, 1]))
+    rest = ids[:, 6:9]
+    assert packed_continuations(model, *args, rest, torch.ones_like(rest)) is None
+    model.eval()
+    assert packed_continuations(model, *args, rest, torch.ones_like(rest)) is not None
