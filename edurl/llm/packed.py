@@ -2,15 +2,16 @@
 
 :func:`edurl.llm.shared_prefix.token_logprobs` runs each distinct prompt once, then every datum's completion
 against its prompt's keys and values. Through the model's own forward, the completions are right-padded to the
-longest one, and each layer's projections and MLP run on the padding too: in a GRPO step of 32 x 8 on the course's
-model, 14-20 % of the rows are padding (benchmarks/README.md, "The sixth cut"). Here, for the Llama-family models
-that :func:`edurl.llm.decode.layer_by_layer_lm` accepts, the layers run from their own modules (LoRA adapters
-included) on the N real completion tokens only::
+longest one, and each layer's projections and MLP run on the padding too: in GRPO steps of 32 x 8 on the course's
+model, a median 11 % of the completion rows were padding (benchmarks/README.md, "The sixth cut"), and the KV cache
+copied each prompt's keys and values once per completion. Here, for the Llama-family models that
+:func:`edurl.llm.decode.layer_by_layer_lm` accepts, the layers run from their own modules (LoRA adapters included)
+on the N real completion tokens only::
 
     h = embed(tokens)                                   (N, hidden): the batch's completion tokens, end to end
     for each layer:
         q, k, v = projections(norm(h)), rotated at each token's position          (N, heads, head_dim)
-        spread q, k, v into their rows, (B, heads, Lr, head_dim), for the attention alone
+        spread q, k, v into rows, (U prompts, heads, G rows each, Lr, head_dim), for the attention alone
         scores = [q . prompt keys of the row's prompt | q . the row's own keys, causal]
                  (a group's G rows meet their prompt's keys in one matrix product, without G copies of them)
         a = softmax(scores) @ [prompt values | the row's own values], gathered back to (N, heads * head_dim)
