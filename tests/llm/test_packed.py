@@ -135,7 +135,7 @@ def test_an_unsupported_model_gets_none():
 
 
 def test_rows_out_of_group_order_give_the_same_gradient_every_time(small_model):
-    """Rows not in GRPO's group order (e.g. a mixed group that lost a datum whose advantage was exactly 0) give
+    """Rows not in GRPO's group order (e.g. two problems of a batch that are the same, whose prompt then has 2G rows) give
     each row its prompt's keys by index_select, whose backward pass sums into the prompts in a fixed order. An
     advanced index (``keys[u]``) there summed in an order that changed from call to call on 2 threads: a 150-step
     GRPO run stopped repeating itself at step 138."""
