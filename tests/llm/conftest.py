@@ -1,11 +1,36 @@
 import pytest
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
 from edurl.llm.tokenizer import build_bpe_tokenizer, build_char_tokenizer
 
 SMALL = TinyLMConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+def random_llama_family(arch: str, dtype=torch.float32, **overrides):
+    """A random model: 4 query heads over 2 key/value heads (grouped-query attention); Qwen2 has q/k/v biases."""
+    kw = dict(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    kw.update(overrides)
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**kw)).to(dtype).eval()
+    if arch == "qwen2":  # make the biases matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    return model
+
 
 # A Qwen2.5-style ChatML template with a default system message, written for these tests.
 QWEN_STYLE_TEMPLATE = (

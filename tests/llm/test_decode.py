@@ -4,37 +4,14 @@ import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache
 
 from edurl.llm.decode import GroupKV, fast_decoder
 from edurl.llm.policy import wrap_lora
 from edurl.llm.sampling import PrefixCache, SamplingParams, _layer_kv, sample
 from edurl.llm.shared_prefix import CACHE_ARG
 
-
-def _model(arch: str, dtype=torch.float32, **overrides):
-    """A random model: 4 query heads over 2 key/value heads (grouped-query attention); Qwen2 has q/k/v biases."""
-    kw = dict(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    kw.update(overrides)
-    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    torch.manual_seed(0)
-    model = model_cls(config_cls(**kw)).to(dtype).eval()
-    if arch == "qwen2":  # make the biases matter
-        for layer in model.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                torch.nn.init.normal_(proj.bias, std=0.5)
-    return model
-
+from .conftest import random_llama_family as _model
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
 

@@ -5,12 +5,13 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from edurl.llm import shared_prefix
 from edurl.llm.packed import packed_continuations
 from edurl.llm.padding import pad
 from edurl.llm.shared_prefix import token_logprobs
+
+from .conftest import random_llama_family
 
 
 def _batch(prompts, tails, order="grouped"):
@@ -90,23 +91,9 @@ def test_the_packed_pass_runs_only_the_real_tokens(small_model, monkeypatch):
     assert seen == [sum(len(t) for t in tails)] and seen[0] < 5 * len(tails)
 
 
-def test_grouped_query_attention_and_biases_match(tmp_path):
+def test_grouped_query_attention_and_biases_match():
     """A Qwen2 model with grouped-query attention (2 key/value heads for 4 query heads) and q/k/v biases."""
-    config = Qwen2Config(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).double()
-    with torch.no_grad():
-        for layer in model.model.layers:  # biases are zero at init: make them count
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
+    model = random_llama_family("qwen2", torch.float64)  # its q/k/v biases drawn so that they count
     ids, attn, targets, mask = _batch(*_groups())
     _assert_same(_scored(model, ids, attn, targets, mask, True), _scored(model, ids, attn, targets, mask, False))
 
