@@ -19,7 +19,7 @@ give the same update. That share bounds what such a skip could save of forward_b
     python benchmarks/grpo_step_profile.py --sdpa          # forward_backward keeps sdpa attention for short rows
     python benchmarks/grpo_step_profile.py --score-zero-advantage  # score zero-advantage datums (no graph)
     python benchmarks/grpo_step_profile.py --replay-zero-advantage 3  # then A/B/C forward_backward's three modes
-    python benchmarks/grpo_step_profile.py --replay-packed 3  # then A/B completions packed and padded, 1 and 2 threads
+    python benchmarks/grpo_step_profile.py --replay-packed 3  # then A/B packed and the model's forward, 1 and 2 threads
 
 Prints ms per step for each piece (median over the steps after the first) and the zero-advantage share over
 the run. One run, one machine: compare pieces within a run.
@@ -117,7 +117,8 @@ def main() -> None:
         default=0,
         metavar="ROUNDS",
         help="afterwards, run the steps' forward_backward calls again on the same batches and weights with the "
-        "completions packed (edurl.llm.packed) and padded (the model's forward), alternating, ROUNDS times, on 1 "
+        "prompts and completions packed (edurl.llm.packed) and through the model's forward (prompts, then padded "
+        "completions), alternating, ROUNDS times, on 1 "
         "torch thread and on the run's: median ms of each",
     )
     parser.add_argument(
@@ -222,22 +223,22 @@ def _padding(recorded: list) -> list[float]:
 
 
 def replay_packed(recorded: list, rounds: int, threads: int) -> None:
-    """The recorded ``forward_backward`` calls with the completions packed and padded (``token_logprobs`` with
-    and without its ``model``), alternating."""
-    packed = shared_prefix.packed_continuations
+    """The recorded ``forward_backward`` calls packed and through the model's forward (``token_logprobs`` with and
+    without its packed pass), alternating."""
+    packed = shared_prefix.packed_logits
     scorers = {  # token_logprobs falls back to the model's forward when the packed pass returns None
-        "completions padded (the model's forward)": lambda *args: None,
-        "completions packed (edurl.llm.packed)": packed,
+        "model's forward (prompts, then padded completions)": lambda *args, **kwargs: None,
+        "prompts and completions packed (edurl.llm.packed)": packed,
     }
     modes = list(scorers)
 
     def set_mode(trainer, mode):
-        shared_prefix.packed_continuations = scorers[mode]
+        shared_prefix.packed_logits = scorers[mode]
 
     try:
         times = _replay(recorded, threads, set_mode, modes, rounds)
     finally:
-        shared_prefix.packed_continuations = packed
+        shared_prefix.packed_logits = packed
     base = float(np.median(times[modes[0]]))
     print(f"completion rows that were padding in the padded pass: median {np.median(_padding(recorded)):.0%} a step")
     print(
@@ -245,7 +246,7 @@ def replay_packed(recorded: list, rounds: int, threads: int) -> None:
     )
     for mode in modes:
         ms = float(np.median(times[mode]))
-        print(f"  {mode:<48} {ms * 1e3:7.1f}  {ms / base:5.2f}x")
+        print(f"  {mode:<52} {ms * 1e3:7.1f}  {ms / base:5.2f}x")
 
 
 def replay_zero_advantage(recorded: list, rounds: int, threads: int) -> None:

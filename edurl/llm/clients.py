@@ -33,6 +33,7 @@ What each call does here:
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 from collections.abc import Hashable, Sequence
@@ -321,12 +322,20 @@ class TrainingClient:
         raise ValueError("this training client has no reference model; create it with keep_reference=True")
 
     def _train_logprobs(
-        self, ids, attn, targets, mask, with_entropy: bool = False, reference: bool = False, temperature: float = 1.0
+        self,
+        ids,
+        attn,
+        targets,
+        mask,
+        with_entropy: bool = False,
+        reference: bool = False,
+        temperature: float = 1.0,
+        prompt_grad: bool = True,
     ):
         """:func:`edurl.llm.shared_prefix.token_logprobs` with this client's model: (B, T) log-probs and entropy
         (or None). Gradient checkpointing (which drops the KV cache while training) scores every row whole. On the
         CPU, shared-prefix passes over short rows run with eager attention (``short_row_attention``), faster there,
-        except in float64."""
+        except in float64. ``prompt_grad=False``: the loss reads nothing before a row's first ``mask`` position."""
         checkpointing = self.model.training and any(
             getattr(m, "gradient_checkpointing", False) for m in self.model.modules()
         )
@@ -347,6 +356,7 @@ class TrainingClient:
             # the policy's completions run packed (edurl.llm.packed); a reference that is the LoRA adapter
             # switched off needs the context that _forward enters, so it keeps the model's forward
             model=self.model if not reference else self._reference,
+            prompt_grad=prompt_grad,
         )
 
     def _scored(
@@ -358,28 +368,28 @@ class TrainingClient:
         temperature: float,
         no_grad_rows: torch.Tensor | None,
         stand_in: torch.Tensor | None = None,
+        prompt_grad: bool = True,
     ):
         """(B, T) training log-probs and entropy for ``forward_backward``: one pass with gradients, or, when some
         but not all rows are in ``no_grad_rows``, those rows in a pass without a graph and the rest with one,
         put back in their places (the values are the same up to rounding: the batches are only split). With
         ``stand_in`` ((B, T), e.g. the sampler's log-probs), the ``no_grad_rows`` are not scored: their log-probs
-        are taken from it, with no graph, and their entropy is 0."""
+        are taken from it, with no graph, and their entropy is 0. ``prompt_grad`` goes to :meth:`_train_logprobs`."""
+        score = functools.partial(
+            self._train_logprobs, with_entropy=True, temperature=temperature, prompt_grad=prompt_grad
+        )
         if no_grad_rows is None or not no_grad_rows.any() or no_grad_rows.all():
-            return self._train_logprobs(ids, attn, targets, split, with_entropy=True, temperature=temperature)
+            return score(ids, attn, targets, split)
         if stand_in is not None:
             rows = (~no_grad_rows).nonzero().squeeze(1)
-            lp, ent = self._train_logprobs(
-                ids[rows], attn[rows], targets[rows], split[rows], with_entropy=True, temperature=temperature
-            )
+            lp, ent = score(ids[rows], attn[rows], targets[rows], split[rows])
             lp_all = stand_in.to(lp.dtype).index_copy(0, rows, lp)  # out of place: the scored rows keep their graph
             ent_all = torch.zeros_like(lp_all).index_copy(0, rows, ent.detach())
             return lp_all, ent_all
         parts = []
         for rows, grad in ((no_grad_rows.nonzero().squeeze(1), False), ((~no_grad_rows).nonzero().squeeze(1), True)):
             with torch.set_grad_enabled(grad):
-                lp, ent = self._train_logprobs(
-                    ids[rows], attn[rows], targets[rows], split[rows], with_entropy=True, temperature=temperature
-                )
+                lp, ent = score(ids[rows], attn[rows], targets[rows], split[rows])
             parts.append((rows, lp, ent))
         B, T = ids.shape
         lp_all, ent_all = (torch.zeros(B, T, dtype=parts[1][1].dtype, device=ids.device) for _ in range(2))
@@ -462,6 +472,9 @@ class TrainingClient:
         ids, attn, f = self._batch(datums)
         mask = self._mask(datums, f, rl)
         split = _prompt_split(f, mask)
+        # whether the loss reads a position before a row's split (a Tinker datum's mask covers its prompt; edurl's
+        # datums mask it): if not, none of those log-probs needs a gradient
+        prompt_grad = bool((mask.bool() & (split.cumsum(1) == 0)).any())
         no_grad_rows, unscored = None, None
         if rl and self.skip_zero_advantage and loss_fn in L.ZERO_AT_ZERO_ADVANTAGE and kl_coef == 0:
             no_grad_rows = ((f["advantages"] * mask) == 0).all(1)  # (B,) datums with no gradient to give
@@ -476,6 +489,7 @@ class TrainingClient:
             no_grad_rows,
             # ratio 1 and advantage 0 on the unscored rows: their per-token loss is exactly 0 for these losses
             stand_in=f["logprobs"] if unscored is not None else None,
+            prompt_grad=prompt_grad,
         )
         metric_mask = mask if unscored is None else mask * (~unscored).unsqueeze(1).to(mask.dtype)
         if rl:

@@ -1,26 +1,30 @@
-"""Training's completion pass without padding: every completion token of a batch in one row of tokens.
+"""Training's pass without padding: a batch's prompts and completions in one row of tokens per layer.
 
 :func:`edurl.llm.shared_prefix.token_logprobs` runs each distinct prompt once, then every datum's completion
-against its prompt's keys and values. Through the model's own forward, the completions are right-padded to the
-longest one, and each layer's projections and MLP run on the padding too: in GRPO steps of 32 x 8 on the course's
-model, a median 11 % of the completion rows were padding (benchmarks/README.md, "The sixth cut"), and the KV cache
-copied each prompt's keys and values once per completion. Here, for the Llama-family models that
-:func:`edurl.llm.decode.layer_by_layer_lm` accepts, the layers run from their own modules (LoRA adapters included)
-on the N real completion tokens only::
+against its prompt's keys and values. Through the model's own forward that takes two passes, the prompts' and the
+completions', and the completions are right-padded to the longest one, so each layer's projections and MLP run on
+the padding too: in GRPO steps of 32 x 8 on the course's model, a median 11 % of the completion rows were padding
+(benchmarks/README.md, "The sixth cut"), and the KV cache copied each prompt's keys and values once per completion.
+Here, for the Llama-family models that :func:`edurl.llm.decode.layer_by_layer_lm` accepts, the layers run from
+their own modules (LoRA adapters included), once, on the M = U * Lp prompt positions and the N real completion
+tokens together::
 
-    h = embed(tokens)                                   (N, hidden): the batch's completion tokens, end to end
+    h = embed([prompt tokens | completion tokens])      (M + N, hidden): the batch's tokens, end to end
     for each layer:
-        q, k, v = projections(norm(h)), rotated at each token's position          (N, heads, head_dim)
-        spread q, k, v into rows, (U prompts, heads, G rows each, Lr, head_dim), for the attention alone
-        scores = [q . prompt keys of the row's prompt | q . the row's own keys, causal]
-                 (a group's G rows meet their prompt's keys in one matrix product, without G copies of them)
-        a = softmax(scores) @ [prompt values | the row's own values], gathered back to (N, heads * head_dim)
-        h = h + o_proj(a);  h = h + mlp(norm(h))
-    logits = lm_head(norm(h))                           (N, vocab)
+        q, k, v = projections(norm(h)), rotated at each token's position          (M + N, heads, head_dim)
+        the prompts: causal attention within each prompt, (U, heads, Lp, Lp); left padding gets none
+        the completions: q, k, v spread into rows, (U prompts, heads, G rows each, Lr, head_dim), for the
+            attention alone
+            scores = [q . prompt keys of the row's prompt | q . the row's own keys, causal]
+                     (a group's G rows meet their prompt's keys in one matrix product, without G copies of them)
+            a = softmax(scores) @ [prompt values | the row's own values], gathered back to (N, heads * head_dim)
+        h = h + o_proj([a of the prompts | a of the completions]);  h = h + mlp(norm(h))
+    logits = lm_head(norm(h))                           (U, Lp, vocab) and (N, vocab)
 
-It is the model's arithmetic in another order, so the log-probs and gradients equal those of the padded pass up to
-rounding (tests/llm/test_packed.py checks them in float64). The attention itself still runs on the padded layout,
-where its scores are a small matrix per row; the projections and MLP, which hold most of the work, do not.
+It is the model's arithmetic in another order, so the log-probs and gradients equal those of the model's forward
+up to rounding (tests/llm/test_packed.py checks them in float64). The attention itself runs on padded layouts,
+where its scores are a small matrix per row; the projections and MLP, which hold most of the work, run once per
+layer on real tokens (and the prompts' few left-padding positions).
 """
 
 from __future__ import annotations
@@ -31,89 +35,145 @@ from transformers.models.llama.modeling_llama import rotate_half
 
 from edurl.llm.decode import layer_by_layer_lm
 
-__all__ = ["packed_continuations"]
+__all__ = ["packed_lm", "packed_logits"]
 
 
-def packed_continuations(
-    model: nn.Module,
-    prompt_kv: list[tuple[torch.Tensor, torch.Tensor]],
-    prompt_mask: torch.Tensor,
-    prompt_end: torch.Tensor,
-    u: torch.Tensor,
-    rest_ids: torch.Tensor,
-    rest_mask: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Run each row's continuation against its prompt's keys and values, on the real tokens only.
-
-    ``prompt_kv`` holds each layer's (keys, values) of the U distinct prompts, (U, kv_heads, Lp, head_dim), left-
-    padded with ``prompt_mask`` (U, Lp); ``prompt_end`` (U,) is the position id of each prompt's last token.
-    Row b (of B) continues prompt ``u[b]`` with ``rest_ids[b]`` (B, Lr), right-padded with ``rest_mask``.
-    Returns ``(logits, where)``: the next-token logits of the N real continuation tokens, (N, vocab), in row-major
-    order, and their flat indices into (B, Lr). None when ``model`` is not one that runs layer by layer here, or
-    when it is training with attention dropout (the caller then uses the model's forward)."""
+def packed_lm(model: nn.Module) -> nn.Module | None:
+    """The causal LM inside ``model`` that :func:`packed_logits` runs layer by layer, or None: a model that
+    :func:`edurl.llm.decode.layer_by_layer_lm` does not accept, or one training with attention dropout (the model's
+    forward drops attention weights at random in training; this pass does not)."""
     lm = layer_by_layer_lm(model)
     if lm is None:
         return None
-    layers = list(lm.model.layers)
-    if any(layer.self_attn.training and getattr(layer.self_attn, "attention_dropout", 0.0) for layer in layers):
-        return None  # the model's forward drops attention weights at random in training; this pass does not
-    if len(prompt_kv) != len(layers):
-        raise ValueError(f"prompt_kv has {len(prompt_kv)} layers; the model has {len(layers)}")
+    if any(
+        layer.self_attn.training and getattr(layer.self_attn, "attention_dropout", 0.0) for layer in lm.model.layers
+    ):
+        return None
+    return lm
+
+
+def packed_logits(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    u: torch.Tensor,
+    rest_ids: torch.Tensor,
+    rest_mask: torch.Tensor,
+    prompt_grad: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The U distinct prompts, and each row's continuation of its prompt, in one pass on their real tokens.
+
+    ``prompt_ids`` (U, Lp) are left-padded, with ``prompt_mask`` (1 on real tokens); their position ids count the
+    real tokens from 0, as the model's forward gives them. Row b (of B) continues prompt ``u[b]`` with
+    ``rest_ids[b]`` (B, Lr), right-padded with ``rest_mask``. Returns ``(prompt_logits, logits, where)``: the
+    prompts' next-token logits (U, Lp, vocab), the N real continuation tokens' (N, vocab) in row-major order, and
+    their flat indices into (B, Lr). None when :func:`packed_lm` does not run ``model`` (the caller then uses the
+    model's forward).
+
+    ``prompt_grad=False``: the caller needs no gradient through the prompts' logits but their last column's (the
+    first completion token's), as when a loss reads no prompt position. The other prompt logits then come without a
+    graph, and the top layer's output projection, MLP and LM head run their backward on the last column and the
+    continuations alone: the prompt positions feed the completions only through their keys and values below."""
+    lm = packed_lm(model)
+    if lm is None:
+        return None
     B, Lr = rest_ids.shape
     U, Lp = prompt_mask.shape
+    M = U * Lp
     dev = rest_ids.device
-    where = rest_mask.flatten().nonzero().squeeze(1)  # (N,) flat indices of the real tokens
+    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (U, Lp)
+    where = rest_mask.flatten().nonzero().squeeze(1)  # (N,) flat indices of the real continuation tokens
+    N = len(where)
     j = torch.arange(Lr, device=dev)
-    positions = (prompt_end[u][:, None] + 1 + j).flatten()[where]  # (N,)
-    h = lm.model.embed_tokens(rest_ids.flatten()[where])[None]  # (1, N, hidden)
+    positions = torch.cat([prompt_pos.flatten(), (prompt_pos[u, -1:] + 1 + j).flatten()[where]])  # (M + N,)
+    h = lm.model.embed_tokens(torch.cat([prompt_ids.flatten(), rest_ids.flatten()[where]]))[None]
     cos, sin = lm.model.rotary_emb(h, positions[None])
-    cos, sin = cos[0, :, None], sin[0, :, None]  # (N, 1, head_dim): broadcast over heads
+    cos, sin = cos[0, :, None], sin[0, :, None]  # (M + N, 1, head_dim): broadcast over heads
     dtype = h.dtype
     soft_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     G = B // U
-    if not (G * U == B and torch.equal(u, torch.arange(U, device=dev).repeat_interleave(G))):
-        # rows not in groups of G per prompt (GRPO's order): give each row its own copy of its prompt
-        prompt_kv = [(k.index_select(0, u), v.index_select(0, u)) for k, v in prompt_kv]
-        prompt_mask, U, G = prompt_mask[u], B, 1
-    # each token's place in the attention's layout (U, heads, G, Lr, head_dim), per head: a row of its
-    # (U * heads * G * Lr, head_dim) flattening; token n's head h at place[n, h]
+    grouped = G * U == B and torch.equal(u, torch.arange(U, device=dev).repeat_interleave(G))
+    # rows not in groups of G per prompt (GRPO's order) get their own copy of their prompt's keys
+    Ur, Gr = (U, G) if grouped else (B, 1)
+    # each continuation token's place in the attention's layout (Ur, heads, Gr, Lr, head_dim), per head: a row of
+    # its (Ur * heads * Gr * Lr, head_dim) flattening; token n's head h at place[n, h]
     row, col = where // Lr, where % Lr
     heads = torch.arange(lm.config.num_attention_heads, device=dev)
-    place = ((((row // G)[:, None] * len(heads) + heads) * G + (row % G)[:, None]) * Lr + col[:, None]).flatten()
-    # the additive mask over [prompt columns | the row's own columns]: padding and the future get no attention
-    prompt_bias = torch.zeros(U, Lp, dtype=dtype, device=dev).masked_fill_(~prompt_mask.bool(), float("-inf"))
+    place = ((((row // Gr)[:, None] * len(heads) + heads) * Gr + (row % Gr)[:, None]) * Lr + col[:, None]).flatten()
+    # additive masks: a prompt position sees the real positions up to it (a padding position only itself, so that
+    # its softmax stays finite; nothing reads its output); a continuation token sees its prompt's real positions
+    # and its own row up to it
+    real = prompt_mask.bool()
+    sees = torch.ones(Lp, Lp, dtype=torch.bool, device=dev).tril_() & real[:, None, :]
+    sees |= torch.eye(Lp, dtype=torch.bool, device=dev)
+    prompt_bias = torch.zeros(U, 1, Lp, Lp, dtype=dtype, device=dev).masked_fill_(~sees[:, None], float("-inf"))
+    real_keys = real if grouped else real[u]
+    keys_bias = torch.zeros(Ur, Lp, dtype=dtype, device=dev).masked_fill_(~real_keys, float("-inf"))
     own_bias = torch.full((Lr, Lr), float("-inf"), dtype=dtype, device=dev).triu_(1)
-    bias = torch.cat([prompt_bias[:, None, None, None].expand(U, 1, 1, Lr, Lp), own_bias.expand(U, 1, 1, Lr, Lr)], -1)
-    h = h[0]  # (N, hidden)
-    N = len(where)
-    for layer, (pk, pv) in zip(layers, prompt_kv):
+    rest_bias = torch.cat(
+        [keys_bias[:, None, None, None].expand(Ur, 1, 1, Lr, Lp), own_bias.expand(Ur, 1, 1, Lr, Lr)], -1
+    )
+    h = h[0]  # (M + N, hidden)
+    top = len(lm.model.layers) - 1
+    for i, layer in enumerate(lm.model.layers):
         attn = layer.self_attn
         D = attn.head_dim
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(N, -1, D)  # (N, heads, head_dim)
-        k = attn.k_proj(x).view(N, -1, D)  # (N, kv_heads, head_dim)
-        v = attn.v_proj(x).view(N, -1, D)
+        q = attn.q_proj(x).view(M + N, -1, D)  # (M + N, heads, head_dim)
+        k = attn.k_proj(x).view(M + N, -1, D)  # (M + N, kv_heads, head_dim)
+        v = attn.v_proj(x).view(M + N, -1, D)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         H = q.shape[1]
         if k.shape[1] != H:  # grouped-query attention: each key/value head serves H / kv_heads query heads
             n = H // k.shape[1]
-            k, v, pk, pv = (
-                k.repeat_interleave(n, 1),
-                v.repeat_interleave(n, 1),
-                pk.repeat_interleave(n, 1),
-                pv.repeat_interleave(n, 1),
-            )
-        q, k, v = (_spread(t, place, U, G, Lr) for t in (q, k, v))  # (U, heads, G, Lr, head_dim)
+            k, v = k.repeat_interleave(n, 1), v.repeat_interleave(n, 1)
+        # the prompts, each within itself
+        qp, kp, vp = (t[:M].view(U, Lp, H, D).transpose(1, 2) for t in (q, k, v))  # (U, heads, Lp, head_dim)
+        p = torch.softmax((qp @ kp.transpose(-1, -2)) * attn.scaling + prompt_bias, -1, dtype=soft_dtype)
+        a_prompts = (p.to(dtype) @ vp).transpose(1, 2).reshape(M, H * D)
+        # the continuations, against their prompt and themselves
+        if not grouped:
+            kp, vp = kp.index_select(0, u), vp.index_select(0, u)
+        qr, kr, vr = (_spread(t[M:], place, Ur, Gr, Lr) for t in (q, k, v))  # (Ur, heads, Gr, Lr, head_dim)
         # a group's G rows meet their prompt's keys in one product: (U, heads, G * Lr, head_dim) @ (U, heads, ., Lp)
-        prompt_scores = (q.view(U, H, G * Lr, D) @ pk.transpose(-1, -2)).view(U, H, G, Lr, Lp)
-        scores = torch.cat([prompt_scores, q @ k.transpose(-1, -2)], -1) * attn.scaling + bias
-        p = torch.softmax(scores, -1, dtype=soft_dtype).to(dtype)  # (U, heads, G, Lr, Lp + Lr)
-        a = (p[..., :Lp].reshape(U, H, G * Lr, Lp) @ pv).view(U, H, G, Lr, D) + p[..., Lp:] @ v
-        a = a.view(-1, D).index_select(0, place).view(N, H * D)  # back to the tokens: (N, heads * head_dim)
+        to_prompt = (qr.view(Ur, H, Gr * Lr, D) @ kp.transpose(-1, -2)).view(Ur, H, Gr, Lr, Lp)
+        scores = torch.cat([to_prompt, qr @ kr.transpose(-1, -2)], -1) * attn.scaling + rest_bias
+        p = torch.softmax(scores, -1, dtype=soft_dtype).to(dtype)  # (Ur, heads, Gr, Lr, Lp + Lr)
+        a = (p[..., :Lp].reshape(Ur, H, Gr * Lr, Lp) @ vp).view(Ur, H, Gr, Lr, D) + p[..., Lp:] @ vr
+        a_rest = a.view(-1, D).index_select(0, place).view(N, H * D)  # back to the tokens: (N, heads * head_dim)
+        a = torch.cat([a_prompts, a_rest])
+        if i == top and not prompt_grad:
+            logits = _top_without_prompt_grad(lm, layer, h, a, U, Lp)
+            break
         h = h + attn.o_proj(a)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return lm.lm_head(lm.model.norm(h)), where
+    else:
+        logits = lm.lm_head(lm.model.norm(h))
+    return logits[:M].view(U, Lp, -1), logits[M:], where
+
+
+def _top_without_prompt_grad(lm: nn.Module, layer: nn.Module, h: torch.Tensor, a: torch.Tensor, U: int, Lp: int):
+    """The top ``layer``'s rest and the LM head, from its input ``h`` and attention output ``a`` (M + N rows, the
+    prompts' first): with a graph for each prompt's last column and the continuations, without one for the other
+    prompt positions. Returns the (M + N, vocab) logits."""
+    dev = h.device
+    last = torch.arange(U, device=dev) * Lp + Lp - 1
+    graph = torch.cat([last, torch.arange(U * Lp, len(h), device=dev)])
+    other = torch.ones(U * Lp, dtype=torch.bool, device=dev)
+    other[last] = False
+    other = other.nonzero().squeeze(1)
+
+    def head(rows):
+        x = h.index_select(0, rows) + layer.self_attn.o_proj(a.index_select(0, rows))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return lm.lm_head(lm.model.norm(x))
+
+    with torch.no_grad():
+        no_graph = head(other)
+    with_graph = head(graph)
+    logits = with_graph.new_empty(len(h), with_graph.shape[1]).index_copy_(0, other, no_graph)
+    return logits.index_copy(0, graph, with_graph)  # out of place: the gradient reaches the graph's rows
 
 
 def _spread(t: torch.Tensor, place: torch.Tensor, U: int, G: int, Lr: int) -> torch.Tensor:

@@ -744,6 +744,7 @@ def reply_logprobs(
         pad_token_id=pad_id,
         model_config=model.config,
         model=model,  # the replies run packed, without their padding (edurl.llm.packed)
+        prompt_grad=False,  # the sum below reads only the replies' positions
     )
     return torch.where(mask.bool(), logp, torch.zeros_like(logp)).sum(1)
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, PreTrainedModel, cache_utils
 
-from edurl.llm.packed import packed_continuations
+from edurl.llm.packed import packed_logits
 from edurl.llm.padding import pad
 from edurl.objectives import entropy
 
@@ -104,6 +104,7 @@ def token_logprobs(
     model_config=None,
     eager_short_rows: bool = False,
     model: torch.nn.Module | None = None,
+    prompt_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log pi(targets)`` at every position, (B, T), and the entropy of pi there (or None), both of the
     distribution at ``temperature`` (the one the sampler drew from).
@@ -113,10 +114,13 @@ def token_logprobs(
     (e.g. under gradient checkpointing, which drops the KV cache) scores every row whole. ``model_config`` is
     the model's config, which the KV cache needs. ``eager_short_rows`` runs the shared-prefix passes under
     :func:`short_row_attention` (the training client's choice; whole rows keep the model's attention).
-    ``model``, the module that ``forward`` calls, lets the completions run packed, without their padding
-    (:func:`edurl.llm.packed.packed_continuations`), when it is a model that runs layer by layer there and the
-    rows are short (at most :data:`EAGER_ATTENTION_MAX_TOKENS`) on the CPU; pass it only when ``forward`` is that
-    module's plain call (not, e.g., under a context that switches its LoRA adapter off).
+    ``model``, the module that ``forward`` calls, lets the prompts and the completions run packed, in one pass
+    without the completions' padding (:func:`edurl.llm.packed.packed_logits`), when it is a model that runs layer by
+    layer there and the rows are short (at most :data:`EAGER_ATTENTION_MAX_TOKENS`) on the CPU; pass it only when
+    ``forward`` is that module's plain call (not, e.g., under a context that switches its LoRA adapter off).
+    ``prompt_grad=False`` promises that the loss reads no log-prob before a row's first ``mask`` position (its own
+    mask is 0 there, as in edurl's datums): the packed pass then returns those without a graph, and saves the top
+    layer's backward pass over the prompts (:func:`edurl.llm.packed.packed_logits`).
     """
     if not share_prompts:
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
@@ -132,13 +136,27 @@ def token_logprobs(
     dev = ids.device
     u = torch.tensor(rows, device=dev)  # (B,) row -> its prompt
     attention = (lambda: short_row_attention(model_config, T, dev)) if eager_short_rows else nullcontext
-    # ---- each distinct prompt once, left-padded so that all of them end in the last column
-    with attention():
-        prefix = run_prompts(forward, list(prompts), pad_token_id, model_config, dev)
-    if prefix is None:  # a model that ignored the cache: fall back rather than drop the prompt
-        return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
-    out_p, _, pmask, _ = prefix
-    logp_p = scaled_log_softmax(out_p.logits, temperature)
+    rest = lengths - first - 1  # (B,) each row's tokens after its prompt
+    Lr = int(rest.max())
+    packed = None
+    if Lr > 0 and model is not None and dev.type == "cpu" and T <= EAGER_ATTENTION_MAX_TOKENS:
+        # the prompts and the completions in one pass, on their real tokens (edurl.llm.packed)
+        pids, pmask = pad([list(p) for p in prompts], pad_token_id, side="left", device=dev)  # (U, Lp)
+        j = torch.arange(Lr, device=dev)[None]
+        rmask = j < rest[:, None]
+        rids = ids.gather(1, (first[:, None] + 1 + j).clamp(max=T - 1)) * rmask  # (B, Lr) each row after its prompt
+        packed = packed_logits(model, pids, pmask, u, rids, rmask, prompt_grad=prompt_grad)
+    if packed is not None:
+        logits_p = packed[0]
+    else:
+        # ---- each distinct prompt once, left-padded so that all of them end in the last column
+        with attention():
+            prefix = run_prompts(forward, list(prompts), pad_token_id, model_config, dev)
+        if prefix is None:  # a model that ignored the cache: fall back rather than drop the prompt
+            return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
+        out_p, _, pmask, _ = prefix
+        logits_p = out_p.logits
+    logp_p = scaled_log_softmax(logits_p, temperature)
     Lp = pmask.shape[1]
     V = logp_p.shape[-1]
     col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
@@ -151,13 +169,8 @@ def token_logprobs(
     if with_entropy:
         ent = torch.where(in_prompt, _entropy(logp_p).flatten()[u[:, None] * Lp + pcol], 0.0)
     # ---- every completion (the rest of its row) reads its prompt's cache
-    rest = lengths - first - 1  # (B,)
-    Lr = int(rest.max())
-    packed = None
-    if Lr > 0 and model is not None and dev.type == "cpu" and T <= EAGER_ATTENTION_MAX_TOKENS:
-        packed = _packed_rest(model, prefix, u, ids, first, rest, Lr)
     if packed is not None:
-        logits, where = packed  # (N, V) for the N completion tokens, and their flat indices into (B, Lr)
+        _, logits, where = packed  # (N, V) for the N completion tokens, and their flat indices into (B, Lr)
         logp_r = scaled_log_softmax(logits, temperature)
         r, c = where // Lr, first[where // Lr] + 1 + where % Lr  # each token's row and column in the datum layout
         lp = lp.index_put((r, c), logp_r.gather(1, targets[r, c][:, None]).squeeze(1))  # out of place
@@ -177,20 +190,6 @@ def token_logprobs(
         if with_entropy:
             ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
     return lp, ent
-
-
-def _packed_rest(model, prefix, u, ids, first, rest, Lr: int):
-    """The completions' logits from :func:`edurl.llm.packed.packed_continuations`, or None when ``model`` does
-    not run layer by layer or its cache does not keep its layers' keys and values as tensors."""
-    _, cache, pmask, ppos = prefix
-    layers = getattr(cache, "layers", None)
-    if not layers or any(not isinstance(getattr(layer, "keys", None), torch.Tensor) for layer in layers):
-        return None
-    j = torch.arange(Lr, device=ids.device)[None]
-    rmask = j < rest[:, None]
-    rids = ids.gather(1, (first[:, None] + 1 + j).clamp(max=ids.shape[1] - 1)) * rmask
-    kv = [(layer.keys, layer.values) for layer in layers]
-    return packed_continuations(model, kv, pmask, ppos[:, -1], u, rids, rmask)
 
 
 def run_prompts(forward, prompts: list, pad_token_id: int, model_config, device):

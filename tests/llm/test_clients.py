@@ -444,11 +444,11 @@ def test_maskless_tinker_style_datums_still_share_their_prompts(small_model, cha
     for d in datums:
         d.loss_fn_inputs["mask"] = torch.ones(d.model_input.length)
     calls = []
-    real = sp.run_prompts
+    real = sp.packed_logits
     monkeypatch.setattr(
         sp,
-        "run_prompts",
-        lambda forward, prompts, *a, **k: calls.append(len(prompts)) or real(forward, prompts, *a, **k),
+        "packed_logits",
+        lambda model, prompt_ids, *a, **k: calls.append(len(prompt_ids)) or real(model, prompt_ids, *a, **k),
     )
     outs = [t.forward_backward(datums, "importance_sampling").result() for t in trainers]
     assert calls == [2], "two distinct prompts, each run once"
@@ -460,6 +460,28 @@ def test_maskless_tinker_style_datums_still_share_their_prompts(small_model, cha
         assert torch.allclose(a["logprobs"], b["logprobs"], atol=1e-5)
     for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
         assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_a_loss_over_the_prompt_keeps_the_prompts_gradient(small_model, char_tokenizer):
+    """A datum whose mask covers its prompt, with a KL term in the loss, puts a gradient on the prompt's positions:
+    forward_backward keeps it (the packed pass's ``prompt_grad``), so the gradient is that of whole rows. With
+    edurl's datums, whose mask leaves the prompt out, the same holds with the prompt's top-layer backward skipped."""
+    service = ServiceClient(device="cpu")
+    trainers = [service.create_training_client((small_model, char_tokenizer)) for _ in range(2)]
+    trainers[1].share_prompts = False
+    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4]])
+    trainers[0].forward_backward(datums, "importance_sampling").result()
+    trainers[0].optim_step(AdamParams(learning_rate=1e-2)).result()  # away from the reference: the KL has a gradient
+    trainers[1].model.load_state_dict(trainers[0].model.state_dict())
+    covering = copy.deepcopy(datums)
+    for d in covering:
+        d.loss_fn_inputs["mask"] = torch.ones(d.model_input.length)
+    for batch in (covering, datums):
+        for t in trainers:
+            t.model.zero_grad(set_to_none=True)
+            t.forward_backward(batch, "importance_sampling", kl_coef=0.5, kl_estimator="k1").result()
+        for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
+            assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
 
 
 def zero_advantage_batch(small_model, char_tokenizer, monkeypatch, loss_fn, first: dict):
@@ -584,7 +606,11 @@ def test_zero_advantage_datums_keep_their_graph_when_their_gradient_is_not_zero(
 
 @pytest.mark.skipif(not _ATTENTION_READ_AT_EACH_CALL, reason="this transformers cannot switch attention per call")
 def test_forward_backward_scores_short_rows_with_eager_attention_and_puts_sdpa_back(trainer, monkeypatch):
-    """edurl.llm.shared_prefix.short_row_attention around the training pass: eager inside, sdpa after."""
+    """edurl.llm.shared_prefix.short_row_attention around the training pass through the model's forward (a model
+    that the packed pass does not run, here made so): eager inside, sdpa after."""
+    import edurl.llm.shared_prefix as sp
+
+    monkeypatch.setattr(sp, "packed_logits", lambda *args, **kwargs: None)
     datums = rl_datums(trainer)
     model, seen = trainer.model, []
     forward = model.forward

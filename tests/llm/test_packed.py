@@ -1,5 +1,6 @@
-"""edurl.llm.packed: the completions of a batch scored without their padding equal the padded pass (the model's
-own forward against its KV cache) in log-probs, entropy and every parameter's gradient, in float64."""
+"""edurl.llm.packed: a batch's prompts and completions scored in one pass, without the completions' padding, equal
+the model's own forward (the prompts, then the padded completions against their KV cache) in log-probs, entropy
+and every parameter's gradient, in float64."""
 
 import copy
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from edurl.llm import shared_prefix
-from edurl.llm.packed import packed_continuations
+from edurl.llm.packed import packed_logits
 from edurl.llm.padding import pad
 from edurl.llm.shared_prefix import token_logprobs
 
@@ -25,8 +26,9 @@ def _batch(prompts, tails, order="grouped"):
     return ids, attn, targets, mask
 
 
-def _scored(model, ids, attn, targets, mask, packed: bool, temperature=1.0):
-    """Log-probs, entropy and the gradient of a weighted sum of the log-probs, with or without packing."""
+def _scored(model, ids, attn, targets, mask, packed: bool, temperature=1.0, prompt_grad=True, weights=None):
+    """Log-probs, entropy and the gradient of a weighted sum of the log-probs (over ``mask``'s positions, or
+    ``weights``), with or without packing."""
     model.zero_grad()
     lp, ent = token_logprobs(
         model,
@@ -38,8 +40,10 @@ def _scored(model, ids, attn, targets, mask, packed: bool, temperature=1.0):
         with_entropy=True,
         temperature=temperature,
         model=model if packed else None,
+        prompt_grad=prompt_grad,
     )
-    weights = mask * torch.arange(1.0, 1.0 + ids.shape[1], dtype=lp.dtype)  # each position counts differently
+    if weights is None:
+        weights = mask * torch.arange(1.0, 1.0 + ids.shape[1], dtype=lp.dtype)  # each position counts differently
     (lp * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
@@ -74,21 +78,63 @@ def test_packed_completions_equal_the_padded_pass(small_model, order, temperatur
 
 
 def test_the_packed_pass_runs_only_the_real_tokens(small_model, monkeypatch):
-    """The packed pass is taken (not a silent fallback), and its rows are the completions' real tokens only."""
+    """The packed pass is taken (not a silent fallback) and the model's forward is not called; its rows are each
+    distinct prompt once and the completions' real tokens."""
     seen = []
-    original = shared_prefix.packed_continuations
+    original = shared_prefix.packed_logits
 
-    def spy(*args):
-        out = original(*args)
-        seen.append(out[0].shape[0])
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append((tuple(out[0].shape[:2]), out[1].shape[0]))
         return out
 
-    monkeypatch.setattr(shared_prefix, "packed_continuations", spy)
+    monkeypatch.setattr(shared_prefix, "packed_logits", spy)
     prompts, tails = _groups()
     ids, attn, targets, mask = _batch(prompts, tails)
-    token_logprobs(small_model, ids, attn, targets, mask, model_config=small_model.config, model=small_model)
-    # every row's tokens after its prompt, and not the padding up to the longest (5 tokens x 6 rows)
-    assert seen == [sum(len(t) for t in tails)] and seen[0] < 5 * len(tails)
+
+    def no_forward(**inputs):
+        raise AssertionError("the packed pass calls the layers' modules, not the model's forward")
+
+    token_logprobs(no_forward, ids, attn, targets, mask, model_config=small_model.config, model=small_model)
+    # two prompts (6 and 3 tokens, left-padded to 6), then every row's tokens after its prompt, and not the padding
+    # up to the longest (5 tokens x 6 rows)
+    assert seen == [((2, 6), sum(len(t) for t in tails))] and seen[0][1] < 5 * len(tails)
+
+
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+def test_a_prompt_that_needs_no_gradient_skips_the_top_layers_backward_over_it(small_model, order):
+    """``prompt_grad=False`` (the loss reads no prompt position): the top layer's MLP runs its backward pass on
+    each prompt's last position and the completions only, and every log-prob (the prompt's too), entropy and
+    gradient stays the model's forward's."""
+    model = copy.deepcopy(small_model).double()
+    ids, attn, targets, mask = _batch(*_groups(), order=order)
+    rows = []
+    hook = model.model.layers[-1].mlp.register_full_backward_hook(lambda m, gi, go: rows.append(go[0].shape[0]))
+    promised = _scored(model, ids, attn, targets, mask, True, prompt_grad=False)
+    assert rows == [2 + int(mask.sum())]  # 2 prompts' last positions, then each row's tokens after its prompt
+    rows.clear()
+    kept = _scored(model, ids, attn, targets, mask, True)
+    assert rows == [2 * 6 + int(mask.sum())]  # every prompt position (2 prompts, left-padded to 6)
+    hook.remove()
+    _assert_same(promised, _scored(model, ids, attn, targets, mask, False))
+    _assert_same(kept, promised)
+
+
+def test_a_prompt_that_needs_its_gradient_keeps_it(small_model):
+    """With ``prompt_grad=True`` (the default) a loss may read the prompt's positions: their gradient is kept."""
+    model = copy.deepcopy(small_model).double()
+    ids, attn, targets, mask = _batch(*_groups())
+    everywhere = attn.double()  # a loss over every position, the prompt's included
+    packed = _scored(model, ids, attn, targets, mask, True, weights=everywhere)
+    _assert_same(packed, _scored(model, ids, attn, targets, mask, False, weights=everywhere))
+
+
+def test_without_packing_a_prompt_that_needs_no_gradient_changes_nothing(small_model):
+    """``prompt_grad=False`` on the model's forward (no packed pass) keeps every gradient."""
+    model = copy.deepcopy(small_model).double()
+    ids, attn, targets, mask = _batch(*_groups())
+    promised = _scored(model, ids, attn, targets, mask, False, prompt_grad=False)
+    _assert_same(promised, _scored(model, ids, attn, targets, mask, False))
 
 
 def test_grouped_query_attention_and_biases_match():
@@ -118,7 +164,7 @@ def test_an_unsupported_model_gets_none():
     model = torch.nn.Linear(2, 2)
     u = torch.zeros(1, dtype=torch.long)
     ids = torch.ones(1, 2, dtype=torch.long)
-    assert packed_continuations(model, [], torch.ones(1, 3), torch.tensor([2]), u, ids, ids.bool()) is None
+    assert packed_logits(model, ids, torch.ones(1, 2), u, ids, ids.bool()) is None
 
 
 def test_rows_out_of_group_order_give_the_same_gradient_every_time(small_model):
@@ -147,11 +193,7 @@ def test_a_model_training_with_attention_dropout_keeps_its_forward(small_model):
         layer.self_attn.attention_dropout = 0.1
     prompts, tails = _groups()
     ids, attn, targets, mask = _batch(prompts, tails)
-    heads = model.config.num_key_value_heads
-    kv = torch.zeros(2, heads, 6, model.config.hidden_size // model.config.num_attention_heads)
-    cache_kv = [(kv, kv)] * len(model.model.layers)
-    args = (cache_kv, torch.ones(2, 6), torch.tensor([5, 5]), torch.tensor([0, 0, 0, 1, 1, 1]))
-    rest = ids[:, 6:9]
-    assert packed_continuations(model, *args, rest, torch.ones_like(rest)) is None
+    args = (ids[[0, 3], :6], torch.ones(2, 6), torch.tensor([0, 0, 0, 1, 1, 1]), ids[:, 6:9], torch.ones(6, 3))
+    assert packed_logits(model, *args) is None
     model.eval()
-    assert packed_continuations(model, *args, rest, torch.ones_like(rest)) is not None
+    assert packed_logits(model, *args) is not None
