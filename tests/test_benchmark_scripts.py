@@ -272,3 +272,10 @@ def test_async_budget_beside_process_reports_a_second_process_that_died(monkeypa
     with pytest.raises(RuntimeError, match="'nonsense' half exited with status 1 before it was ready"):
         beside_process(lambda: None, "nonsense", at=0, cores=1, reps=1, threads=1, start_timeout=120)
     assert "which must be one of ('sample', 'train'), got 'nonsense'" in capfd.readouterr().err
+
+
+def test_grpo_vs_sft_runs_the_grpo_arm_alone(tmp_path):
+    """``--grpo-only``: the learning target's table over seeds without the SFT baseline (and its plot)."""
+    out = _script("benchmarks/grpo_vs_sft.py", "--smoke", "--grpo-only", "--out", str(tmp_path), timeout=300)
+    assert "continued SFT" not in out and "GRPO gain" in out and "gain by 60 s" in out
+    assert (tmp_path / "grpo_vs_sft.png").exists()
