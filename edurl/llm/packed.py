@@ -143,35 +143,34 @@ def packed_logits(
         a = (p[..., :Lp].reshape(Ur, H, Gr * Lr, Lp) @ vp).view(Ur, H, Gr, Lr, D) + p[..., Lp:] @ vr
         a_rest = a.view(-1, D).index_select(0, place).view(N, H * D)  # back to the tokens: (N, heads * head_dim)
         a = torch.cat([a_prompts, a_rest])
-        if i == top and not prompt_grad:
-            logits = _top_without_prompt_grad(lm, layer, h, a, U, Lp)
-            break
-        h = h + attn.o_proj(a)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-    else:
-        logits = lm.lm_head(lm.model.norm(h))
+        if i < top:
+            h = h + attn.o_proj(a)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+    logits = _top_and_head(lm, lm.model.layers[top], h, a, U, Lp, prompt_grad)
     return logits[:M].view(U, Lp, -1), logits[M:], where
 
 
-def _top_without_prompt_grad(lm: nn.Module, layer: nn.Module, h: torch.Tensor, a: torch.Tensor, U: int, Lp: int):
-    """The top ``layer``'s rest and the LM head, from its input ``h`` and attention output ``a`` (M + N rows, the
-    prompts' first): with a graph for each prompt's last column and the continuations, without one for the other
-    prompt positions. Returns the (M + N, vocab) logits."""
+def _top_and_head(lm: nn.Module, layer, h: torch.Tensor, a: torch.Tensor, U: int, Lp: int, prompt_grad: bool):
+    """The (M + N, vocab) logits: the top ``layer``'s output projection and MLP, from its input ``h`` and attention
+    output ``a`` (M + N rows, the prompts' first), then the LM head. With ``prompt_grad=False``, with a graph for
+    each prompt's last column and the continuations only, and without one for the other prompt positions."""
+
+    def head(x, y):
+        x = x + layer.self_attn.o_proj(y)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return lm.lm_head(lm.model.norm(x))
+
+    if prompt_grad:
+        return head(h, a)
     dev = h.device
     last = torch.arange(U, device=dev) * Lp + Lp - 1
     graph = torch.cat([last, torch.arange(U * Lp, len(h), device=dev)])
     other = torch.ones(U * Lp, dtype=torch.bool, device=dev)
     other[last] = False
     other = other.nonzero().squeeze(1)
-
-    def head(rows):
-        x = h.index_select(0, rows) + layer.self_attn.o_proj(a.index_select(0, rows))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return lm.lm_head(lm.model.norm(x))
-
     with torch.no_grad():
-        no_graph = head(other)
-    with_graph = head(graph)
+        no_graph = head(h.index_select(0, other), a.index_select(0, other))
+    with_graph = head(h.index_select(0, graph), a.index_select(0, graph))
     logits = with_graph.new_empty(len(h), with_graph.shape[1]).index_copy_(0, other, no_graph)
     return logits.index_copy(0, graph, with_graph)  # out of place: the gradient reaches the graph's rows
 
