@@ -3,10 +3,10 @@
 For each seed, both arms start from that seed's Chapter 6 SFT checkpoint and are scored by greedy pass@1 on
 the same held-out problems:
 
-* **GRPO** is the recipe's default run (``edurl.llm.grpo.train_grpo``): 300 steps of 32 problems x 4 sampled
+* **GRPO** is the recipe's default run (``edurl.llm.grpo.train_grpo``): 350 steps of 32 problems x 4 sampled
   completions, graded by the verifier only.
 * **continued SFT** (``edurl.llm.sft.continued_sft``) keeps everything GRPO's training half uses (the same
-  trainer, Adam at the same constant learning rate, 300 optimizer steps of 128 sequences, token-mean
+  trainer, Adam at the same constant learning rate, 350 optimizer steps of 128 sequences, token-mean
   aggregation) but trains on fresh problems *with their right answers*, and samples nothing.
 
 So the two arms get the same gradient compute. Continued SFT needs a dataset of answers; GRPO needs only a
@@ -14,7 +14,7 @@ verifier. The table also checks Chapter 7's learning target: GRPO gains >= 30 po
 every seed within a minute of training (``time/sample`` + ``time/train``) on 2 cores, judged at the last
 evaluation (every 25 steps) within that minute, whether or not the run goes on past it.
 
-    python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 300 steps each (about 8 minutes)
+    python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 350 steps each (about 9 minutes)
     python benchmarks/grpo_vs_sft.py --smoke          # 3 steps, seed 0: does it run end to end?
     python benchmarks/grpo_vs_sft.py --check          # exit 1 unless GRPO gains >= 30 points within 60 s, every seed
     python benchmarks/grpo_vs_sft.py --grpo-only --seeds 0,1,2,3,4,5,6,7,8,9   # the learning target over more seeds

@@ -65,8 +65,9 @@ class GRPOConfig:
     seconds, and 16 problems x 8 learn less per second (Chapter 7, "Four samples a problem, not eight")."""
     batch_size: int = 32
     """P: problems per step."""
-    max_steps: int = 300
-    """GRPO iterations."""
+    max_steps: int = 350
+    """GRPO iterations. 350 fit Chapter 7's minute of training on 2 cores (about 44-53 s): over seeds 0-9, 8 of 10
+    runs gained 30 points or more by step 350, against 4 of 10 by step 300 (Chapter 7, "How much one run gains")."""
     learning_rate: float = 3e-4
     """Adam learning rate (constant)."""
     loss_fn: str = "importance_sampling"
