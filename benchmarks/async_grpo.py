@@ -1,7 +1,8 @@
 """Asynchronous GRPO (a sampler one step ahead) against the synchronous loop, on the same machine (Chapter 10).
 
 For each seed, both arms start from that seed's Chapter 6 SFT checkpoint and run the recipe's GRPO, with 32
-problems x 8 completions a step as in the rest of Chapter 10, for the same number of steps:
+problems x 8 completions a step as in the rest of Chapter 10 (``--group-size 4``: Chapter 7's default), for the
+same number of steps:
 
 * **sync**: ``train_grpo`` as Chapter 7 runs it, sampling then training, with every torch op on all the cores
   (``num_threads`` = cores);
@@ -20,6 +21,7 @@ on 3 seeds.
 
     python benchmarks/async_grpo.py                   # seeds 0,1,2, 150 steps per arm (about 7 minutes on 2 cores)
     python benchmarks/async_grpo.py --steps 3 --seeds 0   # a smoke run
+    python benchmarks/async_grpo.py --group-size 4        # at Chapter 7's 32 x 4
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument(
+        "--group-size", type=int, default=8, help="completions per problem (8: Chapter 10's runs; 4: Chapter 7's default)"
+    )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="CPU cores the run may use")
     parser.add_argument(
         "--async-threads", type=int, default=None, help="torch threads of each async side (default: cores // 2)"
@@ -72,8 +77,8 @@ def main(argv=None) -> pd.DataFrame:
     rows = []
     with tempfile.TemporaryDirectory(prefix="edurl-async-") as tmp:
         for seed in [int(s) for s in args.seeds.split(",")]:
-            base = GRPOConfig(  # 8 completions per problem: Chapter 10's measurements (Chapter 7 defaults to 4)
-                seed=seed, group_size=8, max_steps=args.steps, eval_every=args.steps, progress=False
+            base = GRPOConfig(  # 8 completions per problem by default: Chapter 10's measurements (Chapter 7's is 4)
+                seed=seed, group_size=args.group_size, max_steps=args.steps, eval_every=args.steps, progress=False
             )
             sync = run(replace(base, num_threads=args.cores, log_dir=f"{tmp}/sync{seed}"))
             for sampler in samplers:
@@ -99,8 +104,8 @@ def main(argv=None) -> pd.DataFrame:
                 print(pd.DataFrame(rows[-1:]).to_string(index=False, float_format="%.3f"), flush=True)
     table = pd.DataFrame(rows)
     print(
-        f"\n{args.steps} GRPO steps per arm, {args.cores} cores; sync: {args.cores} torch threads, async: {side} "
-        "per side"
+        f"\n{args.steps} GRPO steps per arm, 32 problems x {args.group_size} completions, {args.cores} cores; sync: "
+        f"{args.cores} torch threads, async: {side} per side"
     )
     print(table.to_string(index=False, float_format="%.3f"))
     for sampler in samplers:
