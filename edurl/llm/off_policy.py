@@ -47,7 +47,32 @@ from edurl.utils import torch_threads
 __all__ = ["LaggedSampler", "ProcessSampler", "SamplerProcess", "make_lagged_sampler"]
 
 
-class LaggedSampler:
+class _Lag:
+    """The rule both samplers follow: batch s is sampled with the weights of step ``max(0, s - k)``, k being
+    ``config.max_steps_off_policy``."""
+
+    def _set_lag(self, config: GRPOConfig, start_step: int, snapshots) -> dict[int, dict[str, torch.Tensor]]:
+        """Check k and that a resumed run's ``snapshots`` hold every step it needs (before anything is built
+        from them); keep ``config`` and ``k``; the snapshots, keyed by int step."""
+        if config.max_steps_off_policy is None or config.max_steps_off_policy < 0:
+            raise ValueError(f"max_steps_off_policy must be an int >= 0, got {config.max_steps_off_policy!r}")
+        self.config, self.k = config, config.max_steps_off_policy
+        snapshots = {int(v): w for v, w in (snapshots or {}).items()}
+        missing = [v for v in range(max(0, start_step - self.k), start_step) if v not in snapshots]
+        if missing:
+            raise ValueError(
+                f"resuming at step {start_step} with max_steps_off_policy={self.k} needs the weights of steps "
+                f"{missing[0]} to {missing[-1]}, which the checkpoint does not hold; resume with the "
+                "max_steps_off_policy the run was saved with"
+            )
+        return snapshots
+
+    def version_for(self, step: int) -> int:
+        """The step whose weights sample batch ``step``."""
+        return max(0, step - self.k)
+
+
+class LaggedSampler(_Lag):
     """Batches for steps ``start_step, start_step + 1, ...``, batch s sampled with the weights of step
     ``max(0, s - k)``. The trainer calls :meth:`next` for each step's batch and :meth:`publish` after each
     optimizer step; :meth:`close` stops the thread. ``snapshots`` are the weights a checkpoint kept
@@ -63,17 +88,14 @@ class LaggedSampler:
         start_step: int = 0,
         snapshots: dict[int, dict[str, torch.Tensor]] | None = None,
     ):
-        if config.max_steps_off_policy is None or config.max_steps_off_policy < 0:
-            raise ValueError(f"max_steps_off_policy must be an int >= 0, got {config.max_steps_off_policy!r}")
-        self.config, self.trainer, self.renderer, self.task, self.reward_fn = config, trainer, renderer, task, reward_fn
-        self.k = config.max_steps_off_policy
+        snapshots = self._set_lag(config, start_step, snapshots)
+        self.trainer, self.renderer, self.task, self.reward_fn = trainer, renderer, task, reward_fn
         self._snapshots: dict[int, SamplingClient] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._queue: queue.Queue = queue.Queue()
-        for version, weights in (snapshots or {}).items():
-            self._snapshots[int(version)] = self._restore(weights)
-        _check_snapshots(self.k, start_step, self._snapshots)
+        for version, weights in snapshots.items():
+            self._snapshots[version] = self._restore(weights)
         self.publish(start_step)
         self._thread = None
         if config.concurrent_sampler:
@@ -81,10 +103,6 @@ class LaggedSampler:
                 target=self._sample_ahead, args=(start_step,), name="edurl-sampler", daemon=True
             )
             self._thread.start()
-
-    def version_for(self, step: int) -> int:
-        """The step whose weights sample batch ``step``."""
-        return max(0, step - self.k)
 
     def publish(self, version: int) -> None:
         """Snapshot the trainer's weights as those of step ``version`` (after ``version`` optimizer steps), and
@@ -172,17 +190,6 @@ def make_lagged_sampler(
     return LaggedSampler(config, trainer, renderer, task, reward_fn, start_step, snapshots)
 
 
-def _check_snapshots(k: int, start_step: int, versions) -> None:
-    """A resumed run needs the weights of steps ``start_step - k`` to ``start_step - 1`` from its checkpoint."""
-    missing = [v for v in range(max(0, start_step - k), start_step) if v not in versions]
-    if missing:
-        raise ValueError(
-            f"resuming at step {start_step} with max_steps_off_policy={k} needs the weights of steps "
-            f"{missing[0]} to {missing[-1]}, which the checkpoint does not hold; resume with the "
-            "max_steps_off_policy the run was saved with"
-        )
-
-
 _MAIN_GUARD = (
     "sampler_process=True starts the sampler with 'spawn', which imports your script again in the new process: put "
     'the code that calls train_grpo under `if __name__ == "__main__":` (a notebook needs nothing). If the machine '
@@ -190,7 +197,7 @@ _MAIN_GUARD = (
 )
 
 
-class ProcessSampler:
+class ProcessSampler(_Lag):
     """:class:`LaggedSampler`'s batches, sampled in a second process (``GRPOConfig(sampler_process=True)``).
 
     A thread shares the trainer's Python interpreter, and with it the lock that lets one thread at a time run
@@ -217,11 +224,8 @@ class ProcessSampler:
         snapshots: dict[int, dict[str, torch.Tensor]] | None = None,
         process: SamplerProcess | None = None,
     ):
-        if config.max_steps_off_policy is None or config.max_steps_off_policy < 0:
-            raise ValueError(f"max_steps_off_policy must be an int >= 0, got {config.max_steps_off_policy!r}")
-        self.config, self.trainer, self.k = config, trainer, config.max_steps_off_policy
-        snapshots = {int(v): w for v, w in (snapshots or {}).items()}
-        _check_snapshots(self.k, start_step, snapshots)
+        snapshots = self._set_lag(config, start_step, snapshots)
+        self.trainer = trainer
         self._names = [name for name, p in trainer.model.named_parameters() if p.requires_grad]
         first = trainer.save_weights_and_get_sampling_client("process-sampler")
         device = next(first.model.parameters()).device
@@ -250,10 +254,6 @@ class ProcessSampler:
             self.process.close()  # it would otherwise wait for a stop that no one sends
             raise
         self.start_seconds = time.perf_counter() - t0
-
-    def version_for(self, step: int) -> int:
-        """The step whose weights sample batch ``step``."""
-        return max(0, step - self.k)
 
     def publish(self, version: int) -> None:
         """Send the trainer's weights to the sampler process as those of step ``version``."""

@@ -143,6 +143,8 @@ def test_a_process_sampled_run_resumes_exactly(tmp_path):
     assert list(resumed["step"]) == list(range(8))
     drop = ["test/pass_at_1", "test/format", "time/sampler_start"]
     same(whole.drop(columns=["test/pass_at_1", "test/format"]), resumed.drop(columns=drop))
+    with pytest.raises(ValueError, match="weights of steps 2 to 5"):  # the same check as the thread sampler's
+        run(tmp_path, "resumed", max_steps_off_policy=6, save_every=4, max_steps=12, resume=True, sampler_process=True)
 
 
 def grader_that_breaks(problems, prompts, completions):  # module level, so that it pickles
