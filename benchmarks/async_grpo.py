@@ -58,7 +58,10 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument(
-        "--group-size", type=int, default=8, help="completions per problem (8: Chapter 10's runs; 4: Chapter 7's default)"
+        "--group-size",
+        type=int,
+        default=8,
+        help="completions per problem (8: Chapter 10's runs; 4: Chapter 7's default)",
     )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="CPU cores the run may use")
     parser.add_argument(
