@@ -58,7 +58,7 @@ def test_grpo_nested_overrides_and_help(capsys):
         parse_config(GRPOConfig, ["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--sft.num-digits INT" in out and "Task difficulty: operands have up to this many digits (1 to 9)." in out
-    assert "--sft.model.hidden-size" in out and "(default: 300)" in out
+    assert "--sft.model.hidden-size" in out and f"(default: {GRPOConfig.max_steps})" in out
     assert "_MISSING_TYPE" not in out and "MISSING" not in out
 
 
