@@ -14,7 +14,7 @@ verifier. The table also checks Chapter 7's learning target: GRPO gains >= 30 po
 every seed within a minute of training (``time/sample`` + ``time/train``) on 2 cores, judged at the last
 evaluation (every 25 steps) within that minute, whether or not the run goes on past it.
 
-    python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 350 steps each (about 9 minutes)
+    python benchmarks/grpo_vs_sft.py                  # seeds 0,1,2, 350 steps each (about 8 minutes)
     python benchmarks/grpo_vs_sft.py --smoke          # 3 steps, seed 0: does it run end to end?
     python benchmarks/grpo_vs_sft.py --check          # exit 1 unless GRPO gains >= 30 points within 60 s, every seed
     python benchmarks/grpo_vs_sft.py --grpo-only --seeds 0,1,2,3,4,5,6,7,8,9   # the learning target over more seeds
