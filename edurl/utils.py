@@ -6,14 +6,17 @@ Chapter 1 introduces both; notebooks call them in their first cell.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import platform
 import random
 import re
+import sys
 
 import numpy as np
 import torch
 
-__all__ = ["device", "seed_everything", "cpu_threads", "torch_threads"]
+__all__ = ["device", "seed_everything", "cpu_threads", "torch_threads", "keep_freed_memory"]
 
 _DEVICE_RE = re.compile(r"^(cpu|mps|cuda)(:\d+)?$")
 
@@ -134,6 +137,44 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+# glibc's mallopt parameters (malloc.h) and the values keep_freed_memory pins them at
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_BYTES, _TRIM_THRESHOLD_BYTES = 32 << 20, 64 << 20
+_heap_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Let this process keep memory it frees, for its next tensors, instead of handing it back to the OS at
+    once (glibc only; what the classic-RL trainers call before they train). Returns whether it applied.
+
+    A seed stack's activations are (S, batch, 64) tensors, 512 KiB each at 8 seeds, allocated and freed
+    dozens of times per optimizer step. glibc's malloc returns the free top of its heap to the OS once it
+    passes a threshold, and the next allocations fault the same pages back in, each one zeroed by the kernel.
+    In an 8-seed PPO run on CartPole (1 thread) that was 1.2 million page faults and 2.6 s of system time in
+    34 s. This pins glibc's two thresholds at the top of the range its own adaptive rule reaches: blocks up
+    to 32 MiB come from the heap (not a fresh ``mmap`` each), and up to 64 MiB of free heap is kept. The
+    process's peak memory barely moves (441 against 435 MB in that run); nothing numerical changes.
+
+    It is set once per process and stays set (glibc has no way to read the old values back). On other
+    platforms (macOS, Windows, musl) it does nothing and returns False.
+    """
+    global _heap_kept
+    if _heap_kept:
+        return True
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _heap_kept = (
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES) == 1
+        and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES) == 1
+    )
+    return _heap_kept
 
 
 def progress(
