@@ -1,6 +1,9 @@
 import io
 import itertools
+import platform
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -162,14 +165,12 @@ print((faults() - before) / 20)
 
 
 @pytest.mark.skipif(
-    not __import__("sys").platform.startswith("linux") or __import__("platform").libc_ver()[0] != "glibc",
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
     reason="keep_freed_memory acts on glibc's malloc only",
 )
 def test_keep_freed_memory_stops_the_page_faults_of_reallocated_activations():
     """A round that allocates and frees 8 MiB of 512 KiB tensors touches 2,048 pages. By default glibc hands
     them back to the OS after each round and faults them in again; after keep_freed_memory they stay."""
-    import subprocess
-    import sys
 
     def faults_per_round(mode: str) -> float:
         out = subprocess.run([sys.executable, "-c", _FAULTS_SCRIPT, mode], capture_output=True, text=True, check=True)
