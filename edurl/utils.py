@@ -147,7 +147,8 @@ _heap_kept = False
 
 def keep_freed_memory() -> bool:
     """Let this process keep memory it frees, for its next tensors, instead of handing it back to the OS at
-    once (glibc only; what the classic-RL trainers call before they train). Returns whether it applied.
+    once (glibc only; every seed stack, ``edurl.rl.seed_stack.ActorCriticStack``, calls it when built). Returns
+    whether it applied.
 
     A seed stack's activations are (S, batch, 64) tensors, 512 KiB each at 8 seeds, allocated and freed
     dozens of times per optimizer step. glibc's malloc returns the free top of its heap to the OS once it

@@ -185,11 +185,10 @@ def test_keep_freed_memory_stops_the_page_faults_of_reallocated_activations():
 @pytest.mark.parametrize("trainer", ["ppo", "a2c", "reinforce"])
 def test_seed_stack_trainers_keep_freed_memory(monkeypatch, trainer):
     from edurl import rl
-    from edurl.rl import a2c, ppo, reinforce
+    from edurl.rl import seed_stack
 
     calls = []
-    module = {"ppo": ppo, "a2c": a2c, "reinforce": reinforce}[trainer]
-    monkeypatch.setattr(module, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(seed_stack, "keep_freed_memory", lambda: calls.append(1) or True)
     kw = dict(seed=0, num_seeds=2, env_backend="torch", device="cpu", progress=False, stop_when_solved=False)
     if trainer == "ppo":
         rl.train_ppo(rl.PPOConfig(total_steps=512, **kw))

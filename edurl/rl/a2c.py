@@ -21,7 +21,7 @@ from edurl._checks import check_fields
 from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.ppo import _standardised, collect_batch, make_env
 from edurl.rl.seed_stack import ActorCriticStack, RowAdam, SeedRuns, clip_grad_norm_per_seed_, drop_seeds
-from edurl.utils import keep_freed_memory, progress, torch_threads
+from edurl.utils import progress, torch_threads
 
 __all__ = ["A2CConfig", "train_a2c"]
 
@@ -87,7 +87,6 @@ def train_a2c(config: A2CConfig, losses_fn=None) -> TrainResult | list[TrainResu
     """
     if config.seed + config.num_seeds > 2**32:
         raise ValueError(f"seeds {config.seed}..{config.seed + config.num_seeds - 1} pass 2**32; lower A2CConfig.seed.")
-    keep_freed_memory()  # a seed stack allocates and frees its activations every step
     with torch_threads(config.num_threads, config.device):
         results = _train(config, losses_fn)
     return results[0] if config.num_seeds == 1 else results

@@ -38,7 +38,7 @@ from edurl.rl.seed_stack import (
     fused_adam,
     inverse_cdf_sample,
 )
-from edurl.utils import keep_freed_memory, progress, torch_threads
+from edurl.utils import progress, torch_threads
 
 __all__ = ["PPOBatch", "PPOConfig", "collect_batch", "make_env", "ppo_diagnostics", "ppo_update", "train_ppo"]
 
@@ -437,7 +437,6 @@ def train_ppo(config: PPOConfig, update_fn=None) -> TrainResult | list[TrainResu
         )
     if config.seed + config.num_seeds > 2**32:
         raise ValueError(f"seeds {config.seed}..{config.seed + config.num_seeds - 1} pass 2**32; lower PPOConfig.seed.")
-    keep_freed_memory()  # a seed stack allocates and frees its activations every step
     with torch_threads(config.num_threads, config.device):
         results = _train(config, update_fn)
     return results[0] if config.num_seeds == 1 else results

@@ -26,7 +26,7 @@ from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, collect_episodes, space_sizes
 from edurl.rl.seed_stack import ActorCriticStack, RowAdam, SeedRuns, inverse_cdf_sample, keep_seeds
-from edurl.utils import keep_freed_memory, progress, torch_threads
+from edurl.utils import progress, torch_threads
 
 __all__ = ["ReinforceConfig", "reinforce_loss", "reinforce_update", "train_reinforce"]
 
@@ -181,7 +181,6 @@ def train_reinforce(config: ReinforceConfig, loss_fn=None, update_fn=None) -> Tr
             raise ValueError(f"env_backend='torch' has only CartPole-v1, got env_id={config.env_id!r}.")
         if config.seed + config.num_seeds > 2**32:
             raise ValueError(f"seeds {config.seed}..{config.seed + config.num_seeds - 1} pass 2**32; lower the seed.")
-        keep_freed_memory()  # a seed stack allocates and frees its activations every step
         with torch_threads(config.num_threads, config.device):
             results = _train_stacked(config, loss_fn)
         return results[0] if config.num_seeds == 1 else results

@@ -28,6 +28,7 @@ from edurl.metrics import MetricsLogger
 from edurl.objectives import entropy
 from edurl.rl.episodes import EpisodeLog
 from edurl.rl.networks import CategoricalPolicy, ValueNet
+from edurl.utils import keep_freed_memory
 
 __all__ = [
     "ActorCriticStack",
@@ -47,7 +48,8 @@ class ActorCriticStack:
     Seed s's networks are initialised exactly as ``torch.manual_seed(s)`` followed by
     ``CategoricalPolicy(...)`` and ``ValueNet(...)`` would initialise them (so building a stack reseeds torch's
     global generator, as ``edurl.seed_everything`` does), and :meth:`networks` gives them back as those modules.
-    Observations go in seed-major, ``(S, M, obs_dim)``; outputs come out ``(S, M)``.
+    Observations go in seed-major, ``(S, M, obs_dim)``; outputs come out ``(S, M)``. Building one calls
+    :func:`edurl.utils.keep_freed_memory` (process-wide, glibc only).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class ActorCriticStack:
         self.seeds = [int(s) for s in seeds]
         if not self.seeds:
             raise ValueError("ActorCriticStack needs at least one seed.")
+        keep_freed_memory()  # its activations, (S, batch, hidden), are allocated and freed many times a step
         self.num_seeds, self.obs_dim, self.num_actions = len(self.seeds), obs_dim, num_actions
         self.hidden_sizes = tuple(hidden_sizes)
         self.device, self.dtype = torch.device(device), dtype or torch.get_default_dtype()
