@@ -129,6 +129,10 @@ class ForwardBackwardOutput:
     metric_tokens: int | None = None
     """How many action tokens those metrics average over: every datum's, or only the scored datums' when
     ``TrainingClient.score_zero_advantage`` is False (data parallelism weights each rank's metrics by it)."""
+    all_zero_advantage: bool = False
+    """True when zero-advantage datums were to go unscored but every datum had advantage 0, so all of them were
+    scored (there was nothing else to run) and the metrics cover them all. Under data parallelism such a rank's
+    metrics get no weight when another rank scored datums, as one process on the whole batch would not score these."""
 
 
 def _as_model_input(prompt) -> list[int]:
@@ -475,11 +479,12 @@ class TrainingClient:
         # whether the loss reads a position before a row's split (a Tinker datum's mask covers its prompt; edurl's
         # datums mask it): if not, none of those log-probs needs a gradient
         prompt_grad = bool((mask.bool() & (split.cumsum(1) == 0)).any())
-        no_grad_rows, unscored = None, None
+        no_grad_rows, unscored, all_zero = None, None, False
         if rl and self.skip_zero_advantage and loss_fn in L.ZERO_AT_ZERO_ADVANTAGE and kl_coef == 0:
             no_grad_rows = ((f["advantages"] * mask) == 0).all(1)  # (B,) datums with no gradient to give
-            if not self.score_zero_advantage and not log_kl_ref and not no_grad_rows.all():
-                unscored = no_grad_rows
+            if not self.score_zero_advantage and not log_kl_ref:
+                all_zero = bool(no_grad_rows.all())  # then score them all: a loss needs something to run
+                unscored = None if all_zero else no_grad_rows
         train_logprobs, entropy = self._scored(
             ids,
             attn,
@@ -524,7 +529,11 @@ class TrainingClient:
             returned = returned.masked_fill(unscored.unsqueeze(1), float("nan"))
         outputs = [{"logprobs": returned[i, : d.model_input.length].cpu()} for i, d in enumerate(datums)]
         out = ForwardBackwardOutput(
-            loss=float(loss.detach()), loss_fn_outputs=outputs, metrics=metrics, metric_tokens=int(metric_mask.sum())
+            loss=float(loss.detach()),
+            loss_fn_outputs=outputs,
+            metrics=metrics,
+            metric_tokens=int(metric_mask.sum()),
+            all_zero_advantage=all_zero,
         )
         return Future(out)
 

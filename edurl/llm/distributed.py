@@ -82,15 +82,28 @@ class World:
             return metrics
         return dict(zip(metrics, (v / self.size for v in self.sum_floats(list(metrics.values())))))
 
-    def token_mean(self, metrics: dict[str, float], datums: Sequence, tokens: int | None = None) -> dict[str, float]:
+    def token_mean(
+        self, metrics: dict[str, float], datums: Sequence, tokens: int | None = None, all_zero_advantage: bool = False
+    ) -> dict[str, float]:
         """Metrics that are means over this rank's action tokens (``optim/entropy``, ``optim/kl_sample_train_v1``,
         ...), made means over every rank's: each rank's mean weighted by its number of action tokens, or by
-        ``tokens`` when the metrics cover fewer (``ForwardBackwardOutput.metric_tokens``)."""
+        ``tokens`` when the metrics cover fewer (``ForwardBackwardOutput.metric_tokens``).
+
+        ``all_zero_advantage`` (``ForwardBackwardOutput.all_zero_advantage``): this rank scored its datums only
+        because none had a gradient to give. Its metrics then count only if no rank scored datums, as on one
+        process, which scores none of those datums when any datum of the batch has a gradient. One all_reduce."""
         if self.size == 1:
             return metrics
         n = tokens if tokens is not None else sum(int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums)
-        *sums, total = self.sum_floats([v * n for v in metrics.values()] + [n])
-        return {k: v / total for k, v in zip(metrics, sums)}
+        m = 0 if all_zero_advantage else n  # this rank's weight among the ranks that scored datums
+        sums = self.sum_floats(
+            [v * m if m else 0.0 for v in metrics.values()] + [m] + [v * n for v in metrics.values()] + [n]
+        )
+        k = len(metrics)
+        scored, total = (sums[:k], sums[k]) if sums[k] > 0 else (sums[k + 1 : 2 * k + 1], sums[-1])
+        if not total:  # no rank has an action token: nothing to weigh, keep this rank's
+            return dict(metrics)
+        return {key: v / total for key, v in zip(metrics, scored)}
 
     def gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
         """The (n, ...) tensor whose row i came from rank i % size, given this rank's rows (those of

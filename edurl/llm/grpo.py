@@ -338,7 +338,7 @@ def update(config: GRPOConfig, trainer: TrainingClient, rollout: Rollout, world:
             world.all_reduce_gradients(trainer.trainable_parameters(), share)
             opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
             loss = world.sum(share * out.loss)  # the loss on the whole batch
-            metrics = world.token_mean(out.metrics, chunk, out.metric_tokens)
+            metrics = world.token_mean(out.metrics, chunk, out.metric_tokens, out.all_zero_advantage)
             fwd_metrics.append({**metrics, **opt, "optim/loss": loss})
     row = {**rollout.row, **kl_row, "time/train": time.perf_counter() - t1}
     for key in fwd_metrics[0] if fwd_metrics else {}:

@@ -12,9 +12,9 @@ import torch.multiprocessing as mp
 
 from edurl.llm import losses as L
 from edurl.llm.clients import ServiceClient
-from edurl.llm.datum import build_datum
+from edurl.llm.datum import Datum, build_datum
 from edurl.llm.distributed import SINGLE, World, init_world, launch, loss_share
-from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.llm.grpo import GRPOConfig, Rollout, train_grpo, update
 from edurl.llm.model import build_tiny_lm
 from edurl.llm.tokenizer import build_char_tokenizer
 
@@ -52,6 +52,26 @@ def _gradient(trainer, datums, loss_fn, config, mode, world, share=None):
     return torch.cat([p.grad.reshape(-1) for p in params]).clone()
 
 
+def _one_rank_uniform():
+    """_datums with every odd datum's advantages set to 0: under 2 ranks, rank 1 holds no datum with a gradient
+    (as when each of its groups' rewards were all equal)."""
+    return [
+        Datum(d.model_input, {**d.loss_fn_inputs, "advantages": torch.zeros_like(d.loss_fn_inputs["advantages"])})
+        if i % 2
+        else d
+        for i, d in enumerate(_datums())
+    ]
+
+
+def _update_row(datums, world):
+    """The metrics row of grpo.update on ``datums`` as the recipe runs it: datums whose advantages are all 0 are
+    not scored (score_zero_advantage=False), so the metrics cover the other datums' tokens."""
+    trainer = _trainer()
+    trainer.score_zero_advantage = False
+    config = GRPOConfig(loss_fn="importance_sampling", aggregation="token_mean", score_zero_advantage=False)
+    return update(config, trainer, Rollout(0, datums, {}), world)
+
+
 def _rank(rank, size, port, out):
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
@@ -65,6 +85,7 @@ def _rank(rank, size, port, out):
     rewards = torch.tensor([[float(i), 10.0 * i] for i in world.shard(5)])
     grads["gathered"] = world.gather_rows(rewards, 5)
     grads["token_mean"] = world.token_mean({"optim/x": float(rank + 1)}, mine)["optim/x"]
+    grads["one rank uniform"] = _update_row(_one_rank_uniform()[rank::size], world)
     if rank == 0:
         torch.save(grads, out)
     torch.distributed.destroy_process_group()
@@ -98,6 +119,29 @@ def test_a_plain_average_of_the_ranks_gradients_is_wrong_for_token_mean(two_rank
     # rank 0's tokens more, which loss_share corrects
     single = _gradient(_trainer(), _datums(), "importance_sampling", {}, "token_mean", SINGLE)
     assert (two_ranks["plain average"] - single).norm() / single.norm() > 1e-3
+
+
+def test_a_rank_with_no_scored_datum_leaves_the_metrics_to_the_others(two_ranks):
+    """Rank 1's datums all have advantage 0, so it scores them only because it has nothing else to run: its
+    metrics must not count, or the logged KL and entropy differ from one process's on the whole batch (where
+    those datums are not scored). The gradient and loss agree either way."""
+    single = _update_row(_one_rank_uniform(), SINGLE)
+    dp = two_ranks["one rank uniform"]
+    for key in ("optim/kl_sample_train_v1", "optim/kl_sample_train_v2", "optim/entropy", "optim/loss"):
+        assert dp[key] == pytest.approx(single[key], rel=1e-6), key
+    assert dp["optim/grad_norm"] == pytest.approx(single["optim/grad_norm"], rel=1e-5)
+
+
+def test_when_no_rank_scored_a_datum_every_rank_counts(monkeypatch):
+    """Two ranks with only zero-advantage datums (every group uniform): one process would have scored them all
+    too, so their metrics are weighted by their tokens as usual (a fake all_reduce: the other rank sent
+    ``other``)."""
+    world = World(rank=0, size=2)
+    other = [0.0, 0.0, 3.0 * 30, 30.0]  # rank 1: no scored tokens; over all its 30 tokens, a mean of 3
+    monkeypatch.setattr(World, "sum_floats", lambda self, values: [a + b for a, b in zip(values, other)])
+    assert world.token_mean({"optim/x": 1.0}, [], 10, all_zero_advantage=True) == {"optim/x": (10 + 90) / 40}
+    other = [2.0 * 5, 5.0, 2.0 * 5, 5.0]  # rank 1 scored 5 tokens with a mean of 2: rank 0's stand-ins drop out
+    assert world.token_mean({"optim/x": 1.0}, [], 10, all_zero_advantage=True) == {"optim/x": 2.0}
 
 
 def test_gather_rows_puts_each_ranks_rows_in_problem_order(two_ranks):
