@@ -92,6 +92,9 @@ class TorchCartPole:
         self._gens = [self._gens[b] for b in blocks]
         self.num_envs = len(blocks) * size
 
+    def close(self) -> None:
+        """Nothing to release (no window, no process); here so that code written for Gymnasium's envs runs."""
+
     def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Advance every env one step. ``actions`` is (num_envs,) of 0 (push left) or 1 (push right)."""
         if not isinstance(actions, torch.Tensor) or actions.shape != (self.num_envs,):

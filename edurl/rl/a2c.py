@@ -111,39 +111,40 @@ def _train(config: A2CConfig, losses_fn=None) -> list[TrainResult]:
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
-    stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
-    optimizer = RowAdam(stack.rows, lr=config.learning_rate)
+    try:
+        stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
+        optimizer = RowAdam(stack.rows, lr=config.learning_rate)
 
-    batch_size = config.num_steps * config.num_envs
-    counter, env_steps = None, 0
-    unit = "A2C env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
-    bar = progress(total=config.total_steps, desc=unit, disable=not config.progress)
-    while env_steps < config.total_steps:
-        # ---- T steps of N envs per seed, and GAE (no grad; the value loss's forward is below)
-        batch, ro, obs, counter = collect_batch(env, stack, stack.values, obs, config, device, counter)
-        # ---- one gradient step per seed: the sum of the seeds' losses, each seed's gradient clipped on its own
-        logprobs, entropy, values = stack.evaluate(batch.obs, batch.actions)
-        policy_loss, value_loss = _losses(config, logprobs, values, batch.advantages, batch.returns, losses_fn)
-        entropy = entropy.mean(-1)
-        loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-        optimizer.zero_grad()
-        loss.sum().backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
-        clip_grad_norm_per_seed_(stack.rows, config.max_grad_norm)
-        optimizer.step()
+        batch_size = config.num_steps * config.num_envs
+        counter, env_steps = None, 0
+        unit = "A2C env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
+        bar = progress(total=config.total_steps, desc=unit, disable=not config.progress)
+        while env_steps < config.total_steps:
+            # ---- T steps of N envs per seed, and GAE (no grad; the value loss's forward is below)
+            batch, ro, obs, counter = collect_batch(env, stack, stack.values, obs, config, device, counter)
+            # ---- one gradient step per seed: the sum of the seeds' losses, each seed's gradient clipped on its own
+            logprobs, entropy, values = stack.evaluate(batch.obs, batch.actions)
+            policy_loss, value_loss = _losses(config, logprobs, values, batch.advantages, batch.returns, losses_fn)
+            entropy = entropy.mean(-1)
+            loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+            optimizer.zero_grad()
+            loss.sum().backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
+            clip_grad_norm_per_seed_(stack.rows, config.max_grad_norm)
+            optimizer.step()
 
-        # ---- bookkeeping (one host transfer per update)
-        env_steps += batch_size
-        table = torch.stack([policy_loss, value_loss, entropy]).detach().T.tolist()
-        rows = [{"optim/policy_loss": p, "optim/value_loss": v, "optim/entropy": e} for p, v, e in table]
-        done = runs.record(ro, config.num_envs, env_steps, rows)
-        runs.show(bar, batch_size, done)
-        if len(done) == len(runs.live):
-            break
-        if done:
-            optimizer, obs = drop_seeds(
-                stack, optimizer, env, obs, counter, runs.leave(done, stack.networks(done)), config.num_envs
-            )
-    bar.close()
-    if hasattr(env, "close"):
-        env.close()
-    return runs.results(stack.networks())
+            # ---- bookkeeping (one host transfer per update)
+            env_steps += batch_size
+            table = torch.stack([policy_loss, value_loss, entropy]).detach().T.tolist()
+            rows = [{"optim/policy_loss": p, "optim/value_loss": v, "optim/entropy": e} for p, v, e in table]
+            done = runs.record(ro, config.num_envs, env_steps, rows)
+            runs.show(bar, batch_size, done)
+            if len(done) == len(runs.live):
+                break
+            if done:
+                optimizer, obs = drop_seeds(
+                    stack, optimizer, env, obs, counter, runs.leave(done, stack.networks(done)), config.num_envs
+                )
+        bar.close()
+        return runs.results(stack.networks())
+    finally:
+        env.close()  # Gymnasium's envs, and what they hold, go even if training stops with an error

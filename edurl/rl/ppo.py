@@ -414,7 +414,12 @@ def make_env(config: PPOConfig, device: torch.device):
         else:
             env = _SeedVectorEnvs([make_vector_env(config.env_id, config.num_envs) for _ in seeds])
             obs, _ = env.reset(seed=seeds)
-        return env, obs, *space_sizes(env.single_observation_space, env.single_action_space, config.env_id)
+        try:
+            sizes = space_sizes(env.single_observation_space, env.single_action_space, config.env_id)
+        except ValueError:  # a space the course's networks cannot take: say so, and leave nothing open
+            env.close()
+            raise
+        return env, obs, *sizes
     raise ValueError(f"env_backend must be 'gymnasium' or 'torch', got {config.env_backend!r}.")
 
 
@@ -448,86 +453,89 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
-    if update_fn is None:
-        stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
-        # detail: Adam eps 1e-5; one fused kernel for every seed's step, which matters for nets this small
-        optimizer = RowAdam(stack.rows, lr=config.learning_rate, eps=1e-5)
-        policy = sampler = stack
-        value = stack.values
+    try:
+        if update_fn is None:
+            stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
+            # detail: Adam eps 1e-5; one fused kernel for every seed's step, which matters for nets this small
+            optimizer = RowAdam(stack.rows, lr=config.learning_rate, eps=1e-5)
+            policy = sampler = stack
+            value = stack.values
 
-        def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
-            optimizer.lr = lr
-            return _stack_update(stack, optimizer, batch, config, clip_eps)
+            def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
+                optimizer.lr = lr
+                return _stack_update(stack, optimizer, batch, config, clip_eps)
 
-        def networks(positions: list[int] | None = None) -> list:
-            return stack.networks(positions)
+            def networks(positions: list[int] | None = None) -> list:
+                return stack.networks(positions)
 
-        def keep(positions: list[int]) -> None:
-            nonlocal optimizer, obs
-            optimizer, obs = drop_seeds(stack, optimizer, env, obs, counter, positions, config.num_envs)
-    else:  # the learner's update on one seed's modules
-        torch.manual_seed(config.seed)
-        policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
-        value = ValueNet(obs_dim, config.hidden_sizes).to(device)
-        params = list(policy.parameters()) + list(value.parameters())
-        optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=fused_adam(device))
-        sampler = _ModuleSampler(policy, torch.Generator(device=device).manual_seed(config.seed))
+            def keep(positions: list[int]) -> None:
+                nonlocal optimizer, obs
+                optimizer, obs = drop_seeds(stack, optimizer, env, obs, counter, positions, config.num_envs)
+        else:  # the learner's update on one seed's modules
+            torch.manual_seed(config.seed)
+            policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
+            value = ValueNet(obs_dim, config.hidden_sizes).to(device)
+            params = list(policy.parameters()) + list(value.parameters())
+            optimizer = torch.optim.Adam(params, lr=config.learning_rate, eps=1e-5, fused=fused_adam(device))
+            sampler = _ModuleSampler(policy, torch.Generator(device=device).manual_seed(config.seed))
 
-        def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            epochs = update_fn(policy, value, optimizer, batch, config, clip_eps)
-            return [config.update_epochs if epochs is None else int(epochs)]
+            def run_update(batch: PPOBatch, clip_eps: float, lr: float) -> list[int]:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                epochs = update_fn(policy, value, optimizer, batch, config, clip_eps)
+                return [config.update_epochs if epochs is None else int(epochs)]
 
-        def networks(positions: list[int] | None = None) -> list:
-            return [(policy, value)]
+            def networks(positions: list[int] | None = None) -> list:
+                return [(policy, value)]
 
-        keep = None  # one seed: when it finishes, the run ends
+            keep = None  # one seed: when it finishes, the run ends
 
-    batch_size = config.num_envs * config.num_steps
-    num_updates = max(1, config.total_steps // batch_size)
-    counter, updates = None, [[] for _ in seeds]
-    unit = "PPO env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
-    bar = progress(total=num_updates * batch_size, desc=unit, disable=not config.progress)
-    for update in range(num_updates):
-        # detail: learning_rate and clip_eps decay linearly to 0 over the budget
-        frac = 1.0 - update / num_updates
-        learning_rate = config.learning_rate * frac if config.anneal_lr else config.learning_rate
-        clip_eps = config.clip_eps * frac if config.anneal_clip else config.clip_eps
+        batch_size = config.num_envs * config.num_steps
+        num_updates = max(1, config.total_steps // batch_size)
+        counter, updates = None, [[] for _ in seeds]
+        unit = "PPO env steps" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
+        bar = progress(total=num_updates * batch_size, desc=unit, disable=not config.progress)
+        for update in range(num_updates):
+            # detail: learning_rate and clip_eps decay linearly to 0 over the budget
+            frac = 1.0 - update / num_updates
+            learning_rate = config.learning_rate * frac if config.anneal_lr else config.learning_rate
+            clip_eps = config.clip_eps * frac if config.anneal_clip else config.clip_eps
 
-        # ---- rollout and advantages (no grad): pi_old is the policy right now
-        batch, ro, obs, counter = collect_batch(env, sampler, value, obs, config, device, counter)
+            # ---- rollout and advantages (no grad): pi_old is the policy right now
+            batch, ro, obs, counter = collect_batch(env, sampler, value, obs, config, device, counter)
 
-        # ---- several epochs of minibatch steps on the same batch, then how far they moved the policy
-        epochs = run_update(batch, clip_eps, learning_rate)
-        stats = _after_update(policy, value, batch, config, clip_eps)
+            # ---- several epochs of minibatch steps on the same batch, then how far they moved the policy
+            epochs = run_update(batch, clip_eps, learning_rate)
+            stats = _after_update(policy, value, batch, config, clip_eps)
 
-        # ---- bookkeeping (one host transfer per update)
-        env_steps = (update + 1) * batch_size
-        resid = _var(batch.returns - batch.values).squeeze(-1)
-        var_returns = _var(batch.returns).squeeze(-1)
-        table = torch.stack([*stats.values(), resid, var_returns]).reshape(len(stats) + 2, -1).T.tolist()
-        rows = []
-        for pos, (s, seed_row) in enumerate(zip(runs.live, table)):
-            *values, resid_s, var_s = seed_row
-            row = dict(zip(stats, values))
-            row.update(
-                step=env_steps,
-                epochs=epochs[pos],
-                learning_rate=learning_rate,
-                clip_eps=clip_eps,
-                explained_variance=1 - resid_s / var_s if var_s > 0 else float("nan"),
-            )
-            updates[s].append(row)
-            rows.append({f"optim/{k}": v for k, v in row.items() if k != "step"})
-        done = runs.record(ro, config.num_envs, env_steps, rows)
-        runs.show(bar, batch_size, done, kl=f"{table[0][list(stats).index('approx_kl_k3')]:.4f}")
-        if len(done) == len(runs.live):
-            break
-        if done:
-            keep(runs.leave(done, networks(done)))
-    bar.close()
-    results = runs.results(networks())
-    for result, rows in zip(results, updates):
-        result.updates = pd.DataFrame(rows)
-    return results
+            # ---- bookkeeping (one host transfer per update)
+            env_steps = (update + 1) * batch_size
+            resid = _var(batch.returns - batch.values).squeeze(-1)
+            var_returns = _var(batch.returns).squeeze(-1)
+            table = torch.stack([*stats.values(), resid, var_returns]).reshape(len(stats) + 2, -1).T.tolist()
+            rows = []
+            for pos, (s, seed_row) in enumerate(zip(runs.live, table)):
+                *values, resid_s, var_s = seed_row
+                row = dict(zip(stats, values))
+                row.update(
+                    step=env_steps,
+                    epochs=epochs[pos],
+                    learning_rate=learning_rate,
+                    clip_eps=clip_eps,
+                    explained_variance=1 - resid_s / var_s if var_s > 0 else float("nan"),
+                )
+                updates[s].append(row)
+                rows.append({f"optim/{k}": v for k, v in row.items() if k != "step"})
+            done = runs.record(ro, config.num_envs, env_steps, rows)
+            runs.show(bar, batch_size, done, kl=f"{table[0][list(stats).index('approx_kl_k3')]:.4f}")
+            if len(done) == len(runs.live):
+                break
+            if done:
+                keep(runs.leave(done, networks(done)))
+        bar.close()
+        results = runs.results(networks())
+        for result, rows in zip(results, updates):
+            result.updates = pd.DataFrame(rows)
+        return results
+    finally:
+        env.close()  # Gymnasium's envs, and what they hold, go even if training stops with an error

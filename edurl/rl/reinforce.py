@@ -193,56 +193,60 @@ def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
     edurl.seed_everything(config.seed)
     device = edurl.device(config.device)
     envs = [gym.make(config.env_id) for _ in range(config.episodes_per_update)]
-    obs_dim, num_actions = space_sizes(envs[0].observation_space, envs[0].action_space, config.env_id)
-    policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
-    value = value_opt = None
-    if config.baseline == "value":
-        value = ValueNet(obs_dim, config.hidden_sizes).to(device)
-        value_opt = torch.optim.Adam(value.parameters(), lr=config.value_learning_rate)
-    logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
+    try:
+        obs_dim, num_actions = space_sizes(envs[0].observation_space, envs[0].action_space, config.env_id)
+        policy = CategoricalPolicy(obs_dim, num_actions, config.hidden_sizes).to(device)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=config.learning_rate)
+        value = value_opt = None
+        if config.baseline == "value":
+            value = ValueNet(obs_dim, config.hidden_sizes).to(device)
+            value_opt = torch.optim.Adam(value.parameters(), lr=config.value_learning_rate)
+        logger = MetricsLogger(config.log_dir, if_exists="overwrite") if config.log_dir else None
 
-    env_steps = 0
-    bar = progress(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
-    while len(log) < config.max_episodes:
-        seeds = _episode_seeds(config, config.seed, len(log))
-        if update_fn is not None:
-            batch, loss = update_fn(policy, optimizer, envs, seeds, config.gamma, device)
-        else:
-            batch, loss = reinforce_update(
-                policy,
-                optimizer,
-                envs,
-                seeds,
-                config.gamma,
-                device,
-                loss_fn=loss_fn,
-                normalize_advantages=config.normalize_advantages,
-                value=value,
-                value_optimizer=value_opt,
-            )
+        env_steps = 0
+        bar = progress(total=config.max_episodes, desc="REINFORCE episodes", disable=not config.progress)
+        while len(log) < config.max_episodes:
+            seeds = _episode_seeds(config, config.seed, len(log))
+            if update_fn is not None:
+                batch, loss = update_fn(policy, optimizer, envs, seeds, config.gamma, device)
+            else:
+                batch, loss = reinforce_update(
+                    policy,
+                    optimizer,
+                    envs,
+                    seeds,
+                    config.gamma,
+                    device,
+                    loss_fn=loss_fn,
+                    normalize_advantages=config.normalize_advantages,
+                    value=value,
+                    value_optimizer=value_opt,
+                )
 
-        env_steps += int(batch.mask.sum())
-        log.add(batch.episode_returns.tolist(), batch.lengths.tolist(), env_steps)
+            env_steps += int(batch.mask.sum())
+            log.add(batch.episode_returns.tolist(), batch.lengths.tolist(), env_steps)
+            if logger:
+                logger.log(
+                    env_steps,
+                    **{
+                        "episodes": len(log),
+                        "env/episode_return_mean": float(batch.episode_returns.mean()),
+                        "optim/policy_loss": float(loss.detach()),
+                        "optim/entropy": _entropy_after(policy, batch),
+                        "time/total": log.elapsed(),
+                    },
+                )
+            bar.update(len(batch.lengths))
+            bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
+            if log.should_stop():
+                break
+        bar.close()
         if logger:
-            logger.log(
-                env_steps,
-                **{
-                    "episodes": len(log),
-                    "env/episode_return_mean": float(batch.episode_returns.mean()),
-                    "optim/policy_loss": float(loss.detach()),
-                    "optim/entropy": _entropy_after(policy, batch),
-                    "time/total": log.elapsed(),
-                },
-            )
-        bar.update(len(batch.lengths))
-        bar.set_postfix(mean_return=f"{log.recent_mean():.0f}", refresh=False)
-        if log.should_stop():
-            break
-    bar.close()
-    if logger:
-        logger.close()
-    return log.result(policy, value)
+            logger.close()
+        return log.result(policy, value)
+    finally:
+        for env in envs:
+            env.close()
 
 
 def _episode_seeds(config: ReinforceConfig, seed: int, episodes_so_far: int) -> list[int]:

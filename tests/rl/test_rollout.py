@@ -128,6 +128,67 @@ def test_trainers_refuse_an_env_their_policy_cannot_act_in(trainer):
         train(config(env_id="Pendulum-v1", device="cpu", progress=False))
 
 
+def _count_closes(monkeypatch) -> list:
+    """Every env the trainers make from here on (gym.make, gym.make_vec), each as [env, times closed]."""
+    made = []
+
+    def counting(make):
+        def wrapped(*args, **kwargs):
+            env = make(*args, **kwargs)
+            entry = [env, 0]
+            close = env.close
+
+            def counted_close():
+                entry[1] += 1
+                return close()
+
+            env.close = counted_close
+            made.append(entry)
+            return env
+
+        return wrapped
+
+    monkeypatch.setattr(gym, "make", counting(gym.make))
+    monkeypatch.setattr(gym, "make_vec", counting(gym.make_vec))
+    return made
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise(*args, **kwargs):
+    raise _Stop
+
+
+@pytest.mark.parametrize("trainer", ["reinforce", "a2c", "ppo", "ppo, 2 seeds"])
+@pytest.mark.parametrize("how", ["a refused space", "an error in training", "the end"])
+def test_trainers_close_their_gymnasium_envs(monkeypatch, trainer, how):
+    """Whichever way training ends, every env a trainer made is closed once (an env may hold a window, a
+    simulator or a subprocess)."""
+    from edurl.rl import A2CConfig, PPOConfig, ReinforceConfig, train_a2c, train_ppo, train_reinforce
+
+    made = _count_closes(monkeypatch)
+    train, config, hook = {
+        "reinforce": (train_reinforce, ReinforceConfig(max_episodes=8, episodes_per_update=4), "loss_fn"),
+        "a2c": (train_a2c, A2CConfig(total_steps=64, num_envs=2, num_steps=16), "losses_fn"),
+        "ppo": (train_ppo, PPOConfig(total_steps=64, num_envs=2, num_steps=16), "update_fn"),
+        "ppo, 2 seeds": (train_ppo, PPOConfig(total_steps=64, num_envs=2, num_steps=16, num_seeds=2), None),
+    }[trainer]
+    if hook is None and how == "an error in training":  # update_fn takes one seed: break the stack's update
+        monkeypatch.setattr("edurl.rl.ppo._stack_update", _raise)
+    config = type(config)(**{**vars(config), "device": "cpu", "progress": False})
+    if how == "a refused space":
+        with pytest.raises(ValueError, match="needs a discrete one"):
+            train(type(config)(**{**vars(config), "env_id": "Pendulum-v1"}))
+    elif how == "an error in training":
+        with pytest.raises(_Stop):
+            train(config, **({hook: _raise} if hook else {}))
+    else:
+        train(config)
+    assert made and [n for _, n in made] == [1] * len(made)
+
+
 def test_space_sizes_explains_observations_that_are_not_a_flat_vector():
     import gymnasium as gym
 
