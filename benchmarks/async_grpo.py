@@ -10,7 +10,11 @@ same number of steps:
   trainer trains on batch s, each side on half the cores; once with the sampler in a process of its own
   (``sampler_process=True``) and once in a thread of the trainer's process (``--sampler`` picks one).
 
-Steps per second count the steps' wall time only (``time/step``): the held-out evaluations are left out, and so is
+Each async arm runs between two runs of the synchronous arm (sync, async, sync; with both samplers, sync,
+process, sync, thread, sync), and its speed-up is over their mean seconds per step, so a machine whose speed
+drifts steadily during the run moves both sides of the ratio alike (``sync drift``: the second synchronous run's
+steps/s over the first's; ``sync repeated``: whether it ended at the same pass@1, as a run that repeats itself
+does). Steps per second count the steps' wall time only (``time/step``): the held-out evaluations are left out, and so is
 the sampler process's start-up, which overlaps the trainer's own and is printed as ``sampler start s`` (how long
 the trainer waited for it). Held-out pass@1 is greedy on the same 200 test problems. ``sync trained`` and ``async trained`` are the
 mean share of a step's sequences in groups with mixed rewards, the only ones the trainer scores: the two arms
@@ -19,7 +23,7 @@ steps/s for a reason other than concurrency. The issue's target: async
 reaches >= 1.2x the synchronous steps/s on 2 cores, with a final pass@1 within 5 points of the synchronous run's,
 on 3 seeds.
 
-    python benchmarks/async_grpo.py                   # seeds 0,1,2, 150 steps per arm (about 7 minutes on 2 cores)
+    python benchmarks/async_grpo.py                   # seeds 0,1,2, 150 steps per arm (about 10 minutes on 2 cores)
     python benchmarks/async_grpo.py --steps 3 --seeds 0   # a smoke run
     python benchmarks/async_grpo.py --group-size 4        # at Chapter 7's 32 x 4
 """
@@ -83,27 +87,35 @@ def main(argv=None) -> pd.DataFrame:
             base = GRPOConfig(  # 8 completions per problem by default: Chapter 10's measurements (Chapter 7's is 4)
                 seed=seed, group_size=args.group_size, max_steps=args.steps, eval_every=args.steps, progress=False
             )
-            sync = run(replace(base, num_threads=args.cores, log_dir=f"{tmp}/sync{seed}"))
-            for sampler in samplers:
+            sync_config = replace(base, num_threads=args.cores)
+            before = run(replace(sync_config, log_dir=f"{tmp}/sync{seed}-0"))
+            for i, sampler in enumerate(samplers):
                 lagged = replace(base, max_steps_off_policy=1, num_threads=side, sampler_process=sampler == "process")
                 asyn = run(replace(lagged, log_dir=f"{tmp}/async{seed}{sampler}"))
+                # the synchronous run again, right after: the async arm is compared with the mean time of the two
+                # that bracket it, so a machine that speeds up or slows down steadily moves both sides alike
+                after = run(replace(sync_config, log_dir=f"{tmp}/sync{seed}-{i + 1}"))
+                sync_rate = 2 / (1 / before["steps/s"] + 1 / after["steps/s"])
                 rows.append(
                     {
                         "seed": seed,
                         "sampler": sampler,
-                        "sync steps/s": sync["steps/s"],
+                        "sync steps/s": sync_rate,
                         "async k=1 steps/s": asyn["steps/s"],
-                        "speed-up": asyn["steps/s"] / sync["steps/s"],
-                        "start pass@1": sync["start"],
-                        "sync pass@1": sync["pass@1"],
+                        "speed-up": asyn["steps/s"] / sync_rate,
+                        "sync drift": after["steps/s"] / before["steps/s"],
+                        "start pass@1": before["start"],
+                        "sync pass@1": before["pass@1"],
                         "async pass@1": asyn["pass@1"],
-                        "gap (points)": 100 * (asyn["pass@1"] - sync["pass@1"]),
+                        "gap (points)": 100 * (asyn["pass@1"] - before["pass@1"]),
+                        "sync repeated": after["pass@1"] == before["pass@1"],
                         "trainer waited s": asyn["wait s"],
                         "sampler start s": asyn["start s"],
-                        "sync trained": sync["trained"],
+                        "sync trained": before["trained"],
                         "async trained": asyn["trained"],
                     }
                 )
+                before = after
                 print(pd.DataFrame(rows[-1:]).to_string(index=False, float_format="%.3f"), flush=True)
     table = pd.DataFrame(rows)
     print(
