@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edurl.llm.losses import AGGREGATION_MODES
+
 __all__ = ["SINGLE", "World", "init_world", "launch", "loss_share"]
 
 
@@ -203,17 +205,19 @@ def loss_share(datums: Sequence, aggregation: str, world: World) -> float:
     A plain average of the ranks' gradients (share 1/size) is right only when every rank holds as many of
     these as every other; with completions of different lengths, token_mean's is not. One all_reduce.
     """
-    if aggregation == "sum":
+    if aggregation not in AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    if (
+        aggregation == "sum" or world.size == 1
+    ):  # one process holds the whole batch (with no token: a 0 loss either way)
         return 1.0
     tokens = [int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums]
     if aggregation == "token_mean":
         local = sum(tokens)
     elif aggregation == "seq_mean_token_mean":
         local = sum(t > 0 for t in tokens)
-    elif aggregation == "seq_mean_token_sum_norm":
+    else:  # seq_mean_token_sum_norm
         local = len(datums)
-    else:
-        raise ValueError(f"unknown aggregation {aggregation!r}")
     (total,) = world.sum_floats([local])
     return local / total if total else 0.0
 
