@@ -1,6 +1,6 @@
 """PPO on CartPole-v1: edurl on Gymnasium vector envs, edurl on TorchCartPole, and Stable-Baselines3, in one run.
 
-    python benchmarks/cartpole.py            # 5 seeds each, then 8 seeds in one process; ~8 minutes on 2 CPU cores
+    python benchmarks/cartpole.py            # 5 seeds each, then 8 seeds in one process; ~9 minutes on 2 CPU cores
     python benchmarks/cartpole.py --seeds 3 --stack 0
 
 All three use the rl-baselines3-zoo CartPole-v1 PPO hyperparameters, which are edurl's PPOConfig
@@ -11,7 +11,8 @@ defaults: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98, lambda
 
 Last, ``--stack`` seeds (8) train side by side in one process (``PPOConfig(num_seeds=8)``, TorchCartPole), on
 1 and then on ``--stack-threads`` torch threads; a seed's "seconds to solve" is then on the shared clock, and the
-table adds the whole call's wall time over one seed's (the median single-seed TorchCartPole run above).
+table adds the whole call's wall time over one seed's: the mean of the median single-seed TorchCartPole run
+just before the stacks and, run again, just after them (since 2026-11-29; the machine's speed drifts over a run).
 """
 
 from __future__ import annotations
@@ -59,17 +60,26 @@ def main():
     warm_up()
     seeds = list(range(args.seeds))
     print("running ...")
-    rows = []
-    for backend, name in (("gymnasium", "edurl PPO (gymnasium vector)"), ("torch", "edurl PPO (TorchCartPole)")):
-        rows += run_edurl(
-            name,
-            lambda s, b=backend: PPOConfig(seed=s, env_backend=b, total_steps=BUDGET, device="cpu", progress=False),
+
+    def torch_singles():
+        return run_edurl(
+            "edurl PPO (TorchCartPole)",
+            lambda s: PPOConfig(seed=s, env_backend="torch", total_steps=BUDGET, device="cpu", progress=False),
             train_ppo,
             seeds,
             greedy_episodes=100,
         )
-    if not args.no_sb3:
-        rows += run_sb3("SB3 PPO (zoo)", sb3_ppo, seeds, BUDGET, greedy_episodes=100)
+
+    gym_rows = run_edurl(
+        "edurl PPO (gymnasium vector)",
+        lambda s: PPOConfig(seed=s, env_backend="gymnasium", total_steps=BUDGET, device="cpu", progress=False),
+        train_ppo,
+        seeds,
+        greedy_episodes=100,
+    )
+    sb3_rows = [] if args.no_sb3 else run_sb3("SB3 PPO (zoo)", sb3_ppo, seeds, BUDGET, greedy_episodes=100)
+    torch_rows = torch_singles()  # right before the stacks, and again right after them (below)
+    rows = gym_rows + torch_rows + sb3_rows
     totals = {}
     for threads in sorted({1, args.stack_threads}) if args.stack else ():
         name = f"edurl PPO, {args.stack} seeds in 1 process ({threads} thr)"
@@ -84,13 +94,24 @@ def main():
         )
         stacked, totals[name] = run_edurl_stacked(name, config, train_ppo, greedy_episodes=100)
         rows += stacked
+    after = torch_singles() if totals else []
     print_table(
         rows,
         "SB3 PPO (zoo)",
         f"PPO on CartPole-v1, {len(seeds)} seeds, solved = 100-episode training mean "
         ">= 475; median (min-max) over solved seeds; 1 CPU thread unless marked",
     )
-    single = np.median([r["run_seconds"] for r in rows if r["algo"] == "edurl PPO (TorchCartPole)"])
+    if not totals:
+        return
+    # the stacks are compared with the mean of the median single seed before them and after them, so a machine
+    # whose speed drifts steadily during the run moves both sides of the ratio alike
+    before, later = (np.median([r["run_seconds"] for r in part]) for part in (torch_rows, after))
+    single = (before + later) / 2
+    steps_repeat = [r["steps"] for r in after] == [r["steps"] for r in torch_rows]
+    print(
+        f"  median single-seed TorchCartPole run: {before:.1f} s before the stacks, {later:.1f} s after them "
+        f"(x{later / before:.2f}; the same solve steps: {steps_repeat}); their mean, {single:.1f} s, is one seed's time"
+    )
     for name, total in totals.items():
         print(
             f"  {name}: {total:.1f} s for all of them = x{total / single:.2f} the median single-seed "
