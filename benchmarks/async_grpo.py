@@ -23,7 +23,8 @@ steps/s for a reason other than concurrency. The issue's target: async
 reaches >= 1.2x the synchronous steps/s on 2 cores, with a final pass@1 within 5 points of the synchronous run's,
 on 3 seeds.
 
-    python benchmarks/async_grpo.py                   # seeds 0,1,2, 150 steps per arm (about 10 minutes on 2 cores)
+    python benchmarks/async_grpo.py                   # seeds 0,1,2, 150 steps per arm (about 15 minutes on 2 cores)
+    python benchmarks/async_grpo.py --sampler process  # the process sampler only (about 10 minutes)
     python benchmarks/async_grpo.py --steps 3 --seeds 0   # a smoke run
     python benchmarks/async_grpo.py --group-size 4        # at Chapter 7's 32 x 4
 """

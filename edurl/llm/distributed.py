@@ -207,9 +207,8 @@ def loss_share(datums: Sequence, aggregation: str, world: World) -> float:
     """
     if aggregation not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation {aggregation!r}")
-    if (
-        aggregation == "sum" or world.size == 1
-    ):  # one process holds the whole batch (with no token: a 0 loss either way)
+    # one process holds the whole batch (a batch without action tokens has a 0 loss and gradient either way)
+    if aggregation == "sum" or world.size == 1:
         return 1.0
     tokens = [int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums]
     if aggregation == "token_mean":
