@@ -51,14 +51,8 @@ def pad(
         counts = [row.shape[0] for row in rows]
     else:
         counts = [len(row) for row in rows]
-        flat = None
-        if dtype == torch.long and not any(isinstance(row, torch.Tensor) for row in rows):
-            try:  # token ids: an array of ints fills a tensor several times faster than a list does
-                flat = (
-                    torch.frombuffer(array("q", chain.from_iterable(rows)), dtype=torch.long) if sum(counts) else None
-                )
-            except (TypeError, OverflowError):  # not all ints: the general path says what is wrong
-                flat = None
+        plain_ints = dtype == torch.long and not any(isinstance(row, torch.Tensor) for row in rows)
+        flat = _ints(rows) if plain_ints else None
         if flat is None:
             entries = [x for row in rows for x in (row.tolist() if isinstance(row, torch.Tensor) else row)]
             flat = (
@@ -73,3 +67,13 @@ def pad(
     out[real] = flat  # row-major order: row 0's entries, then row 1's, ... as in ``flat``
     mask = real.long()
     return (out, mask) if device is None else (out.to(device), mask.to(device))
+
+
+def _ints(rows: Sequence[Sequence[int]]) -> torch.Tensor | None:
+    """Every entry of ``rows`` in one long tensor, through an array of ints (several times faster than a list of
+    Python ints), or None when there are none or some entry is not an int (``pad``'s general path handles it)."""
+    try:
+        values = array("q", chain.from_iterable(rows))
+    except (TypeError, OverflowError):
+        return None
+    return torch.frombuffer(values, dtype=torch.long) if values else None
