@@ -42,7 +42,7 @@ from edurl.llm.clients import SamplingClient, TrainingClient
 from edurl.llm.datum import Datum, ModelInput
 from edurl.llm.grpo import GRPOConfig, Rollout, collect
 from edurl.llm.renderer import ChatMLRenderer
-from edurl.utils import torch_threads
+from edurl.utils import cpu_threads, torch_threads
 
 __all__ = ["LaggedSampler", "ProcessSampler", "SamplerProcess", "make_lagged_sampler"]
 
@@ -351,7 +351,7 @@ def _serve(weights: multiprocessing.Queue, batches: multiprocessing.Queue, stop)
         if message is None:
             return
         config, model, tokenizer, device, renderer, task, reward_fn, start_step = pickle.loads(message[1])
-        torch.set_num_threads(config.num_threads)
+        torch.set_num_threads(cpu_threads(config.num_threads))  # $EDURL_MAX_THREADS caps it, as everywhere
         sampler = SamplingClient(model.to(device), tokenizer, "process-sampler")
         batches.put(("ready", None))
         named = dict(sampler.model.named_parameters())

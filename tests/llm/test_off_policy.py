@@ -117,6 +117,23 @@ def test_the_sampler_process_stays_until_the_trainer_stops_it(tmp_path):
     assert sampler.process.process.exitcode == 0
 
 
+def reward_with_the_thread_count(problems, prompts, completions):  # module level, so that it pickles
+    return torch.zeros(len(completions), len(completions[0])), {"sampler_threads": torch.get_num_threads()}
+
+
+def test_the_sampler_process_honours_the_thread_cap(tmp_path, monkeypatch):
+    # it once called torch.set_num_threads(config.num_threads) itself, past $EDURL_MAX_THREADS (make test sets it)
+    monkeypatch.setenv("EDURL_MAX_THREADS", "1")
+    trainer, renderer, task = make_training_client(tiny(tmp_path, sft=WARM))
+    config = tiny(tmp_path, sft=WARM, max_steps=1, max_steps_off_policy=1, sampler_process=True, num_threads=2)
+    sampler = ProcessSampler(config, trainer, renderer, task, reward_with_the_thread_count)
+    try:
+        rollout, _ = sampler.next(0)
+    finally:
+        sampler.close()
+    assert rollout.row["sampler_threads"] == 1
+
+
 def _fail_to_load():
     raise ValueError("this task cannot be rebuilt in another process")
 
