@@ -503,8 +503,9 @@ def soft_advantages(rewards: torch.Tensor, tau: float) -> torch.Tensor:
     top = r.max(dim=1, keepdim=True).values  # (P, 1)
     if tau == 0:
         baseline = top
-    else:  # top + tau * log mean exp((R - top) / tau): no overflow for a small tau
-        baseline = top + tau * torch.log(torch.exp((r - top) / tau).mean(dim=1, keepdim=True))
+    else:  # top + tau * log mean exp((R - top) / tau): no overflow for a small tau, and as log1p of a mean of
+        # expm1, no rounding of exp(tiny) to 1 for a large one (which gave the max's baseline from tau ~ 1e15)
+        baseline = top + tau * torch.log1p(torch.expm1((r - top) / tau).mean(dim=1, keepdim=True))
     advantages = (r - baseline).to(rewards.dtype)
     return torch.where(zero_variance_groups(rewards)[:, None], torch.zeros_like(advantages), advantages)
 

@@ -55,14 +55,21 @@ class RolloutBuffer:
     correct: list[list[float]] = field(default_factory=list)
     source: list[str] = field(default_factory=list)
     """The name of the policy that sampled each group."""
+    temperature: float | None = None
+    """The sampling temperature of every logged log-prob (None: unknown, a buffer saved before this field)."""
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def __add__(self, other: RolloutBuffer) -> RolloutBuffer:
-        return RolloutBuffer(
-            *(getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__)  # type: ignore[arg-type]
-        )
+        temps = (self.temperature, other.temperature)
+        if None not in temps and temps[0] != temps[1]:
+            raise ValueError(
+                f"cannot join buffers sampled at temperatures {temps[0]} and {temps[1]}: their log-probs are of "
+                "different distributions, and training scores every group at one. Collect both at one temperature."
+            )
+        lists = {k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__ if k != "temperature"}
+        return RolloutBuffer(**lists, temperature=None if None in temps else temps[0])
 
     def summary(self) -> pd.DataFrame:
         """One row per source policy: its groups, mean reward, share correct and completion length."""
@@ -112,7 +119,7 @@ def collect_buffer(
     between samplers (seeded by ``seed`` and the sampler's position), graded by the task's verifier."""
     if not samplers:
         raise ValueError("samplers is empty; pass e.g. {'sft': trainer.save_weights_and_get_sampling_client()}")
-    buffer = RolloutBuffer()
+    buffer = RolloutBuffer(temperature=float(temperature))
     stop = renderer.get_stop_sequences()
     jobs = [(name, start) for name in samplers for start in range(0, num_groups, batch_size)]
     for name, start in progress(jobs, desc="rollout buffer", disable=not progress_bar):
@@ -138,6 +145,30 @@ def collect_buffer(
 def _check_advantage(advantage) -> None:
     if not (callable(advantage) or advantage in ADVANTAGES):
         raise ValueError(f"advantage must be one of {ADVANTAGES} or a function f(rewards, tau), got {advantage!r}")
+
+
+def _check_buffer(config: GRPOConfig, buffer: RolloutBuffer, groups) -> None:
+    """Refuse to train on ``groups`` (indices into ``buffer``) what the loss would read wrong."""
+    if buffer.temperature is not None and buffer.temperature != config.temperature:
+        raise ValueError(
+            f"the buffer's log-probs were sampled at temperature {buffer.temperature}, but config.temperature is "
+            f"{config.temperature}, which the trainer scores at: the ratio pi / pi_sampler would compare two "
+            f"distributions. Set config.temperature={buffer.temperature}, or collect the buffer at "
+            f"{config.temperature}."
+        )
+    sizes = {len(buffer.completions[i]) for i in groups}
+    if sizes != {config.group_size}:
+        raise ValueError(
+            f"the buffer's groups have {sorted(sizes)} completions, config.group_size is {config.group_size}"
+        )
+    if config.aggregation == "seq_mean_token_sum_norm":
+        longest = max(len(c) for i in groups for c in buffer.completions[i])
+        if longest > config.max_tokens:
+            raise ValueError(
+                f"a logged completion has {longest} tokens, more than config.max_tokens={config.max_tokens}, "
+                "which Dr. GRPO's aggregation divides by as the generation budget; set max_tokens to the "
+                "buffer's budget (collect_buffer's max_tokens)"
+            )
 
 
 def draw_groups(buffer: RolloutBuffer, batch_size: int, seed: int, step: int) -> list[int]:
@@ -167,6 +198,7 @@ def offline_step(
     almost every completion is pushed down, on every one of its tokens."""
     _check_advantage(advantage)
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)
+    _check_buffer(config, buffer, drawn)
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
     if advantage == "mean":
         adv = L.group_advantages(rewards, config.advantage_scale)
@@ -180,7 +212,7 @@ def offline_step(
     ]
     row = {
         "buffer/reward": float(rewards.mean()),
-        "buffer/correct": sum(sum(buffer.correct[i]) for i in drawn) / (len(drawn) * config.group_size),
+        "buffer/correct": sum(sum(buffer.correct[i]) for i in drawn) / rewards.numel(),
         "buffer/advantage": float(adv.mean()),
     }
     return update(config, trainer, Rollout(step, datums, row))
@@ -204,11 +236,7 @@ def train_offline(
             f"batch_size={config.batch_size} groups per step, but the buffer holds {len(buffer)}; collect more "
             "groups or lower batch_size"
         )
-    sizes = {len(c) for c in buffer.completions}
-    if sizes != {config.group_size}:
-        raise ValueError(
-            f"the buffer's groups have {sorted(sizes)} completions, config.group_size is {config.group_size}"
-        )
+    _check_buffer(config, buffer, range(len(buffer)))
     if step_fn is not None and not callable(step_fn):
         raise TypeError(f"step_fn must be a function step_fn(config, trainer, buffer, step) -> dict, got {step_fn!r}")
 

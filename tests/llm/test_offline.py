@@ -23,6 +23,8 @@ def test_soft_advantages_by_hand():
     assert torch.allclose(L.soft_advantages(r, 1e5), L.group_advantages(r), atol=1e-5)  # large tau: the mean
     assert torch.equal(L.soft_advantages(r, 0.0), torch.tensor([[0.0, -1.0, -0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]))
     assert torch.allclose(L.soft_advantages(r, 1e-3), L.soft_advantages(r, 0.0), atol=1e-3)  # no overflow
+    for tau in (1e12, 1e16, 1e300):  # it once rounded exp((R - max) / tau) to 1 and gave the max's baseline
+        assert torch.allclose(L.soft_advantages(r, tau), L.group_advantages(r), atol=1e-6), tau
     assert L.soft_advantages(r, 0.3)[1].eq(0).all()  # a uniform group carries nothing
     with pytest.raises(ValueError, match="tau must be"):
         L.soft_advantages(r, -1.0)
@@ -105,6 +107,42 @@ def test_offline_batches_get_soft_advantages(setup, monkeypatch):
         d.loss_fn_inputs["advantages"].tolist() for d in rollout.datums
     ]
     assert rollout.row["buffer/reward"] == pytest.approx(sum(map(sum, buffer.rewards)) / 16, abs=1e-6)
+
+
+def test_the_buffer_keeps_its_temperature_and_the_trainer_must_match_it(setup):
+    config, trainer, renderer, task, start, root = setup
+    cold = collect_buffer(
+        {"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, temperature=0.5, progress_bar=False
+    )
+    assert cold.temperature == 0.5 and RolloutBuffer.load(cold.save(root / "cold.pt")).temperature == 0.5
+    # log-probs logged at T = 0.5 are not pi_sampler at T = 1: it once trained on them without a word
+    with pytest.raises(ValueError, match="temperature 0.5"):
+        train_offline(replace(config, log_dir=str(root / "cold")), cold)
+    with pytest.raises(ValueError, match="temperature 0.5"):
+        offline_step(config, trainer, cold, 0)
+    warm = collect_buffer({"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, progress_bar=False)
+    with pytest.raises(ValueError, match="temperatures 0.5 and 1.0"):
+        cold + warm
+    # a buffer saved before buffers kept their temperature loads, and is trusted
+    old = {k: getattr(warm, k) for k in warm.__dataclass_fields__ if k != "temperature"}
+    torch.save(old, root / "old.pt")
+    legacy = RolloutBuffer.load(root / "old.pt")
+    assert legacy.temperature is None
+    assert (legacy + warm).temperature is None  # a join with an unknown part is unknown
+    assert "optim/loss" in offline_step(replace(config, temperature=0.7), trainer, legacy, 0)
+
+
+def test_offline_step_checks_the_groups_it_draws(setup):
+    config, trainer, renderer, task, start, root = setup
+    buffer = collect_buffer({"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, progress_bar=False)
+    buffer.correct = [[1.0] * 4 for _ in buffer.correct]
+    assert offline_step(config, trainer, buffer, 0)["buffer/correct"] == 1.0
+    # called directly with another group size, it once trained and logged buffer/correct = 2.0
+    with pytest.raises(ValueError, match="group_size is 2"):
+        offline_step(replace(config, group_size=2), trainer, buffer, 0)
+    # Dr. GRPO divides by max_tokens: a logged completion longer than that would break its constant
+    with pytest.raises(ValueError, match="max_tokens"):
+        train_offline(replace(config, aggregation="seq_mean_token_sum_norm", max_tokens=2), buffer)
 
 
 def test_offline_refuses_bad_inputs(setup):
