@@ -312,7 +312,22 @@ class TrainingClient:
             )[0]
             for key in keys
         }
+        self._check_targets(fields["target_tokens"], datums)
         return ids, attn, fields
+
+    def _check_targets(self, targets: torch.Tensor, datums: Sequence[Datum]) -> None:
+        """Refuse target tokens outside the vocabulary: a shared prompt reads its log-probs by a flat index, which
+        would take another position's instead of failing."""
+        head = self.model.get_output_embeddings()
+        vocab = head.weight.shape[0] if head is not None else self.model.config.vocab_size
+        bad = (targets < 0) | (targets >= vocab)
+        if bool(bad.any()):
+            i, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"datums[{i}].loss_fn_inputs['target_tokens'][{j}] is target token {int(targets[i, j])}, outside "
+                f"the model's vocabulary of {vocab} (0 to {vocab - 1}); a target must be the id of the next token "
+                "(a masked position too: its mask, not an ignore index such as -100, leaves it out of the loss)"
+            )
 
     def _forward(self, reference: bool, **inputs):
         """The policy's forward pass, or the reference policy's (a frozen copy, or the LoRA adapter switched off)."""
@@ -653,13 +668,18 @@ class TrainingClient:
         with torch.no_grad():
             for k, v in state["weights"].items():
                 named[k].copy_(v)
-        self._master = None
         if self._stores_16_bit():
-            # the saved fp32 master weights, not their rounded copies, carry on
-            self._master = [
-                torch.nn.Parameter(state["weights"][k].to(self.device, torch.float32).clone())
-                for k in self._trainable_names()
-            ]
+            # the saved fp32 master weights, not their rounded copies, carry on; into the copies this client
+            # already has, if it has them, since an optimizer kept (optimizer=False) holds those very tensors
+            saved = [state["weights"][k].to(self.device, torch.float32) for k in self._trainable_names()]
+            if self._master is None:
+                self._master = [torch.nn.Parameter(w.clone()) for w in saved]
+            else:
+                with torch.no_grad():
+                    for m, w in zip(self._master, saved):
+                        m.copy_(w)
+        else:
+            self._master = None
         if optimizer and state["optimizer"] is not None:
             self.optimizer = torch.optim.AdamW(self._optimized_parameters())
             self.optimizer.load_state_dict(state["optimizer"])

@@ -126,8 +126,9 @@ def token_logprobs(
         return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
     B, T = ids.shape
     lengths = attn.sum(1)
-    has_loss = mask.bool().any(1)
-    first = torch.where(has_loss, mask.float().argmax(1), lengths - 1)  # (B,) first loss position
+    scored = mask != 0  # the loss counts every non-zero weight, 0.5 as well as 1
+    has_loss = scored.any(1)
+    first = torch.where(has_loss, scored.float().argmax(1), lengths - 1)  # (B,) first loss position
     prompts: dict[tuple[int, ...], int] = {}
     id_rows, ends = ids.tolist(), (first + 1).tolist()  # one copy to Python, not a select per row
     rows = [prompts.setdefault(tuple(id_rows[i][: ends[i]]), len(prompts)) for i in range(B)]

@@ -362,6 +362,30 @@ def test_full_fine_tuning_of_a_bf16_model_keeps_fp32_master_weights(small_model,
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("with_optimizer", [False, True])
+def test_a_bf16_model_keeps_training_after_load_state(small_model, char_tokenizer, tmp_path, with_optimizer):
+    # load_state once built new fp32 master copies while a kept optimizer still held the old ones: every later
+    # optim_step stepped the old copies and wrote the unchanged new ones back, so training stopped without a word
+    # (load_state(optimizer=False), Tinker's, or a checkpoint saved before the first step)
+    model = copy.deepcopy(small_model).to(torch.bfloat16)
+    trainer = ServiceClient(device="cpu", log_dir=tmp_path).create_training_client((model, char_tokenizer))
+    datums = rl_datums(trainer)
+    if with_optimizer:  # a checkpoint without optimizer state: written before the first step
+        path = trainer.save_state("before")
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-2))
+    if not with_optimizer:
+        path = trainer.save_state("after")
+    trainer.load_state(path, optimizer=with_optimizer)
+    saved = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-2))
+    moved = sum(int((v != saved[k]).sum()) for k, v in trainer.model.named_parameters())
+    assert moved > 0, "no bf16 weight moved in the step after load_state"
+    optimized = {id(q) for group in trainer.optimizer.param_groups for q in group["params"]}
+    assert optimized == {id(m) for m in trainer._master}
+
+
 def test_grad_clip_norm_zero_means_no_clipping_as_in_tinker(trainer):
     datums = rl_datums(trainer)
     trainer.forward_backward(datums, "importance_sampling")
@@ -482,6 +506,36 @@ def test_a_loss_over_the_prompt_keeps_the_prompts_gradient(small_model, char_tok
             t.forward_backward(batch, "importance_sampling", kl_coef=0.5, kl_estimator="k1").result()
         for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
             assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_a_fractional_mask_gets_the_gradient_of_whole_rows(small_model, char_tokenizer):
+    # the shared-prompt split once took the first *largest* mask value as a row's first loss position, while the
+    # loss counts every non-zero one: a 0.5 just before the completion was scored inside the prompt, without a graph
+    service = ServiceClient(device="cpu")
+    trainers = [service.create_training_client((small_model, char_tokenizer)) for _ in range(2)]
+    trainers[1].share_prompts = False
+    datums = group_datums(trainers[0], [PROMPT, PROMPT[:4]])
+    for d in datums:
+        mask, adv = d.loss_fn_inputs["mask"], d.loss_fn_inputs["advantages"]
+        i = int(mask.nonzero()[0]) - 1
+        mask[i], adv[i] = 0.5, 1.0  # the same advantage in the whole group, or the group's gradients cancel there
+    outs = [t.forward_backward(datums, "importance_sampling").result() for t in trainers]
+    assert outs[0].loss == pytest.approx(outs[1].loss, rel=1e-5, abs=1e-6)
+    for (name, p), q in zip(trainers[0].model.named_parameters(), trainers[1].model.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6, rtol=1e-4), name
+
+
+def test_target_tokens_outside_the_vocabulary_are_refused(trainer):
+    # shared prompts read a flat index: a target past the vocabulary once read another position's log-prob
+    vocab = trainer.model.get_output_embeddings().weight.shape[0]
+    for bad_token in (vocab, -100):
+        datums = rl_datums(trainer)
+        datums[1].loss_fn_inputs["target_tokens"][2] = bad_token
+        with pytest.raises(ValueError, match=rf"datums\[1\].*target token {bad_token}.*vocabulary of {vocab}"):
+            trainer.forward_backward(datums, "importance_sampling")
+        with pytest.raises(ValueError, match=rf"target token {bad_token}"):
+            trainer.compute_logprobs(datums)
+    assert all(p.grad is None for p in trainer.model.parameters())  # refused before any work
 
 
 def zero_advantage_batch(small_model, char_tokenizer, monkeypatch, loss_fn, first: dict):
