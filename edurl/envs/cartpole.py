@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 
@@ -46,6 +47,10 @@ class TorchCartPole:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
+        if not isinstance(max_episode_steps, Integral) or isinstance(max_episode_steps, bool) or max_episode_steps < 1:
+            raise ValueError(
+                f"max_episode_steps must be a positive int (CartPole-v1's is 500), got {max_episode_steps!r}."
+            )
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
         self.max_episode_steps = max_episode_steps
         self.autoreset = autoreset

@@ -40,22 +40,37 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
+def draw_learning_curve(result, title: str):
+    """A TrainResult's training-episode returns (rolling mean of 100) against env steps; for a list of them (a
+    trainer config's ``num_seeds`` > 1), their mean with the min-max band across seeds, over the steps every seed
+    ran, and each seed's own curve, thin, over all of its steps: a seed still unsolved after the others stopped
+    stays in view. Returns the matplotlib Axes."""
+    from edurl.plotting import plot_learning_curves, rolling_mean
+
+    results = result if isinstance(result, list) else [result]
+    ax = plot_learning_curves({title: [r.episodes for r in results]}, x="step", y="episode_return", window=100)
+    if len(results) > 1:
+        color = ax.lines[-1].get_color()
+        for i, r in enumerate(results):
+            ep = r.episodes.sort_values("step")
+            label = "each seed" if i == 0 else None
+            ax.plot(ep["step"], rolling_mean(ep["episode_return"].to_numpy(float), 100), color=color, lw=0.6,
+                    alpha=0.5, label=label)  # fmt: skip
+    ax.axhline(results[0].config.solve_threshold, color="gray", ls="--", lw=1, label="solved")
+    for r in results:
+        if r.solved:
+            ax.axvline(r.solved_step, color="green", ls=":", lw=1)
+    return ax
+
+
 def save_learning_curve(result, path: Path, title: str) -> Path:
-    """Plot a TrainResult's training-episode returns (rolling mean of 100) against env steps and save a PNG;
-    for a list of them (a trainer config's ``num_seeds`` > 1), their mean with the min-max band across seeds."""
+    """:func:`draw_learning_curve`, saved as a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from edurl.plotting import plot_learning_curves
-
-    results = result if isinstance(result, list) else [result]
-    ax = plot_learning_curves({title: [r.episodes for r in results]}, x="step", y="episode_return", window=100)
-    ax.axhline(results[0].config.solve_threshold, color="gray", ls="--", lw=1, label="solved")
-    for r in results:
-        if r.solved:
-            ax.axvline(r.solved_step, color="green", ls=":", lw=1)
+    ax = draw_learning_curve(result, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     ax.figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(ax.figure)

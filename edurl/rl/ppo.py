@@ -238,7 +238,8 @@ def collect_batch(env, policy, value, obs, config: PPOConfig, device: torch.devi
     T = config.num_steps
 
     def seed_major(x: torch.Tensor) -> torch.Tensor:  # (T, S * N, ...) -> (S, T * N, ...), t-major within a seed
-        return x.unflatten(1, (S, -1)).transpose(0, 1).flatten(1, 2)
+        # contiguous: with N = 1 the flatten is a strided view, whose sums run in another order than a lone seed's
+        return x.unflatten(1, (S, -1)).transpose(0, 1).flatten(1, 2).contiguous()
 
     def time_major(x: torch.Tensor) -> torch.Tensor:  # (S, T * N) -> (T, S * N)
         return x.unflatten(1, (T, -1)).transpose(0, 1).flatten(1, 2)

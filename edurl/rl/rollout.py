@@ -39,7 +39,7 @@ class EpisodeBatch:
     # fmt: off
     obs: torch.Tensor         # (T, N, obs_dim)
     actions: torch.Tensor     # (T, N) int64
-    rewards: torch.Tensor     # (T, N) float32, 0 after an episode's end
+    rewards: torch.Tensor     # (T, N) torch's default dtype, 0 after an episode's end
     dones: torch.Tensor       # (T, N) bool, True at each episode's last step
     mask: torch.Tensor        # (T, N) bool, True for real steps, False for padding
     terminated: torch.Tensor  # (N,) bool: did the episode end by termination (else truncation)?
@@ -59,7 +59,7 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
 
     Only the envs still running are stepped, so no step is simulated and thrown away.
     """
-    n = len(envs)
+    n, dtype = len(envs), torch.get_default_dtype()  # Gymnasium's float32 observations, as the networks' dtype
     cur = np.stack([env.reset(seed=None if seeds is None else seeds[i])[0] for i, env in enumerate(envs)])
     cur = cur.astype(np.float32)  # (N, obs_dim), the current observation of each env
     obs_buf, act_buf, rew_buf = [], [], []
@@ -68,7 +68,7 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
     terminated_flags = np.zeros(n, dtype=bool)
     while running.any():
         idx = np.nonzero(running)[0]
-        actions = act(torch.as_tensor(cur[idx], device=device)).cpu().numpy()
+        actions = act(torch.as_tensor(cur[idx], dtype=dtype, device=device)).cpu().numpy()
         obs_buf.append(cur.copy())
         step_act, step_rew = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float32)
         for a, i in zip(actions, idx):
@@ -84,9 +84,9 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
     t = torch.arange(T, device=device)[:, None]
     lengths_t = torch.as_tensor(lengths, device=device)[None, :]
     return EpisodeBatch(
-        obs=torch.as_tensor(np.stack(obs_buf), device=device),
+        obs=torch.as_tensor(np.stack(obs_buf), dtype=dtype, device=device),
         actions=torch.as_tensor(np.stack(act_buf), device=device),
-        rewards=torch.as_tensor(np.stack(rew_buf), device=device),
+        rewards=torch.as_tensor(np.stack(rew_buf), dtype=dtype, device=device),
         dones=t == lengths_t - 1,
         mask=t < lengths_t,
         terminated=torch.as_tensor(terminated_flags, device=device),

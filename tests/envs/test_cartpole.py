@@ -73,6 +73,9 @@ def test_bad_arguments():
         TorchCartPole(0)
     with pytest.raises(ValueError, match="dtype"):
         TorchCartPole(2, dtype=torch.int32)
+    for steps in (0, -3, 2.5, True):  # once accepted: 0 and -3 truncated every step, as Gymnasium refuses to
+        with pytest.raises(ValueError, match="max_episode_steps"):
+            TorchCartPole(2, max_episode_steps=steps)
     env = TorchCartPole(2)
     env.reset(seed=0)
     with pytest.raises(ValueError, match="shape \\(2,\\)"):

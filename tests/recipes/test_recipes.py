@@ -143,3 +143,29 @@ def test_trainer_recipes_with_several_seeds(tmp_path, capsys, recipe, metric):
     out = capsys.readouterr().out
     assert all(f"seed {s}: " in out for s in (4, 5, 6)) and (tmp_path / "learning_curve.png").exists()
     assert all(metric in load_metrics(tmp_path / f"seed{s}") for s in (4, 5, 6))
+
+
+def test_the_learning_curve_shows_a_seed_that_ran_on_after_the_others_stopped():
+    # the band covers only the steps every seed ran; a seed left unsolved there once vanished from the PNG
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from edurl.recipes._cli import draw_learning_curve
+    from edurl.rl.episodes import TrainResult
+
+    def result(last_step, ret, seed):
+        steps = list(range(1000, last_step + 1, 100))
+        rows = pd.DataFrame({"episode": range(len(steps)), "step": steps, "episode_return": [ret] * len(steps)})
+        rows["episode_length"], rows["time/total"] = rows["episode_return"], 0.0
+        return TrainResult.from_episodes(rows.to_dict("records"), PPOConfig(seed=seed, progress=False), None, None)
+
+    solved, unsolved = result(30_000, 500.0, 0), result(200_000, 20.0, 1)
+    assert solved.solved and not unsolved.solved
+    ax = draw_learning_curve([solved, unsolved], "PPO")
+    reach = max(max(line.get_xdata()) for line in ax.lines if len(line.get_xdata()) > 2)
+    assert reach == 200_000
+    assert "each seed" in ax.get_legend_handles_labels()[1]
+    plt.close(ax.figure)

@@ -43,8 +43,11 @@ def _flat(module):
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
 
-@pytest.mark.parametrize("backend, learners", [("torch", False), ("gymnasium", False), ("torch", True)])
-def test_seed_i_of_an_a2c_stack_is_the_run_of_seed_i_alone(backend, learners):
+@pytest.mark.parametrize(
+    "backend, learners, num_envs",
+    [("torch", False, 8), ("gymnasium", False, 8), ("torch", True, 8), ("torch", False, 1)],
+)
+def test_seed_i_of_an_a2c_stack_is_the_run_of_seed_i_alone(backend, learners, num_envs):
     """Issue 19: A2CConfig(num_seeds=3) trains seeds 5, 6, 7 in one process; each equals its lone run bit for bit
     in float64 (weights and episodes after 4 updates), with the library's losses and with the learner's
     exercise 3.1 called seed by seed."""
@@ -55,7 +58,9 @@ def test_seed_i_of_an_a2c_stack_is_the_run_of_seed_i_alone(backend, learners):
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        kw = dict(env_backend=backend, device="cpu", progress=False, total_steps=4 * 8 * 64, stop_when_solved=False)
+        kw = dict(env_backend=backend, device="cpu", progress=False, stop_when_solved=False, num_envs=num_envs)
+        # 4 updates; 8 with one env, where the seed-major batch was once a strided view that summed in another order
+        kw["total_steps"] = 4 * 8 * 64 if num_envs == 8 else 8 * 64
         losses = baseline_losses if learners else None
         stacked = train_a2c(A2CConfig(seed=5, num_seeds=3, **kw), losses_fn=losses)
         assert isinstance(stacked, list) and len(stacked) == 3

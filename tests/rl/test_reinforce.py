@@ -44,6 +44,17 @@ def test_reinforce_with_value_baseline_runs():
         train_reinforce(ReinforceConfig(baseline="critic", progress=False))
 
 
+def test_reinforce_on_gymnasium_runs_in_float64():
+    # collect_episodes once made float32 observations whatever the networks' dtype: float64 runs crashed
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        result = train_reinforce(ReinforceConfig(seed=0, max_episodes=8, baseline="value", progress=False))
+    finally:
+        torch.set_default_dtype(old)
+    assert next(result.policy.parameters()).dtype == torch.float64 and len(result.episodes) == 8
+
+
 @pytest.mark.cuda
 def test_reinforce_runs_on_cuda():
     r = train_reinforce(ReinforceConfig(seed=0, max_episodes=16, device="cuda", progress=False))
