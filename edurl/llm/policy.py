@@ -37,7 +37,9 @@ class LoraSettings:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or Path(name).suffix != ""
+    """Whether a name that is not an existing folder can only be meant as one. Not a dot in it: hub ids have them
+    ('Qwen/Qwen2.5-0.5B-Instruct', whose pathlib suffix is '.5B-Instruct')."""
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
 
 
 def load_policy(

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -46,6 +48,28 @@ def test_missing_path_and_file_are_explained(tmp_path, qwen_dir):
         load_policy(qwen_dir / "config.json")
     with pytest.raises(FileNotFoundError, match="not in the local cache"):
         load_policy("edurl-test/no-such-hub-model", local_files_only=True)
+
+
+def test_a_hub_id_with_a_dot_loads_from_the_local_cache(tmp_path, qwen_dir):
+    # 'Qwen/Qwen2.5-0.5B-Instruct' has a suffix ('.5B-Instruct') by pathlib's reading, and was once refused as a
+    # missing folder before the hub cache was looked in; a fake offline cache holds the tiny model under that id
+    import shutil
+    import subprocess
+    import sys
+
+    repo = tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct"
+    shutil.copytree(qwen_dir, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    code = (
+        "from edurl.llm.policy import load_policy\n"
+        "model, tok = load_policy('Qwen/Qwen2.5-0.5B-Instruct', device='cpu', local_files_only=True)\n"
+        "print(type(model).__name__)"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ForCausalLM" in out.stdout
 
 
 def test_tokenizer_without_chat_template_is_refused(tmp_path, qwen_dir):
