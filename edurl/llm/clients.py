@@ -656,8 +656,10 @@ class TrainingClient:
     def load_state(self, path: str | Path, optimizer: bool = True) -> dict[str, Any]:
         """Restore weights and optimizer written by :meth:`save_state`. Returns its ``extra`` dict.
 
-        ``optimizer=False`` restores the weights only and keeps this client's optimizer (Tinker's ``load_state``;
-        its ``load_state_with_optimizer`` is the default here)."""
+        ``optimizer=False`` restores the weights only and starts a fresh optimizer (Tinker's ``load_state``: "weights
+        only, optimizer resets"; its ``load_state_with_optimizer`` is the default here). A checkpoint saved before
+        the first step holds no optimizer state, so loading it starts a fresh optimizer either way: the run goes on
+        as the saved one would have, not with moments and a step count from steps taken after the save."""
         file, state = self._read_state(path)
         named = dict(self.model.named_parameters())
         unknown = [k for k in state["weights"] if k not in named]
@@ -680,6 +682,7 @@ class TrainingClient:
                         m.copy_(w)
         else:
             self._master = None
+        self.optimizer = None  # built at the next optim_step, over the parameters it optimizes
         if optimizer and state["optimizer"] is not None:
             self.optimizer = torch.optim.AdamW(self._optimized_parameters())
             self.optimizer.load_state_dict(state["optimizer"])

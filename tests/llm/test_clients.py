@@ -386,6 +386,34 @@ def test_a_bf16_model_keeps_training_after_load_state(small_model, char_tokenize
     assert optimized == {id(m) for m in trainer._master}
 
 
+@pytest.mark.parametrize("how", ["weights only", "saved before the first step"])
+def test_load_state_without_optimizer_state_starts_a_fresh_optimizer(small_model, char_tokenizer, tmp_path, how):
+    # Tinker's load_state is "weights only, optimizer resets": the next step is the one a fresh client loaded from
+    # the same checkpoint takes, not one with Adam's moments and step count from steps taken after the save
+    service = ServiceClient(device="cpu", log_dir=tmp_path)
+    trainer = service.create_training_client((copy.deepcopy(small_model), char_tokenizer))
+    datums = rl_datums(trainer)
+    if how == "saved before the first step":
+        path = trainer.save_state("ckpt")
+
+    def step(client):
+        client.forward_backward(datums, "importance_sampling")
+        client.optim_step(AdamParams(learning_rate=1e-2))
+
+    step(trainer)
+    if how == "weights only":
+        path = trainer.save_state("ckpt")
+    step(trainer)
+    step(trainer)
+    trainer.load_state(path, optimizer=how != "weights only")
+    fresh = service.create_training_client((copy.deepcopy(small_model), char_tokenizer))
+    fresh.load_state(path, optimizer=False)
+    for client in (trainer, fresh):
+        step(client)
+    for a, b in zip(trainer.model.parameters(), fresh.model.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_grad_clip_norm_zero_means_no_clipping_as_in_tinker(trainer):
     datums = rl_datums(trainer)
     trainer.forward_backward(datums, "importance_sampling")
