@@ -175,6 +175,7 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     model = build_tiny_lm(tokenizer, config.model, seed=config.seed).to(dev)
     valid = task.sample(config.num_valid, split="valid", seed=config.seed)
     test = task.sample(num_eval, split="test", seed=config.seed)
+    valid_budget = reply_budget(renderer, valid)
     opt = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay, betas=(0.9, 0.98)
     )
@@ -208,13 +209,13 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
             history.append(row)
             bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
             if config.target_pass_at_1 is not None and (step + 1) % config.check_every == 0:
-                row["valid_pass_at_1"] = evaluate(model, renderer, valid).pass_at_1
+                row["valid_pass_at_1"] = evaluate(model, renderer, valid, max_tokens=valid_budget).pass_at_1
                 bar.set_postfix(loss=f"{row['loss']:.3f}", valid_pass=f"{row['valid_pass_at_1']:.2f}", refresh=False)
                 if row["valid_pass_at_1"] >= config.target_pass_at_1:
                     met = True
                     break
         bar.close()
-        result = evaluate(model, renderer, test)
+        result = evaluate(model, renderer, test, max_tokens=reply_budget(renderer, test))
     history[-1].update(pass_at_1=result.pass_at_1, format=result.format)
     if config.target_pass_at_1 is not None:
         history[-1]["target_met"] = met
@@ -231,6 +232,14 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
             )
     model.eval()
     return model, tokenizer, history
+
+
+def reply_budget(renderer: ChatMLRenderer, problems, floor: int = 16) -> int:
+    """``max_tokens`` for grading ``problems``' replies: room for the longest reference reply and its end of turn,
+    and at least ``floor`` (the course's budget, which 2-digit sums fit; a 9-digit sum's reply needs 19 tokens, and a
+    styled one with an opening and fillers up to 38, so a fixed 16 graded correct replies as cut off and wrong)."""
+    longest = max(len(renderer._encode(p.demonstration())) for p in problems)
+    return max(floor, longest + len(renderer.get_stop_sequences()))
 
 
 def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, retrain: bool = False):

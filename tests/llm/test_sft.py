@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from edurl.llm.renderer import ChatMLRenderer
-from edurl.llm.sft import SFTConfig, _batch, load_or_train_sft, sft_loss, train_sft
+from edurl.llm.sft import SFTConfig, _batch, load_or_train_sft, reply_budget, sft_loss, train_sft
 from edurl.llm.tasks import make_problem
 
 from .conftest import SMALL
@@ -79,6 +79,27 @@ def test_stops_at_the_validation_target():
     with pytest.warns(UserWarning, match="did not reach"):
         _, _, history = train_sft(unreachable, progress=False, num_eval=4)
     assert len(history) == 20 and sum("valid_pass_at_1" in r for r in history) == 4
+
+
+def test_grading_leaves_room_for_the_longest_reference_reply(char_tokenizer, monkeypatch):
+    # validation and test once graded with evaluate's default 16 tokens: a perfect 9-digit reply was cut off
+    from edurl.llm.tasks import ArithmeticTask
+
+    renderer = ChatMLRenderer(char_tokenizer)
+    plain = ArithmeticTask(num_digits=2, ops=("+",)).sample(50, split="test", seed=0)
+    assert reply_budget(renderer, plain) == 16  # the course's 2-digit sums keep their budget
+    long = ArithmeticTask(num_digits=9, ops=("+",)).sample(50, split="test", seed=0)
+    budget = reply_budget(renderer, long)
+    assert budget == max(len(renderer._encode(p.demonstration())) for p in long) + 1 > 16
+    seen = []
+    real = train_sft.__globals__["evaluate"]
+    monkeypatch.setitem(
+        train_sft.__globals__, "evaluate", lambda *a, **k: (seen.append(k["max_tokens"]), real(*a, **k))[1]
+    )
+    fields = {"max_steps": 5, "check_every": 5, "num_valid": 4, "num_digits": 9, "target_pass_at_1": 1.0}
+    with pytest.warns(UserWarning, match="did not reach"):
+        train_sft(SFTConfig(**{**TINY.__dict__, **fields, "extra_steps": 0}), progress=False, num_eval=4)
+    assert len(seen) == 2 and min(seen) > 16
 
 
 def test_training_goes_past_max_steps_at_the_final_rate_until_the_target_is_met():
