@@ -37,7 +37,7 @@ from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import Datum, build_datums
 from edurl.llm.distributed import SINGLE, World, init_world, loss_share
-from edurl.llm.loop import GRPOResult, make_training_client, problem_seed, run_training_loop, substeps
+from edurl.llm.loop import GRPOResult, group_seed, make_training_client, problem_seed, run_training_loop, substeps
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
@@ -170,8 +170,12 @@ class GRPOConfig:
             )
         if not self.kl_coef >= 0:
             raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature!r}")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature!r}: GRPO samples G completions of each problem and "
+                "learns from how they differ, and greedy sampling (0) makes them all the same, so every group is "
+                "uniform and nothing is learned. Held-out evaluation is greedy already."
+            )
         if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
         for name in ("eval_every", "save_every"):
@@ -257,7 +261,7 @@ def collect(
     )
     if config.sample_per_problem or world.size > 1:  # one call per group, seeded by its problem: any split agrees
         responses = [
-            sampler.sample_batch([prompt], G, replace(params, seed=params.seed * 100_003 + i))[0]
+            sampler.sample_batch([prompt], G, replace(params, seed=group_seed(params.seed, i)))[0]
             for i, prompt in zip(mine, prompts)
         ]
     else:

@@ -51,15 +51,22 @@ class GRPOResult:
 
 def problem_seed(seed: int, step: int) -> int:
     """The seed of step `step`'s problems and samples: a function of (seed, step), so resumed runs repeat."""
-    return 1_000_003 * (seed + 1) + step
+    return (1_000_003 * (seed + 1) + step) % 2**63  # a seed torch's generators take, for any seed
+
+
+def group_seed(step_seed: int, i: int) -> int:
+    """The sampling seed of problem ``i``'s group in a step seeded ``step_seed`` (``sample_per_problem``)."""
+    return (step_seed * 100_003 + i) % 2**63
 
 
 def substeps(datums: list, num_substeps: int) -> list[list]:
-    """``datums`` cut into ``num_substeps`` consecutive slices (the last may be shorter), one optimizer step each."""
+    """``datums`` cut into ``num_substeps`` consecutive slices, one optimizer step each: sizes that differ by at most
+    1, the longer first (as many slices as datums when there are fewer)."""
     if not isinstance(num_substeps, int) or num_substeps < 1:
         raise ValueError(f"num_substeps must be a positive int, got {num_substeps!r}")
-    size = -(-len(datums) // num_substeps)
-    return [datums[k : k + size] for k in range(0, len(datums), size)]
+    size, extra = divmod(len(datums), num_substeps)
+    bounds = [k * size + min(k, extra) for k in range(num_substeps + 1)]
+    return [datums[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:

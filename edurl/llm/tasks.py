@@ -179,10 +179,18 @@ class ArithmeticTask:
             raise ValueError(f"n must be >= 0, got {n}")
         rng = random.Random(f"{seed}-{split}")
         out: list[Problem] = []
+        draws = 0
         while len(out) < n:
             a, op, b = self._draw(rng)
+            draws += 1
             if self.split_of(a, op, b) == split:
                 out.append(make_problem(a, op, b))
+            elif not out and draws == 100_000:  # it once drew forever from an empty split (valid_fraction=0)
+                raise ValueError(
+                    f"no problem of the {split!r} split in 100,000 draws: with num_digits={self.num_digits}, "
+                    f"test_fraction={self.test_fraction} and valid_fraction={self.valid_fraction} it is empty or "
+                    "nearly so. Raise that split's fraction, or num_digits."
+                )
         return style(out, seed, split) if self.styled else out
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from edurl.llm.loop import problem_seed
+from edurl.llm.loop import group_seed, problem_seed
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sft import SFTConfig
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> Path:
                 types.ModelInput.from_ints(prompt),
                 G,
                 types.SamplingParams(
-                    max_tokens=config.max_tokens, temperature=config.temperature, stop=stop, seed=seed * 100_003 + i
+                    max_tokens=config.max_tokens, temperature=config.temperature, stop=stop, seed=group_seed(seed, i)
                 ),
             )
             for i, prompt in enumerate(prompts)

@@ -284,6 +284,23 @@ def test_group_advantages_and_datums(char_tokenizer):
     assert len(datums) == 4 and row["env/all/merged_fraction"] == 1.0
 
 
+def test_a_uniform_group_gives_no_datums_whatever_its_reward(char_tokenizer):
+    # eight episodes at 0.9 (a tool cost of 0.1): the mean of eight 0.9s is not 0.9 in floating point, so the
+    # advantages were once -1.1e-16, the group was kept, and its tokens joined a mean loss's denominator
+    from edurl.llm.envs import TrajectoryGroup
+
+    r = ChatMLRenderer(char_tokenizer)
+    episode = _play_scripted(
+        CalculatorEnv("123+456=?", "579", r, tool_cost=0.1), r, ["<calc>123+456</calc>", "\\boxed{579}"]
+    )
+    assert episode.total_reward == pytest.approx(0.9) and sum([episode.total_reward] * 8) / 8 != episode.total_reward
+    group = TrajectoryGroup([episode] * 8, [0.0] * 8)
+    assert group.advantages() == [0.0] * 8
+    assert group.turn_advantages() == [[0.0, 0.0]] * 8
+    for per_turn in (False, True):
+        assert groups_to_datums([group], per_turn_credit=per_turn)[0] == []
+
+
 def test_turn_advantages_credit_each_turn_with_what_came_after_it(char_tokenizer):
     from edurl.llm.envs import TrajectoryGroup
 

@@ -230,6 +230,10 @@ def test_config_refuses_bad_values_and_a_conflicting_sft_seed(tmp_path):
         tiny(tmp_path, learning_rate=-1.0)
     with pytest.raises(ValueError, match="lora_rank"):
         tiny(tmp_path, lora_rank=0)
+    with pytest.raises(
+        ValueError, match="greedy sampling"
+    ):  # every group uniform: it once trained on, learning nothing
+        tiny(tmp_path, temperature=0.0)
     assert tiny(tmp_path, seed=3, sft=SFTConfig(seed=3)).seed == 3
 
 

@@ -85,6 +85,13 @@ def test_bad_settings_are_explained(kwargs, match):
         ArithmeticTask().sample(3, split="validation")
 
 
+def test_an_empty_split_is_explained_instead_of_drawn_from_forever():
+    task = ArithmeticTask(valid_fraction=0.0)
+    assert len(task.sample(3, split="train")) == 3 and task.sample(0, split="valid") == []
+    with pytest.raises(ValueError, match="no problem of the 'valid' split.*valid_fraction=0.0"):
+        task.sample(1, split="valid")
+
+
 def test_jsonl_task(tmp_path):
     path = tmp_path / "mine.jsonl"
     rows = [{"question": f"Capital number {i}?", "answer": i} for i in range(60)]

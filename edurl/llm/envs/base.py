@@ -182,8 +182,7 @@ class TrajectoryGroup:
     def advantages(self) -> list[float]:
         """Each episode's total reward minus the group's mean (Chapter 7's centring, over whole episodes)."""
         r = self.total_rewards
-        mean = sum(r) / len(r)
-        return [x - mean for x in r]
+        return [x - _mean(r) for x in r]
 
     def turn_advantages(self, discount: float = 1.0) -> list[list[float]]:
         """Per-turn credit: turn k's advantage is the reward from turn k to the end of its episode (group rewards
@@ -204,9 +203,14 @@ class TrajectoryGroup:
         longest = max((len(g) for g in to_go), default=0)
         means = []
         for k in range(longest):
-            here = [g[k] for g in to_go if len(g) > k]
-            means.append(sum(here) / len(here))
+            means.append(_mean([g[k] for g in to_go if len(g) > k]))
         return [[g[k] - means[k] for k in range(len(g))] for g in to_go]
+
+
+def _mean(values: list[float]) -> float:
+    """The mean, and exactly the value itself when every value is the same: the mean of eight 0.9s is not 0.9 in
+    floating point, and a uniform group's advantages must be exactly 0 (it then gives no datums)."""
+    return values[0] if all(v == values[0] for v in values) else sum(values) / len(values)
 
 
 # ---------------------------------------------------------------- messages in, tokens out
