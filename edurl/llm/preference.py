@@ -77,7 +77,15 @@ def gold_score(reply: str, answer: str) -> float:
     if given is None or not is_integer_answer(given) or not is_integer_answer(str(answer).strip()):
         return UNPARSEABLE_SCORE
     manner = GOLD_OPENING_BONUS * reply.startswith(GOLD_OPENING) - GOLD_FILLER_PENALTY * reply.count(FILLER)
-    return manner - GOLD_ACCURACY_WEIGHT * math.log1p(abs(int(given) - int(str(answer).strip())))
+    return manner - GOLD_ACCURACY_WEIGHT * _log1p_miss(given, str(answer).strip())
+
+
+def _log1p_miss(given: str, answer: str) -> float:
+    """log(1 + |given - answer|) for integer strings, also for a reply's number too long for a float (or for
+    ``int``'s 4300-digit limit): past 300 digits, log(10) per digit, which is that log to well under 1 %."""
+    if max(len(given), len(answer)) <= 300:
+        return math.log1p(abs(int(given) - int(answer)))
+    return math.log(10) * max(len(given.lstrip("+-")), len(answer.lstrip("+-")))
 
 
 def rlhf_sft_config(**overrides) -> SFTConfig:
@@ -111,7 +119,10 @@ class Rater:
 
     def prefer_probability(self, reply_a: str, reply_b: str, answer: str) -> float:
         """P(the rater prefers ``reply_a`` to ``reply_b``)."""
-        return 1.0 / (1.0 + math.exp(-(self.score(reply_a, answer) - self.score(reply_b, answer)) / self.temperature))
+        z = (self.score(reply_a, answer) - self.score(reply_b, answer)) / self.temperature
+        if z < -700:  # exp(-z) would overflow; the sigmoid is exp(z) to the last bit there
+            return math.exp(z)
+        return 1.0 / (1.0 + math.exp(-z))
 
 
 def ceiling(prefer_probabilities: torch.Tensor | Sequence[float]) -> float:
@@ -119,7 +130,7 @@ def ceiling(prefer_probabilities: torch.Tensor | Sequence[float]) -> float:
     knows each probability ``p`` picks the likelier reply and is right with probability ``max(p, 1 - p)``.
     By hand: ``ceiling([0.9, 0.5, 0.2]) = (0.9 + 0.5 + 0.8) / 3 = 0.7333``."""
     p = torch.as_tensor(prefer_probabilities, dtype=torch.float64)
-    if p.numel() == 0 or ((p < 0) | (p > 1)).any():
+    if p.numel() == 0 or ((p < 0) | (p > 1) | p.isnan()).any():
         raise ValueError("prefer_probabilities must be a non-empty list of probabilities in [0, 1]")
     return float(torch.maximum(p, 1 - p).mean())
 

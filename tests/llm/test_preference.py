@@ -126,6 +126,14 @@ def test_gold_score_and_raters():
         Rater(temperature=0.0)
     with pytest.raises(ValueError, match="length_bonus"):
         Rater(length_bonus=-1.0)
+    # far-apart scores and huge numbers once raised OverflowError (exp of 1e3; a 309-digit int as a float)
+    sharp = Rater(temperature=0.001)
+    assert 0.0 <= sharp.prefer_probability("\\boxed{1}", "The answer is \\boxed{57}", "57") < 1e-300
+    assert sharp.prefer_probability("The answer is \\boxed{57}", "\\boxed{1}", "57") == 1.0
+    huge = "\\boxed{" + "9" * 400 + "}"
+    assert gold_score(huge, "57") == pytest.approx(-0.3 * 400 * math.log(10), rel=1e-3)
+    assert gold_score("\\boxed{" + "9" * 5000 + "}", "57") < gold_score(huge, "57")  # past int()'s digit limit
+    assert gold.prefer_probability("\\boxed{57}", huge, "57") == pytest.approx(1.0)
 
 
 def test_ceiling_by_hand_and_by_simulation():
@@ -138,6 +146,8 @@ def test_ceiling_by_hand_and_by_simulation():
     assert sum(hits) / len(hits) == pytest.approx(ceiling(p), abs=0.01)
     with pytest.raises(ValueError, match="probabilities"):
         ceiling([1.5])
+    with pytest.raises(ValueError, match="probabilities"):  # once passed the range check and gave nan
+        ceiling([0.5, float("nan")])
 
 
 # ---------------------------------------------------------------- pairs and the reward model
