@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
 import os
 from collections.abc import Hashable, Sequence
@@ -315,16 +316,16 @@ class TrainingClient:
         self._check_targets(fields["target_tokens"], datums)
         return ids, attn, fields
 
-    def _check_targets(self, targets: torch.Tensor, datums: Sequence[Datum]) -> None:
+    def _check_targets(self, targets: torch.Tensor, datums: Sequence[Datum], row: int = 0) -> None:
         """Refuse target tokens outside the vocabulary: a shared prompt reads its log-probs by a flat index, which
-        would take another position's instead of failing."""
+        would take another position's instead of failing. ``targets`` (B, T) are datums ``row`` on."""
         head = self.model.get_output_embeddings()
         vocab = head.weight.shape[0] if head is not None else self.model.config.vocab_size
         bad = (targets < 0) | (targets >= vocab)
         if bool(bad.any()):
             i, j = (int(x) for x in bad.nonzero()[0])
             raise ValueError(
-                f"datums[{i}].loss_fn_inputs['target_tokens'][{j}] is target token {int(targets[i, j])}, outside "
+                f"datums[{i + row}].loss_fn_inputs['target_tokens'][{j}] is target token {int(targets[i, j])}, outside "
                 f"the model's vocabulary of {vocab} (0 to {vocab - 1}); a target must be the id of the next token "
                 "(a masked position too: its mask, not an ignore index such as -100, leaves it out of the loss)"
             )
@@ -474,6 +475,58 @@ class TrainingClient:
         adds ``optim/kl_ref`` (k3 against the reference policy) to the metrics at the cost of one more forward
         pass.
         """
+        return self._loss_pass(
+            datums,
+            loss_fn,
+            loss_fn_config,
+            aggregation=aggregation,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            kl_coef=kl_coef,
+            kl_estimator=kl_estimator,
+            log_kl_ref=log_kl_ref,
+        )
+
+    def forward(
+        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, **kwargs
+    ) -> Future[ForwardBackwardOutput]:
+        """:meth:`forward_backward`'s loss, metrics and log-probs, without a backward pass: no gradient is
+        accumulated (Tinker's ``forward``). Takes the same keyword arguments."""
+        with torch.no_grad():
+            return self._loss_pass(datums, loss_fn, loss_fn_config, backward=False, **kwargs)
+
+    def check_inputs(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None) -> None:
+        """What :meth:`forward_backward` would refuse, checked without running the model: the loss's name, its
+        config keys, each datum's fields and shapes, and every target token against the vocabulary (the local
+        Tinker server calls it when a request arrives, so that a bad one is a 400, not a failed operation)."""
+        if loss_fn not in LOSS_FN_NAMES:
+            raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
+        rl = loss_fn != "cross_entropy"
+        if rl:  # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)
+            takes = list(inspect.signature(L.get_loss_fn(loss_fn)).parameters)[3:]
+            unknown = set(loss_fn_config or {}) - set(takes)
+            if unknown:
+                raise ValueError(
+                    f"loss_fn_config has {sorted(unknown)}, which {loss_fn!r} does not take; it takes {takes}"
+                )
+        _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
+        for i, d in enumerate(datums):
+            self._check_targets(d.loss_fn_inputs["target_tokens"][None], [d], row=i)
+
+    def _loss_pass(
+        self,
+        datums: Sequence[Datum],
+        loss_fn: str,
+        loss_fn_config: dict[str, Any] | None = None,
+        *,
+        aggregation: str = "sum",
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        kl_coef: float = 0.0,
+        kl_estimator: str = "k3",
+        log_kl_ref: bool = False,
+        backward: bool = True,
+    ) -> Future[ForwardBackwardOutput]:
         if loss_fn not in LOSS_FN_NAMES:
             raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
         if aggregation not in L.AGGREGATION_MODES:
@@ -538,7 +591,8 @@ class TrainingClient:
             loss, metrics = L.supervised_objective(
                 train_logprobs, f["weights"], mask, aggregation=aggregation, max_tokens=max_tokens, entropy=entropy
             )
-        loss.backward()
+        if backward:
+            loss.backward()
         returned = train_logprobs.detach()
         if unscored is not None:  # not computed: NaN, not the stand-in
             returned = returned.masked_fill(unscored.unsqueeze(1), float("nan"))

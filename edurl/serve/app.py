@@ -21,11 +21,13 @@ How a request flows:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import hmac
 import itertools
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -211,13 +213,17 @@ class Backend:
 
     @staticmethod
     def _guard(model: TrainingModel, fn):
-        """After a failed operation, the model's later operations fail too (the SDK does the same)."""
+        """After a failed operation, the model's later operations fail too (the SDK does the same), except after
+        a refused input (ValueError or TypeError): the training client checks its inputs before it changes any
+        state, so one bad request does not take the model with it."""
 
         def run():
             if model.broken:
                 raise UserError(f"an earlier operation on {model.model_id} failed: {model.broken}")
             try:
                 return fn()
+            except (ValueError, TypeError):  # a refused input: raised before the client changed anything
+                raise
             except Exception as exc:
                 model.broken = str(exc)
                 raise
@@ -241,6 +247,14 @@ class Backend:
             raise UserError("create_model needs a base_model: 'edurl/tiny-arithmetic' or a local Hugging Face folder")
         lora = body.get("lora_config") or {}
         rank = int(lora.get("rank", 32))
+        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise UserError(f"optimizer_config type {optimizer!r}: edurl.serve implements AdamW only ('adamw')")
+        if lora.get("train_attn", True) is False or lora.get("train_mlp", True) is False:
+            raise UserError(
+                "lora_config with train_attn=False or train_mlp=False: edurl.serve adapts the attention and MLP "
+                "layers together (and never the unembedding); send both True"
+            )
         model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
         seed = lora.get("seed", body.get("seed"))  # the SDK sends it inside lora_config
 
@@ -296,17 +310,16 @@ class Backend:
             if loss_fn not in LOSS_FN_NAMES:
                 raise UserError(f"unknown loss_fn {loss_fn!r}; edurl.serve implements {list(LOSS_FN_NAMES)}")
             rl = loss_fn != "cross_entropy"
-            return wire.datums_from_request(request, rl), wire.loss_fn_config(request) or None
+            datums, config = wire.datums_from_request(request, rl), wire.loss_fn_config(request) or None
+            m.client.check_inputs(datums, loss_fn, config)  # fields, target tokens, config keys: a 400, not a failure
+            return datums, config
 
         datums, config = self.validate_ordered(m, int(request.seq_id), prepare)
         forward_only = request.forward_only
 
         def run():
-            client = m.client
-            if forward_only:
-                logprobs = client.compute_logprobs(datums)
-                return wire.forward_backward_output(logprobs, 0.0, {})
-            out = client.forward_backward(datums, loss_fn, config).result()
+            call = m.client.forward if forward_only else m.client.forward_backward
+            out = call(datums, loss_fn, config).result()
             return wire.forward_backward_output([o["logprobs"] for o in out.loss_fn_outputs], out.loss, out.metrics)
 
         return self.submit_ordered(m, int(request.seq_id), run)
@@ -315,8 +328,15 @@ class Backend:
         m = self.model(body["model_id"])
         given = body.get("adam_params") or {}
         allowed = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
+        other = body.get("optimizer_params")
 
         def prepare():
+            if other is not None or "adam_params" not in body:
+                kind = (other or {}).get("type", "none") if isinstance(other, dict) else type(other).__name__
+                raise UserError(
+                    f"optim_step with optimizer params of type {kind!r}: edurl.serve implements Adam only; send "
+                    "AdamParams (it once ran AdamW with its own defaults instead)"
+                )
             unknown = set(given) - allowed
             if unknown:
                 raise UserError(f"adam_params has unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
@@ -333,8 +353,19 @@ class Backend:
     def save_weights(self, body: dict) -> str:
         """``save_state``: TrainingClient.save_state, with what a new client made from it needs in ``extra``."""
         m = self.model(body["model_id"])
-        name = _safe(str(body.get("path") or f"step-{body.get('seq_id')}"))
+        given = str(body.get("path") or f"step-{body.get('seq_id')}")
+        name = _safe(given)
         path = f"tinker://{m.model_id}/weights/{name}"
+
+        def prepare():
+            if name != given:  # 'run/1', 'run_1' and 'run:1' would all be 'run_1'
+                raise UserError(f"checkpoint name {given!r}: use letters, digits, '-', '_' and '.' only")
+            if (m.client._state_path(name) / "state.pt").exists() and not body.get("overwrite"):
+                raise UserError(
+                    f"a checkpoint named {given!r} exists on this model; pick another name or overwrite=True"
+                )
+
+        self.validate_ordered(m, int(body["seq_id"]), prepare)
 
         def run():
             m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
@@ -358,6 +389,7 @@ class Backend:
         with_optimizer = bool(body.get("optimizer", False))
         if "model_id" in body:
             m = self.model(body["model_id"])
+            self.validate_ordered(m, int(body["seq_id"]), lambda: self._checkpoint_dir(path))
             return self.submit_ordered(m, int(body["seq_id"]), lambda: self._load_into(m, path, with_optimizer))
         # create_training_client_from_state: a new model in the session, made from the checkpoint
         session = self.session(body["session_id"])
@@ -372,8 +404,9 @@ class Backend:
         return self.submit(session.session_id, make)
 
     def _load_into(self, m: TrainingModel, path: str, with_optimizer: bool) -> dict:
-        try:
-            m.client.load_state(self._checkpoint_dir(path), optimizer=with_optimizer)
+        folder = self._checkpoint_dir(path)
+        try:  # weights only (Tinker's load_state) starts a fresh optimizer, as the client's load_state does
+            m.client.load_state(folder, optimizer=with_optimizer)
         except ValueError as exc:  # saved from another model
             raise UserError(f"checkpoint {path!r} does not fit {m.model_id}: {exc}") from None
         return {"path": path, "model_id": m.model_id, "type": "load_weights"}
@@ -435,6 +468,15 @@ class Backend:
             tokens += [int(t) for t in chunk.get("tokens", [])]
         if not tokens:
             raise UserError("the prompt has no tokens")
+        unsupported = [
+            key
+            for key in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k")
+            if body.get(key)  # 0 or None: not asked for
+        ] + [key for key in ("target_prompt_logprobs", "prompt_logprobs_last_n") if body.get(key) is not None]
+        if unsupported:
+            raise UserError(
+                f"edurl.serve does not implement {unsupported} (it would return without them); leave them unset"
+            )
         n = int(body.get("num_samples", 1))
         if not 1 <= n <= 1024:
             raise UserError(f"num_samples must be in [1, 1024], got {n}")
@@ -634,11 +676,10 @@ def create_app(
     """The FastAPI app. ``api_key`` must start with ``tml-`` (the SDK refuses other keys)."""
     if not api_key.startswith("tml-"):
         raise ValueError("the API key must start with 'tml-', as the tinker SDK requires of every key")
-    backend = Backend(
-        models or ModelRegistry(),
-        Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="edurl-serve-")),
-        poll_seconds=poll_seconds,
-    )
+    if state_dir is None:  # a folder of its own, removed when the process exits (every server once left one)
+        state_dir = tempfile.mkdtemp(prefix="edurl-serve-")
+        atexit.register(shutil.rmtree, state_dir, True)
+    backend = Backend(models or ModelRegistry(), Path(state_dir), poll_seconds=poll_seconds)
     app = FastAPI(title="edurl.serve: a local Tinker-compatible server", docs_url=None, redoc_url=None)
     app.state.backend = backend
     app.add_middleware(_Limits, api_key=api_key, max_body_bytes=max_body_bytes)

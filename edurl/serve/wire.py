@@ -72,6 +72,10 @@ def loss_fn_config(request) -> dict[str, Any]:
     return dict(request.loss_fn_config)
 
 
+LOSS_FN_INPUTS = {"target_tokens", "weights", "logprobs", "advantages", "mask"}
+"""The per-token fields a datum may carry here: what edurl's losses read."""
+
+
 def datums_from_request(request, rl: bool) -> list[Datum]:
     """edurl Datums from a ForwardBackwardRequest.
 
@@ -86,6 +90,12 @@ def datums_from_request(request, rl: bool) -> list[Datum]:
         tokens = tokens_from_chunks(d.model_input, f"{where}.model_input")
         if not tokens:
             raise WireError(f"{where}.model_input is empty")
+        unknown = sorted(set(d.loss_fn_inputs) - LOSS_FN_INPUTS)
+        if unknown:  # e.g. per-token clip thresholds, which the losses here would not read
+            raise WireError(
+                f"{where}.loss_fn_inputs has {unknown}, which edurl's losses do not read; they read "
+                f"{sorted(LOSS_FN_INPUTS)} (a clip range goes in loss_fn_config)"
+            )
         inputs = {key: tensor_to_torch(t, f"{where}.loss_fn_inputs[{key!r}]") for key, t in d.loss_fn_inputs.items()}
         for key, value in inputs.items():
             if value.dim() != 1:

@@ -194,6 +194,19 @@ def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model,
         assert torch.equal(a, b)
 
 
+def test_forward_is_forward_backward_without_the_gradient(trainer):
+    datums = rl_datums(trainer)
+    only = trainer.forward(datums, "ppo", aggregation="token_mean").result()
+    assert all(p.grad is None for p in trainer.model.parameters())
+    both = trainer.forward_backward(datums, "ppo", aggregation="token_mean").result()
+    assert only.loss == both.loss and only.metrics == both.metrics
+    for a, b in zip(only.loss_fn_outputs, both.loss_fn_outputs):
+        assert torch.equal(a["logprobs"], b["logprobs"])
+    with pytest.raises(ValueError, match="does not take"):
+        trainer.check_inputs(datums, "ppo", {"clip": 0.2})
+    trainer.check_inputs(datums, "ppo", {"clip_low_threshold": 0.8})
+
+
 def test_cross_entropy_loss(trainer):
     tokens = PROMPT + [5, 6, 7]
     d = Datum(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -92,3 +94,21 @@ def test_checkpoint_names_stay_one_folder_deep():
         safe = _safe(hostile)
         assert "/" not in safe and safe not in ("", ".", ".."), (hostile, safe)
     assert _safe("ckpt-1_a.b") == "ckpt-1_a.b"
+
+
+def test_a_server_without_a_state_dir_removes_its_own_when_it_exits(tmp_path):
+    # each server once left an edurl-serve-* folder, checkpoints and all, in the temp folder
+    import subprocess
+    import sys
+
+    code = (
+        "from edurl.serve.app import create_app\n"
+        "app = create_app('tml-test')\n"
+        "folder = app.state.backend.state_dir\n"
+        "(folder / 'probe').write_text('x')\n"
+        "print(folder)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = out.stdout.strip().splitlines()[-1]
+    assert "edurl-serve-" in folder and not Path(folder).exists()

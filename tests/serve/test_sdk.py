@@ -201,3 +201,77 @@ def test_dro_sums_over_every_position_as_tinker_writes_it_and_a_mask_narrows_it(
     loss_masked, _ = dro_loss(masked)
     assert loss_masked == pytest.approx(float((per_token * mask).sum()), rel=1e-4)
     assert loss - loss_masked > 0.05 * beta  # the prompt's penalty: log-probs there are far from 0
+
+
+def test_bad_requests_are_refused_when_sent_and_leave_the_model_working(training):
+    # each of these once failed inside the operation, and every later operation of the model failed with it;
+    # an optimizer other than Adam was run as AdamW with edurl's defaults
+    service, tc = training
+    good = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    outside = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 10**6, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    with pytest.raises(tinker.BadRequestError, match="outside the model's vocabulary"):
+        tc.forward_backward([outside], loss_fn="cross_entropy").result()
+    rl = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "logprobs": [0.0, -1.0, -1.0], "advantages": [0.0, 1.0, 1.0]},
+    )
+    with pytest.raises(tinker.BadRequestError, match="does not take"):
+        tc.forward_backward([rl], loss_fn="ppo", loss_fn_config={"clip_low": 0.8}).result()
+    with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
+        tc.load_state(f"tinker://{tc.model_id}/weights/never-saved").result()
+    with pytest.raises(tinker.BadRequestError, match="Adam only"):
+        tc.optim_step(types.DimuonParams(learning_rate=0.5)).result()
+    with pytest.raises(tinker.BadRequestError, match="AdamW only|train_mlp"):
+        service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8, train_mlp=False).result()
+    tc.forward_backward([good], loss_fn="cross_entropy").result(timeout=60)
+    assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60) is not None
+
+
+def test_forward_gives_forward_backwards_loss(training):
+    _, tc = training  # forward's loss was once reported as 0.0
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    only = tc.forward([datum], loss_fn="cross_entropy").result()
+    both = tc.forward_backward([datum], loss_fn="cross_entropy").result()
+    assert only.metrics["loss:sum"] == pytest.approx(both.metrics["loss:sum"]) and only.metrics["loss:sum"] > 0
+    tc.optim_step(types.AdamParams(learning_rate=0.0)).result()  # the gradient of forward_backward, cleared
+
+
+def test_checkpoint_names_are_kept_apart(training):
+    _, tc = training  # 'run/1' and 'run_1' once shared a folder, and a second save replaced the first
+    tc.save_state("unique-name").result()
+    with pytest.raises(tinker.BadRequestError, match="exists"):
+        tc.save_state("unique-name").result()
+    assert tc.save_state("unique-name", overwrite=True).result().path.endswith("/weights/unique-name")
+    with pytest.raises(tinker.BadRequestError, match="letters, digits"):
+        tc.save_state("run/1").result()
+
+
+def test_fields_edurl_serve_would_ignore_are_refused(training):
+    _, tc = training  # per-token clip thresholds and top-k log-probs were once accepted and ignored
+    tokenizer = tc.get_tokenizer()
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    clipped = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={
+            "target_tokens": [2, 3, 4],
+            "logprobs": [0.0, -1.0, -1.0],
+            "advantages": [0.0, 1.0, 1.0],
+            "clip_low_threshold": [0.8, 0.8, 0.8],
+        },
+    )
+    with pytest.raises(tinker.BadRequestError, match="clip_low_threshold"):
+        tc.forward_backward([clipped], loss_fn="ppo").result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
+        sampler.sample(
+            types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=4), topk_sample_logprobs=3
+        ).result()
