@@ -472,6 +472,23 @@ def test_calculator_env_survives_any_reply(text):
         assert "<|im_start|>tool\n" in shown
 
 
+def test_a_calculator_reply_cut_off_is_graded_as_chapter_7_grades_it(char_tokenizer):
+    # a cut-off reply once scored 0, above every finished wrong answer and free of the tool's cost
+    r = ChatMLRenderer(char_tokenizer)
+    call = _encode(r, "<calc>123+456</calc>")
+    cut = r._encode("\\boxed{1")  # no stop token: it ran out of max_tokens
+
+    def total(*actions):
+        return play_actions(CalculatorEnv("123+456=?", "579", r, tool_cost=0.2), list(actions)).total_reward
+
+    assert total(call, cut) == pytest.approx(-0.1 - 0.2)  # format 0, not correct, one call
+    assert total(call, cut) <= total(call, _encode(r, "I do not know")) < total(call, _encode(r, "\\boxed{1}"))
+    right_but_cut = play_actions(CalculatorEnv("123+456=?", "579", r), [r._encode("\\boxed{579} and so")])
+    assert right_but_cut.total_reward == pytest.approx(0.9)  # correct, format 0: Chapter 7's 0.9
+    assert right_but_cut.transitions[-1].metrics["truncated"] == 1.0
+    assert right_but_cut.transitions[-1].metrics["correct"] == 1.0
+
+
 def test_calculator_episode(char_tokenizer):
     r = ChatMLRenderer(char_tokenizer)
     traj = _play_scripted(CalculatorEnv("123+456=?", "579", r), r, ["<calc>123+456</calc>", "\\boxed{579}"])

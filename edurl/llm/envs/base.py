@@ -223,7 +223,7 @@ class MessageEnv(Env):
     Every observation is ``renderer.build_generation_prompt(conversation)``: the whole conversation re-rendered,
     as the cookbook's renderers do. Whether that extends the previous observation token for token is the
     renderer's business, and :func:`trajectory_to_datums` checks it. A turn cut off by ``max_tokens`` (no stop
-    token) ends the episode with reward 0 and ``truncated = 1``.
+    token) ends the episode with ``truncated = 1`` and the reward :meth:`truncated` gives (0 unless overridden).
     """
 
     max_turns: int = 10
@@ -247,6 +247,12 @@ class MessageEnv(Env):
         reports the same keys and averages are over all episodes."""
         return {}
 
+    def truncated(self, text: str) -> tuple[float, dict[str, float]]:
+        """The reward and metrics of a reply ``text`` cut off by ``max_tokens``, which ends the episode: 0 and
+        :meth:`truncated_metrics`. An env whose rewards can be negative overrides it, or running out of tokens
+        becomes the best way to fail (the calculator grades it as Chapter 7 does)."""
+        return 0.0, self.truncated_metrics()
+
     def stop_condition(self) -> StopCondition:
         return self.renderer.get_stop_sequences()
 
@@ -262,7 +268,8 @@ class MessageEnv(Env):
         self.messages.append(message)
         self.turns += 1
         if not complete:
-            reward, done, new, metrics = 0.0, True, [], {"truncated": 1.0, **self.truncated_metrics()}
+            reward, metrics = self.truncated(message["content"])
+            done, new, metrics = True, [], {"truncated": 1.0, **metrics}
         else:
             reward, done, new, metrics = self.reply(message["content"])
             metrics = {"truncated": 0.0, **metrics}

@@ -143,8 +143,14 @@ class CalculatorEnv(MessageEnv):
     def truncated_metrics(self) -> dict[str, float]:
         return self._end("")[3]
 
-    def _end(self, text: str) -> tuple[float, bool, list[Message], dict[str, float]]:
-        g = grade(text, self.answer)
+    def truncated(self, text: str) -> tuple[float, dict[str, float]]:
+        """Graded as Chapter 7 grades a cut-off reply (format 0, so -0.1 unless its box is right), less the tool's
+        cost: it once scored 0, above every finished wrong answer, so running out of tokens paid."""
+        reward, _, _, metrics = self._end(text, complete=False)
+        return reward, metrics
+
+    def _end(self, text: str, complete: bool = True) -> tuple[float, bool, list[Message], dict[str, float]]:
+        g = grade(text, self.answer, complete=complete)
         reward = g.reward - self.tool_cost * self.tool_calls
         metrics = {
             "correct": g.correct,
