@@ -510,8 +510,12 @@ class TrainingClient:
                     f"loss_fn_config has {sorted(unknown)}, which {loss_fn!r} does not take; it takes {takes}"
                 )
         _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
-        for i, d in enumerate(datums):
-            self._check_targets(d.loss_fn_inputs["target_tokens"][None], [d], row=i)
+        flat = torch.cat([d.loss_fn_inputs["target_tokens"].reshape(-1) for d in datums])
+        try:
+            self._check_targets(flat[None], datums)
+        except ValueError:  # name the datum and position, as the padded batch's check does
+            for i, d in enumerate(datums):
+                self._check_targets(d.loss_fn_inputs["target_tokens"][None], [d], row=i)
 
     def _loss_pass(
         self,
