@@ -251,6 +251,8 @@ def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
 class TrainingClient:
     """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
 
+    _backward = True  # forward() sets it False for its call: forward_backward's pass without the backward
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -475,62 +477,6 @@ class TrainingClient:
         adds ``optim/kl_ref`` (k3 against the reference policy) to the metrics at the cost of one more forward
         pass.
         """
-        return self._loss_pass(
-            datums,
-            loss_fn,
-            loss_fn_config,
-            aggregation=aggregation,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            kl_coef=kl_coef,
-            kl_estimator=kl_estimator,
-            log_kl_ref=log_kl_ref,
-        )
-
-    def forward(
-        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, **kwargs
-    ) -> Future[ForwardBackwardOutput]:
-        """:meth:`forward_backward`'s loss, metrics and log-probs, without a backward pass: no gradient is
-        accumulated (Tinker's ``forward``). Takes the same keyword arguments."""
-        with torch.no_grad():
-            return self._loss_pass(datums, loss_fn, loss_fn_config, backward=False, **kwargs)
-
-    def check_inputs(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None) -> None:
-        """What :meth:`forward_backward` would refuse, checked without running the model: the loss's name, its
-        config keys, each datum's fields and shapes, and every target token against the vocabulary (the local
-        Tinker server calls it when a request arrives, so that a bad one is a 400, not a failed operation)."""
-        if loss_fn not in LOSS_FN_NAMES:
-            raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
-        rl = loss_fn != "cross_entropy"
-        if rl:  # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)
-            takes = list(inspect.signature(L.get_loss_fn(loss_fn)).parameters)[3:]
-            unknown = set(loss_fn_config or {}) - set(takes)
-            if unknown:
-                raise ValueError(
-                    f"loss_fn_config has {sorted(unknown)}, which {loss_fn!r} does not take; it takes {takes}"
-                )
-        _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
-        flat = torch.cat([d.loss_fn_inputs["target_tokens"].reshape(-1) for d in datums])
-        try:
-            self._check_targets(flat[None], datums)
-        except ValueError:  # name the datum and position, as the padded batch's check does
-            for i, d in enumerate(datums):
-                self._check_targets(d.loss_fn_inputs["target_tokens"][None], [d], row=i)
-
-    def _loss_pass(
-        self,
-        datums: Sequence[Datum],
-        loss_fn: str,
-        loss_fn_config: dict[str, Any] | None = None,
-        *,
-        aggregation: str = "sum",
-        max_tokens: int | None = None,
-        temperature: float = 1.0,
-        kl_coef: float = 0.0,
-        kl_estimator: str = "k3",
-        log_kl_ref: bool = False,
-        backward: bool = True,
-    ) -> Future[ForwardBackwardOutput]:
         if loss_fn not in LOSS_FN_NAMES:
             raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
         if aggregation not in L.AGGREGATION_MODES:
@@ -595,7 +541,7 @@ class TrainingClient:
             loss, metrics = L.supervised_objective(
                 train_logprobs, f["weights"], mask, aggregation=aggregation, max_tokens=max_tokens, entropy=entropy
             )
-        if backward:
+        if self._backward:  # False inside forward()
             loss.backward()
         returned = train_logprobs.detach()
         if unscored is not None:  # not computed: NaN, not the stand-in
@@ -609,6 +555,40 @@ class TrainingClient:
             all_zero_advantage=all_zero,
         )
         return Future(out)
+
+    def forward(
+        self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None, **kwargs
+    ) -> Future[ForwardBackwardOutput]:
+        """:meth:`forward_backward`'s loss, metrics and log-probs, without a backward pass: no gradient is
+        accumulated (Tinker's ``forward``). Takes the same keyword arguments."""
+        self._backward = False
+        try:
+            with torch.no_grad():
+                return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
+        finally:
+            self._backward = True
+
+    def check_inputs(self, datums: Sequence[Datum], loss_fn: str, loss_fn_config: dict[str, Any] | None = None) -> None:
+        """What :meth:`forward_backward` would refuse, checked without running the model: the loss's name, its
+        config keys, each datum's fields and shapes, and every target token against the vocabulary (the local
+        Tinker server calls it when a request arrives, so that a bad one is a 400, not a failed operation)."""
+        if loss_fn not in LOSS_FN_NAMES:
+            raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
+        rl = loss_fn != "cross_entropy"
+        if rl:  # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)
+            takes = list(inspect.signature(L.get_loss_fn(loss_fn)).parameters)[3:]
+            unknown = set(loss_fn_config or {}) - set(takes)
+            if unknown:
+                raise ValueError(
+                    f"loss_fn_config has {sorted(unknown)}, which {loss_fn!r} does not take; it takes {takes}"
+                )
+        _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
+        flat = torch.cat([d.loss_fn_inputs["target_tokens"].reshape(-1) for d in datums])
+        try:
+            self._check_targets(flat[None], datums)
+        except ValueError:  # name the datum and position, as the padded batch's check does
+            for i, d in enumerate(datums):
+                self._check_targets(d.loss_fn_inputs["target_tokens"][None], [d], row=i)
 
     async def forward_backward_async(self, datums, loss_fn, loss_fn_config=None, **kwargs):
         return self.forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
