@@ -91,3 +91,27 @@ def test_gae_bias_variance_uses_the_given_gae_fn():
 
     other = gae_bias_variance(policy, value, traj["states"][:2], traj["actions"][:2], gae_fn=halved, **kw)
     np.testing.assert_allclose(other["variance"], theirs["variance"] / 4)
+
+
+def test_the_truth_is_not_cut_at_the_horizon():
+    # a policy that balances for good: the Monte Carlo target once stopped at 300 steps (~5 short of Q at gamma
+    # 0.99) while GAE bootstraps there, so lambda = 1 looked biased (bias^2 ~24) with an exact critic
+    import torch
+    from torch.distributions import Categorical
+
+    from edurl.rl.gae_study import gae_bias_variance
+
+    class Balancer(torch.nn.Module):
+        def forward(self, obs):
+            right = (obs[..., 2] + 0.5 * obs[..., 3] + 0.01 * obs[..., 0] + 0.1 * obs[..., 1]) > 0
+            return Categorical(probs=torch.stack([(~right).float(), right.float()], -1) * 0.98 + 0.01)
+
+    class Constant(torch.nn.Module):
+        def forward(self, x):
+            return torch.full(x.shape[:-1], (1 - 0.99**2000) / (1 - 0.99), dtype=x.dtype)
+
+    states, actions = torch.zeros(1, 4), torch.tensor([1])
+    df = gae_bias_variance(
+        Balancer(), Constant(), states, actions, lams=[1.0], num_truth=128, num_samples=64, horizon=300, progress=False
+    )
+    assert abs(df["bias2"].iloc[0]) < 0.5
