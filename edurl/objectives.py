@@ -89,6 +89,8 @@ def clip_fraction(
 def entropy(logp: torch.Tensor) -> torch.Tensor:
     """Entropy of each distribution over the last axis from its log-probs: (..., A) -> (...).
 
-    ``-(exp(logp) * logp).sum(-1)``; differentiable. Example: log([0.5, 0.5]) -> log 2 = 0.693 nats.
+    ``-(exp(logp) * logp).sum(-1)``, with 0 log 0 = 0 for an action of probability 0 (a masked logit, -inf: the
+    product was once nan, and so was its gradient); differentiable. Example: log([0.5, 0.5]) -> log 2 = 0.693 nats.
     """
-    return -(logp.exp() * logp).sum(-1)
+    p = logp.exp()
+    return -(p * torch.where(p > 0, logp, 0.0)).sum(-1)  # masked before the product: no nan in the gradient

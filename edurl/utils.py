@@ -126,6 +126,8 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
     (``device=None`` means :func:`device`'s pick): every trainer's config passes its ``num_threads`` and
     ``device`` fields here. ``$EDURL_MAX_THREADS`` caps the count (see :func:`cpu_threads`).
     """
+    if isinstance(device, torch.device):
+        device = str(device)  # device() takes names
     if num_threads is None or (device != "cpu" and _pick_device(device).type != "cpu"):
         yield
         return

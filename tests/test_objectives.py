@@ -49,6 +49,11 @@ def test_clip_fraction_by_hand_with_and_without_a_mask():
 def test_entropy_by_hand():
     logp = torch.log(torch.tensor([[0.5, 0.5], [1.0, 1e-30]]))
     assert entropy(logp).tolist() == pytest.approx([math.log(2), 0.0], abs=1e-6)
+    # an action of probability exactly 0 (a masked logit): 0 log 0 = 0, where the product was once nan
+    logits = torch.tensor([0.0, 0.0, -math.inf], requires_grad=True)
+    h = entropy(torch.log_softmax(logits, -1))
+    h.backward()
+    assert h.item() == pytest.approx(math.log(2)) and torch.isfinite(logits.grad).all()
 
 
 def test_one_clip_for_the_whole_course():

@@ -85,6 +85,8 @@ def test_torch_threads_sets_and_restores():
     assert torch.get_num_threads() == before
     with edurl.torch_threads(None):
         assert torch.get_num_threads() == before
+    with edurl.torch_threads(1, torch.device("cpu")):  # a torch.device, as its type says (it once raised)
+        assert torch.get_num_threads() == 1
     with pytest.raises(ValueError, match="num_threads"):
         with edurl.torch_threads(0):
             pass

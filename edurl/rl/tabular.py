@@ -70,6 +70,9 @@ class TabularMDP:
         check_tensor(self.terminal, "terminal", ndim=(1,), boolean=True)
         if self.terminal.shape[0] != S:
             raise ValueError(f"terminal must have shape (S,) = ({S},), got {tuple(self.terminal.shape)}.")
+        if (self.P < 0).any():
+            s, a, s2 = (int(x) for x in (self.P < 0).nonzero()[0])
+            raise ValueError(f"P[{s}, {a}, {s2}] = {self.P[s, a, s2].item():.6g} is negative; probabilities are >= 0.")
         row_sums = self.P.sum(-1)
         if not torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-6):
             s, a = divmod(int((row_sums - 1).abs().argmax()), A)
@@ -97,7 +100,9 @@ class TabularMDP:
 
     @classmethod
     def from_gymnasium(cls, env) -> TabularMDP:
-        """Read the transition table ``env.unwrapped.P`` of a toy-text env (FrozenLake, CliffWalking, Taxi).
+        """Read the transition table ``env.unwrapped.P`` of a toy-text env (FrozenLake, CliffWalking). Taxi publishes
+        one too, but its episode ends by the transition into a state, not by the state (a passenger dropped off at
+        a stand ends it; driving onto the same stand does not), which a TabularMDP cannot say: it is refused.
 
         ``P[s][a]`` there is a list of ``(prob, next_state, reward, terminated)``. A state counts as
         terminal when the transitions into it end the episode.
@@ -106,7 +111,7 @@ class TabularMDP:
         if not isinstance(table, dict):
             raise TypeError(
                 f"{env.unwrapped.__class__.__name__} has no transition table env.unwrapped.P; "
-                "only gymnasium's toy-text envs (FrozenLake, CliffWalking, Taxi) publish one."
+                "gymnasium's toy-text envs (FrozenLake, CliffWalking) publish one."
             )
         S, A = env.observation_space.n, env.action_space.n
         # filled entry by entry from the env's Python table, so built on the host
@@ -241,10 +246,28 @@ def value_iteration(
         deltas.append((V_new - V).abs().max().item())
         V = V_new
         if deltas[-1] < tol:
-            return V, greedy_policy(q_values(V, mdp, gamma)), deltas
+            Q = q_values(V, mdp, gamma)
+            return V, greedy_policy(Q) if gamma < 1 else _quickest_of_the_best(Q, mdp), deltas
     raise RuntimeError(
         f"value iteration did not converge in {max_iters} sweeps (last change {deltas[-1]:.3g}); try gamma < 1."
     )
+
+
+def _quickest_of_the_best(Q: torch.Tensor, mdp: TabularMDP, tie: float = 1e-8, sweeps: int = 10_000) -> torch.Tensor:
+    """The greedy policy for an undiscounted Q, ties broken toward the fewest expected steps to a terminal state.
+
+    With gamma = 1 a step costs nothing, so bumping into a wall ties with moving on (both worth V*), and the
+    lowest-index tie-break once picked the wall for ever: a policy worth 0, not V*. Among the actions within
+    ``tie`` of the best, this one minimises the expected steps to the end (value iteration on the steps)."""
+    best = Q >= Q.max(-1, keepdim=True).values - tie  # (S, A)
+    steps = torch.zeros(mdp.num_states, dtype=Q.dtype, device=Q.device)
+    for _ in range(sweeps):
+        cost = torch.where(best, 1.0 + mdp.P @ steps, torch.inf)  # (S, A)
+        new = cost.min(-1).values.masked_fill(mdp.terminal, 0.0)
+        if (new - steps).abs().max() < 1e-9:
+            break
+        steps = new
+    return torch.nn.functional.one_hot(cost.argmin(-1), Q.shape[-1]).to(Q.dtype)
 
 
 def monte_carlo_value(

@@ -82,6 +82,16 @@ def test_value_iteration_satisfies_bellman_optimality(frozen_lake):
     assert 0.5 < V[0] < 0.6  # a known figure: about 0.54 from the start with gamma = 0.99
 
 
+@pytest.mark.parametrize("slippery", [False, True])
+def test_value_iteration_at_gamma_1_returns_a_policy_that_reaches_the_goal(slippery):
+    # undiscounted, a move into a wall ties with a move on; the lowest-index tie-break once walked into the wall
+    # for ever from the start of the non-slippery lake (a policy worth 0 where V* is 1)
+    mdp = TabularMDP.from_gymnasium(gym.make("FrozenLake-v1", is_slippery=slippery))
+    V, pi, _ = value_iteration(mdp, 1.0)
+    torch.testing.assert_close(solve_policy_values(pi, mdp, 1.0), V, atol=1e-6, rtol=0)
+    assert V[0] > (0.8 if slippery else 0.99)
+
+
 def test_chain_optimal_policy_is_go():
     V, pi, _ = value_iteration(chain_mdp(), 0.9)
     torch.testing.assert_close(V, torch.tensor([0.9, 1.0, 0.0], dtype=torch.float64))
@@ -104,6 +114,10 @@ def test_bad_inputs_have_clear_errors(frozen_lake):
     mdp = chain_mdp()
     with pytest.raises(ValueError, match="P\\[0, 0, :\\] sums to 2"):
         TabularMDP(mdp.P * 2, mdp.R, mdp.terminal)
+    negative = mdp.P.clone()
+    negative[0, 0, :2] = torch.tensor([1.5, -0.5], dtype=torch.float64)  # sums to 1: once accepted
+    with pytest.raises(ValueError, match="is negative"):
+        TabularMDP(negative, mdp.R, mdp.terminal)
     with pytest.raises(ValueError, match="R must have shape"):
         TabularMDP(mdp.P, mdp.R[:2], mdp.terminal)
     with pytest.raises(ValueError, match="policy rows must be probabilities"):
