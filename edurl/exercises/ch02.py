@@ -196,7 +196,9 @@ def check_reinforce_update(fn, *, verbose: bool = True) -> Verdict:
     """Run a learner's ``reinforce_update(policy, optimizer, envs, seeds, gamma, device) -> (batch, loss)`` beside
     the library's for three updates from the same seed and weights, and compare, after each update, the
     episodes, the loss and the parameters; the first that differs is named."""
-    return finish(_check_update(fn), _HINTS_REINFORCE_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
+    with torch.random.fork_rng(devices=[]):  # it seeds torch; the learner's random stream goes on as it was
+        verdict = _check_update(fn)
+    return finish(verdict, _HINTS_REINFORCE_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
 
 
 def _check_update(fn) -> Verdict:

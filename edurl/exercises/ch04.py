@@ -137,16 +137,21 @@ def _cases() -> list[Case]:
         ),
     ]
     for i, (steps, envs) in enumerate([(12, 3), (64, 8)]):
+        # values as a real rollout has them: next_values[t] is values[t + 1] inside an episode, and a fresh value
+        # (of the final observation) where one ended; independent draws once failed a correct lambda-return form
         terminated = torch.rand(steps, envs, generator=g) < 0.1
+        truncated = (torch.rand(steps, envs, generator=g) < 0.1) & ~terminated
+        table = torch.randn(steps + 1, envs, generator=g)
+        final = torch.randn(steps, envs, generator=g)
         cases.append(
             Case(
                 f"random rollout {steps}x{envs}",
                 dict(
                     rewards=torch.randn(steps, envs, generator=g),
-                    values=torch.randn(steps, envs, generator=g),
-                    next_values=torch.randn(steps, envs, generator=g),
+                    values=table[:-1],
+                    next_values=torch.where(terminated | truncated, final, table[1:]),
                     terminated=terminated,
-                    truncated=(torch.rand(steps, envs, generator=g) < 0.1) & ~terminated,
+                    truncated=truncated,
                     gamma=[0.99, 0.95][i],
                     lam=[0.95, 0.5][i],
                 ),

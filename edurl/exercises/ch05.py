@@ -86,8 +86,9 @@ def _check(table, reference) -> Verdict:
     if not isinstance(table, dict):
         return Verdict(name, FAILED, f"expected a dict keyed by (sign, region), got {type(table).__name__}.", reference)
     cells = [table.get(key) for key in reference]
-    if all(c is None or all(v is None for v in c.values()) for c in cells if isinstance(c, dict) or c is None):
+    if all(c is None or (isinstance(c, dict) and all(v is None for v in c.values())) for c in cells):
         return Verdict(name, NOT_ATTEMPTED, "Fill in the table (replace each None) and run this cell again.", reference)
+    labels = ("unclipped", "clipped", "both")
     for key, expected in reference.items():
         got = table.get(key)
         if not isinstance(got, dict) or set(got) != set(expected):
@@ -98,8 +99,19 @@ def _check(table, reference) -> Verdict:
                 reference,
                 case=str(key),
             )
+        if any(v is None for v in got.values()):
+            return Verdict(name, FAILED, f"row {key} is not filled in yet: {got!r}.", reference, case=str(key))
+        picks = got["min picks"].strip().lower() if isinstance(got["min picks"], str) else got["min picks"]
+        if picks not in labels:
+            return Verdict(
+                name,
+                FAILED,
+                f"row {key}: 'min picks' is {got['min picks']!r}; write one of {', '.join(map(repr, labels))}.",
+                reference,
+                case=str(key),
+            )
         adv, ratio = CLIP_TABLE_CASES[key]
-        if got["min picks"] != expected["min picks"]:
+        if picks != expected["min picks"]:
             return Verdict(
                 name,
                 FAILED,
@@ -213,9 +225,10 @@ _UPDATE_CONFIG = PPOConfig(
     num_minibatches=4,
     vf_coef=0.25,  # not 0.5, so that a missing 1/2 and a missing vf_coef are told apart
     ent_coef=0.01,
+    max_grad_norm=0.3,  # not the default, so that a hard-coded 0.5 shows
     progress=False,
 )
-_UPDATE_CLIP = 0.2
+_UPDATE_CLIP = 0.15  # not config.clip_eps (0.2): train_ppo passes an annealed clip, and the update must use it
 
 
 class _RecordingOptimizer:
@@ -296,7 +309,8 @@ def _buggy_update(bug: str):
                     adv = adv[idx]
                 old = lp.detach() if bug == "ratio to current" else batch.sampling_logprobs[idx]
                 ratio = torch.exp(lp - old)
-                clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
+                eps = config.clip_eps if bug == "config clip" else clip_eps
+                clipped = ratio.clamp(1 - eps, 1 + eps) * adv
                 terms = {
                     "no clip": ratio * adv,
                     "clip only": clipped,
@@ -312,7 +326,7 @@ def _buggy_update(bug: str):
                     optimizer.zero_grad()
                 loss.backward()
                 if bug != "no grad clip":
-                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                    torch.nn.utils.clip_grad_norm_(params, 0.5 if bug == "fixed grad clip" else config.max_grad_norm)
                 optimizer.step()
 
     return update
@@ -330,6 +344,9 @@ _BUGS = {
     "batch normalisation": "the advantages are standardised over the whole batch; standardise each minibatch's own.",
     "no zero_grad": "the gradients of earlier minibatches are added to this one's: zero them before backward().",
     "no grad clip": "the gradient norm is not clipped at config.max_grad_norm.",
+    "fixed grad clip": "the gradient norm is clipped at 0.5, not at config.max_grad_norm.",
+    "config clip": "the clip range is config.clip_eps, not the clip_eps argument: train_ppo passes an annealed "
+    "one, which then never takes effect.",
     "no half": "the value loss is twice the reference's: it is half the mean squared error.",
     "no vf_coef": "the value loss is not weighted by config.vf_coef.",
     "entropy sign": "the entropy bonus has the wrong sign: more entropy should lower the loss.",
@@ -360,7 +377,9 @@ def check_ppo_update(fn, *, verbose: bool = True) -> Verdict:
     """Run a learner's ``ppo_update(policy, value, optimizer, batch, config, clip_eps)`` beside the library's on
     one fixed CartPole batch (3 epochs x 4 minibatches, float64) and compare every optimizer step's gradients
     and the final weights; the first step that differs is named, with the likely mistake."""
-    return finish(_check_update(fn), _HINTS_PPO_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
+    with torch.random.fork_rng(devices=[]):  # it seeds torch; the learner's random stream goes on as it was
+        verdict = _check_update(fn)
+    return finish(verdict, _HINTS_PPO_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
 
 
 def _check_update(fn) -> Verdict:

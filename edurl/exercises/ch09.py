@@ -269,17 +269,22 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
             FAILED, f"make_env() returned {type(first).__name__}; subclass edurl.llm.envs.Env (or MessageEnv)"
         )
     try:
-        fresh = [make_env().initial_observation()[0].length for _ in range(3)]
+        # the same three envs, started before and after the others play: an env that draws its problem when it is
+        # made (a random word) starts the same both times, and one whose conversation lives on the class grows
+        # (comparing three other fresh envs after play once failed correct envs whose prompts differ in length)
+        probes = [make_env() for _ in range(3)]
+        fresh = [p.initial_observation()[0].length for p in probes]
         rewards = []
         for _ in range(episodes):
             turns = _play(make_env(), rng, tokenizer, max_turns)
             rewards.append(sum(r.reward for _, _, r in turns))
-        after = [make_env().initial_observation()[0].length for _ in range(3)]
-        if max(after) > max(fresh):
+        after = [p.initial_observation()[0].length for p in probes]
+        grew = [(a, b) for a, b in zip(fresh, after) if b > a]
+        if grew:
             raise _Problem(
-                f"a fresh environment's first observation grew from {max(fresh)} to {max(after)} tokens after other "
-                "episodes were played: the environments share state (a list defined on the class, not in __init__?). "
-                "Each Env must keep its own conversation"
+                f"an environment's first observation grew from {grew[0][0]} to {grew[0][1]} tokens when it started "
+                "again after other episodes were played: the environments share state (a list defined on the "
+                "class, not in __init__?). Each Env must keep its own conversation"
             )
     except NotImplementedError:
         return verdict(

@@ -134,7 +134,19 @@ def gae_reset_only_at_termination(r, v, nv, term, trunc, gamma, lam):
     return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=term, reset_mask=term)
 
 
-@pytest.mark.parametrize("fn", [gae, ch04.gae])
+def gae_as_lambda_returns(r, v, nv, term, trunc, gamma, lam):
+    """The textbook lambda-return recursion, G_t = r_t + gamma ((1 - lam) V' + lam G_{t+1}), restarted at every
+    episode end; correct, and once rejected because the checker drew next_values unrelated to values."""
+    done, boot = term | trunc, nv * (~term).float()
+    returns, after = torch.zeros_like(r), torch.zeros_like(r[0])
+    for t in reversed(range(len(r))):
+        last = done[t] if t < len(r) - 1 else torch.ones_like(done[t])
+        after = torch.where(last, r[t] + gamma * boot[t], r[t] + gamma * ((1 - lam) * nv[t] + lam * after))
+        returns[t] = after
+    return returns - v, returns
+
+
+@pytest.mark.parametrize("fn", [gae, ch04.gae, gae_as_lambda_returns])
 def test_gae_checker_passes(fn):
     assert exercises.check_gae(fn, verbose=False).status == PASSED
 

@@ -16,6 +16,9 @@ def test_reference_table_from_autograd_matches_the_worked_solution():
 
 def test_correct_table_passes():
     assert exercises.check_clip_table(clip_table(), verbose=False).status == PASSED
+    # capitals and spaces are the same answer: a right 'Clipped' was once told that min() takes the other term
+    shouted = {key: {**row, "min picks": f" {row['min picks'].title()} "} for key, row in clip_table().items()}
+    assert exercises.check_clip_table(shouted, verbose=False).status == PASSED
 
 
 def _with(changes):
@@ -55,3 +58,12 @@ def test_unfilled_and_malformed():
     partial = copy.deepcopy(clip_table())
     partial[("A > 0", "inside")] = {"picks": "both"}
     assert "expected a dict with keys" in exercises.check_clip_table(partial, verbose=False).message
+    # rows as tuples were once "not attempted"; a half-filled table named None as the learner's pick
+    tuples = {key: (row["min picks"], row["gradient is zero"]) for key, row in clip_table().items()}
+    assert "expected a dict with keys" in exercises.check_clip_table(tuples, verbose=False).message
+    half = copy.deepcopy(clip_table())
+    half[("A < 0", "inside")] = {"min picks": None, "gradient is zero": None}
+    assert "is not filled in yet" in exercises.check_clip_table(half, verbose=False).message
+    typo = copy.deepcopy(clip_table())
+    typo[("A < 0", "inside")]["min picks"] = "unclippd"
+    assert "write one of" in exercises.check_clip_table(typo, verbose=False).message

@@ -64,8 +64,12 @@ def test_clip_values_rejects(table, message):
 
 @pytest.mark.parametrize("fn", [ppo_update, ch05.ppo_update])
 def test_ppo_update_checker_passes(fn):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
     verdict = exercises.check_ppo_update(fn, verbose=False)
     assert verdict.status == PASSED and verdict.implementation is fn, verdict.message
+    assert torch.equal(torch.rand(3), expected)  # the learner's torch seed is left as it was (it was reseeded)
 
 
 @pytest.mark.parametrize(
@@ -84,6 +88,9 @@ def test_ppo_update_checker_passes(fn):
         ("entropy sign", "the entropy bonus has the wrong sign"),
         ("no reshuffle", "same order every epoch"),
         ("one epoch", "one pass over the batch"),
+        # both once passed: the checker's clip and grad-norm equalled PPOConfig's defaults
+        ("config clip", "not the clip_eps argument"),
+        ("fixed grad clip", "clipped at 0.5"),
     ],
 )
 def test_ppo_update_checker_names_each_bug(bug, message):

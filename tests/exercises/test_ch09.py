@@ -1,5 +1,7 @@
 """Chapter 9 checkers: pass the worked solutions, reject realistic buggy versions by name."""
 
+import random
+
 import pytest
 
 from edurl import exercises
@@ -85,6 +87,12 @@ def test_check_env_passes_the_solution_and_the_library_games():
     assert exercises.check_env(lambda: ch09.ReverseWordEnv("cat", R), verbose=False).status == PASSED
     assert exercises.check_env(lambda: GuessNumberEnv(7, R), verbose=False).status == PASSED
     assert exercises.check_env(lambda: CalculatorEnv("123+456=?", "579", R), verbose=False).status == PASSED
+    # a word drawn per environment: prompts of different lengths are not shared state (once failed at random)
+    words = random.Random(0)
+    pool = ["ox", "cat", "stop", "banana", "elephant", "reinforcement"]
+    for _ in range(5):
+        verdict = exercises.check_env(lambda: ch09.ReverseWordEnv(words.choice(pool), R), verbose=False)
+        assert verdict.status == PASSED, verdict.message
 
 
 class NeverEnds(ch09.ReverseWordEnv):
