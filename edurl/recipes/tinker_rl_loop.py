@@ -134,10 +134,10 @@ def main(argv: list[str] | None = None) -> Path:
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     service = tinker.ServiceClient(base_url=config.base_url)  # the key comes from TINKER_API_KEY
     with service:  # the session is finished when the run ends, however it ends, and the server lets it go
-        return _run(config, service, types)
+        return _training_loop(config, service, types)
 
 
-def _run(config: TinkerLoopConfig, service, types) -> Path:
+def _training_loop(config: TinkerLoopConfig, service, types) -> Path:
     """The loop itself, on an open ``service``: what :func:`main` runs."""
     training = service.create_lora_training_client(
         base_model=config.base_model, rank=config.lora_rank, seed=config.seed
