@@ -709,8 +709,8 @@ class TrainingClient:
             for k, v in state["weights"].items():
                 named[k].copy_(v)
         if self._stores_16_bit():
-            # the saved fp32 master weights, not their rounded copies, carry on; into the copies this client
-            # already has, if it has them, since an optimizer kept (optimizer=False) holds those very tensors
+            # the saved fp32 master weights, not their rounded copies, carry on (written into the copies this client
+            # has, if any: whatever still refers to them sees the loaded values)
             saved = [state["weights"][k].to(self.device, torch.float32) for k in self._trainable_names()]
             if self._master is None:
                 self._master = [torch.nn.Parameter(w.clone()) for w in saved]

@@ -331,11 +331,15 @@ class Backend:
         other = body.get("optimizer_params")
 
         def prepare():
-            if other is not None or "adam_params" not in body:
-                kind = (other or {}).get("type", "none") if isinstance(other, dict) else type(other).__name__
+            if other is not None:
+                kind = other.get("type", "?") if isinstance(other, dict) else type(other).__name__
                 raise UserError(
                     f"optim_step with optimizer params of type {kind!r}: edurl.serve implements Adam only; send "
                     "AdamParams (it once ran AdamW with its own defaults instead)"
+                )
+            if "adam_params" not in body:
+                raise UserError(
+                    "optim_step needs adam_params (types.AdamParams(...)); edurl.serve implements Adam only"
                 )
             unknown = set(given) - allowed
             if unknown:
