@@ -14,6 +14,7 @@ import torch
 
 from edurl.envs import TorchCartPole
 from edurl.rl.advantages import gae, td_errors
+from edurl.rl.networks import module_device
 from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
 
@@ -28,10 +29,12 @@ class Trajectory(dict):
 
 @torch.no_grad()
 def sample_trajectory(policy, value, *, seed: int = 0, max_steps: int = 500) -> Trajectory:
-    """Play one CartPole episode with ``policy`` and record the critic's V(s_t) and V(s_{t+1})."""
-    env = TorchCartPole(1, max_episode_steps=max_steps)
+    """Play one CartPole episode with ``policy`` and record the critic's V(s_t) and V(s_{t+1}). The episode runs
+    on the policy's device (a policy trained on a GPU plays there)."""
+    dev = module_device(policy)
+    env = TorchCartPole(1, max_episode_steps=max_steps, device=dev)
     obs, _ = env.reset(seed=seed)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=dev).manual_seed(seed)
     rows = {k: [] for k in ("states", "actions", "rewards", "next_obs", "terminated", "truncated")}
     while True:
         probs = policy(obs).probs
@@ -85,7 +88,7 @@ def rollouts_from(
     still running there.
     """
     B = states.shape[0]
-    env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9)
+    env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9, device=states.device)
     env.reset(seed=int(torch.randint(0, 2**31, (1,), generator=generator, device=generator.device)))
     env.state = states.clone()
     obs = states.clone()
@@ -166,8 +169,10 @@ def gae_bias_variance(
     """
     lams = np.linspace(0, 1, 11) if lams is None else lams
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
-        gen = torch.Generator().manual_seed(seed)
-        tail_gen = torch.Generator().manual_seed(seed + 1)
+        dev = module_device(policy)  # the rollouts run where the policy is
+        states, actions = states.to(dev), actions.to(dev)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        tail_gen = torch.Generator(device=dev).manual_seed(seed + 1)
         per_state = []
         for s, a in progress_bar(list(zip(states, actions)), desc="states", disable=not progress):
             s64 = s.to(torch.float64)

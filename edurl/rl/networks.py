@@ -16,7 +16,14 @@ from torch.distributions import Categorical
 
 from edurl.objectives import entropy
 
-__all__ = ["mlp", "CategoricalPolicy", "ValueNet"]
+__all__ = ["mlp", "CategoricalPolicy", "ValueNet", "module_device"]
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """Where ``module`` keeps its first parameter (or buffer); the CPU for a module with neither."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
 
 
 def mlp(in_dim: int, out_dim: int, hidden_sizes: Sequence[int] = (64, 64), *, out_gain: float = 1.0) -> nn.Sequential:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gymnasium as gym
 import torch
 
-from edurl.rl.networks import ValueNet
+from edurl.rl.networks import ValueNet, module_device
 from edurl.rl.returns import discounted_returns
 from edurl.rl.rollout import EpisodeBatch, collect_episodes
 from edurl.utils import progress as progress_bar
@@ -70,9 +70,11 @@ def fit_value_baseline(
     steps: int = 500,
     learning_rate: float = 3e-3,
     seed: int = 0,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
 ) -> ValueNet:
-    """Regress a fresh ValueNet on the reward-to-go of ``num_episodes`` episodes of ``policy`` (kept fixed)."""
+    """Regress a fresh ValueNet on the reward-to-go of ``num_episodes`` episodes of ``policy`` (kept fixed).
+    ``device`` defaults to the policy's."""
+    device = module_device(policy) if device is None else torch.device(device)
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         envs = [gym.make(env_id) for _ in range(num_episodes)]
         batch = collect_episodes(envs, policy.act, device, seeds=[seed + i for i in range(num_episodes)])
@@ -97,15 +99,17 @@ def gradient_variance(
     episodes_per_batch: int = 4,
     gamma: float = 0.99,
     seed: int = 0,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     progress: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Per-batch REINFORCE gradients at a fixed policy, for each baseline, on the *same* batches.
 
     ``baselines`` maps a name to a function ``(obs (B, obs_dim), G (B,)) -> b (B,)`` of precomputed,
     fixed quantities: ``lambda obs, G: 0`` (none), a constant, or a value network's V(s). Returns
-    name -> (num_batches, P) gradients. The total variance is ``grads.var(0).sum()``.
+    name -> (num_batches, P) gradients. The total variance is ``grads.var(0).sum()``. ``device`` defaults to the
+    policy's.
     """
+    device = module_device(policy) if device is None else torch.device(device)
     with torch_threads(1):  # small nets: fastest, and repeatable across machines, on one thread
         envs = [gym.make(env_id) for _ in range(episodes_per_batch)]
         out = {name: [] for name in baselines}

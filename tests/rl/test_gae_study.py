@@ -1,5 +1,6 @@
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 import torch
 
 from edurl.rl import CategoricalPolicy, ValueNet
@@ -115,3 +116,16 @@ def test_the_truth_is_not_cut_at_the_horizon():
         Balancer(), Constant(), states, actions, lams=[1.0], num_truth=128, num_samples=64, horizon=300, progress=False
     )
     assert abs(df["bias2"].iloc[0]) < 0.5
+
+
+@pytest.mark.cuda
+def test_the_study_runs_where_a_gpu_trained_policy_is():
+    # a policy trained with the default device (CUDA on a GPU machine) used to meet a CPU env and generator here
+    policy, value = (net.cuda() for net in _nets())
+    traj = sample_trajectory(policy, value, seed=0, max_steps=50)
+    assert traj["states"].device.type == "cuda"
+    df = gae_bias_variance(
+        policy, value, traj["states"][:2].cpu(), traj["actions"][:2].cpu(), lams=[0.0, 1.0],
+        num_truth=32, num_samples=16, horizon=20, progress=False,
+    )  # fmt: skip
+    assert np.isfinite(df["mse"]).all()

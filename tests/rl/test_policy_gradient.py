@@ -1,10 +1,12 @@
 import gymnasium as gym
+import pytest
 import torch
 
 from edurl.rl import CategoricalPolicy, collect_episodes
 from edurl.rl.policy_gradient import (
     bandit_exact_gradient,
     bandit_gradient_samples,
+    fit_value_baseline,
     flat_policy_gradient,
     gradient_variance,
 )
@@ -70,3 +72,14 @@ def test_gradient_variance_same_batches_for_every_baseline():
     P = sum(p.numel() for p in policy.parameters())
     assert out["none"].shape == (30, P) and out["constant"].shape == (30, P)
     assert out["constant"].var(0).sum() < out["none"].var(0).sum()
+
+
+@pytest.mark.cuda
+def test_the_variance_helpers_default_to_the_policys_device():
+    # their device used to default to "cpu", so a GPU-trained policy met CPU observations
+    torch.manual_seed(0)
+    policy = CategoricalPolicy(4, 2).cuda()
+    value = fit_value_baseline(policy, "CartPole-v1", 2, 0.99, steps=2)
+    assert next(value.parameters()).device.type == "cuda"
+    grads = gradient_variance(policy, "CartPole-v1", {"none": lambda obs, G: 0}, num_batches=2, progress=False)
+    assert grads["none"].shape[0] == 2
