@@ -79,6 +79,34 @@ def missing_gpu() -> str | None:
     return "; ".join(reasons) or None
 
 
+def unusable_gpu() -> str | None:
+    """A setup error: an NVIDIA GPU that ``nvidia-smi`` lists, which this torch cannot use (None otherwise). A run
+    that hides the GPUs on purpose (``CUDA_VISIBLE_DEVICES`` empty or -1) is no error: it has no GPU to check."""
+    if torch.cuda.is_available() or os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return None
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if listed.returncode != 0 or "GPU" not in listed.stdout:
+        return None
+    gpus = listed.stdout.strip().splitlines()[0]
+    if torch.version.cuda is None:
+        return (
+            f"nvidia-smi lists a GPU ({gpus}), but this torch ({torch.__version__}) is a CPU build. Reinstall torch "
+            "with CUDA: remove .venv and run `make setup` on this machine (it installs a CUDA build when nvidia-smi "
+            "works), or `pip install --force-reinstall torch` in this environment."
+        )
+    return (
+        f"nvidia-smi lists a GPU ({gpus}), and this torch ({torch.__version__}) was built with CUDA "
+        f"{torch.version.cuda}, but torch.cuda.is_available() is False: check that the driver supports that CUDA "
+        "version (nvidia-smi prints the driver's) and that CUDA_VISIBLE_DEVICES names a GPU that exists."
+    )
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -588,6 +616,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         ap.error(str(err))
 
+    broken = unusable_gpu()
+    if broken:
+        print(f"gpu-check: {broken} Nothing run.", file=sys.stderr)
+        return 1
     why = missing_gpu()
     if why:
         print(f"gpu-check: no NVIDIA GPU found ({why}); nothing run.")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
@@ -51,6 +52,34 @@ def test_without_a_gpu_it_says_so_and_runs_nothing(tmp_path):
     assert "gpu-check: no NVIDIA GPU found (torch.cuda.is_available() is False" in proc.stdout
     assert "nothing run" in proc.stdout
     assert not out.exists()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake nvidia-smi is a shell script")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or __import__("torch").cuda.is_available(), reason="needs no CUDA"
+)
+def test_a_gpu_that_this_torch_cannot_use_is_an_error_not_a_pass(tmp_path):
+    # a venv built with the CPU torch on a GPU machine used to print "no NVIDIA GPU found" and exit 0
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{fake.parent}{os.pathsep}{env['PATH']}"
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "nvidia-smi lists a GPU (GPU 0: NVIDIA H100" in proc.stderr
+    assert ("is a CPU build" in proc.stderr) == (torch.version.cuda is None)
+    assert not out.exists()
+    hidden = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out)], cwd=tmp_path, env={**env, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert hidden.returncode == 0 and "no NVIDIA GPU found" in hidden.stdout  # GPUs hidden on purpose: nothing to check
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
