@@ -248,6 +248,18 @@ def frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
+def _step_counts_on_cpu(optimizer_state: dict) -> dict:
+    """``optimizer_state`` with Adam's per-parameter ``step`` counts on the CPU, where a fresh AdamW keeps them.
+    ``torch.load(map_location=<the model's device>)`` moves them to the GPU, and ``load_state_dict`` leaves them
+    there (it moves only the moments), so every later step would read each count back to the host: one
+    synchronisation per parameter per step."""
+    for per_param in optimizer_state.get("state", {}).values():
+        step = per_param.get("step")
+        if torch.is_tensor(step):
+            per_param["step"] = step.cpu()
+    return optimizer_state
+
+
 class TrainingClient:
     """A policy being trained: forward/backward with a named loss, Adam steps, snapshots and checkpoints."""
 
@@ -723,7 +735,7 @@ class TrainingClient:
         self.optimizer = None  # built at the next optim_step, over the parameters it optimizes
         if optimizer and state["optimizer"] is not None:
             self.optimizer = torch.optim.AdamW(self._optimized_parameters())
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(_step_counts_on_cpu(state["optimizer"]))
         return state["extra"]
 
     def load_sampler(self, path: str | Path) -> SamplingClient | None:

@@ -755,3 +755,17 @@ def test_optim_step_refuses_a_non_finite_gradient_and_leaves_the_weights(small_m
     norm = client.optim_step(AdamParams(learning_rate=1e-3)).result()["optim/grad_norm"]
     assert math.isfinite(norm) and norm > 0
     assert not all(torch.equal(a, q) for a, q in zip(before, client.model.parameters()))
+
+
+@pytest.mark.cuda
+def test_a_resumed_optimizer_on_cuda_keeps_its_step_counts_on_the_cpu(small_model, char_tokenizer, tmp_path):
+    service = ServiceClient(device="cuda", log_dir=tmp_path)
+    trainer = service.create_lora_training_client((copy.deepcopy(small_model), char_tokenizer), rank=4)
+    datums = rl_datums(trainer)
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-3))
+    path = trainer.save_state("ckpt")
+    trainer.load_state(path)  # torch.load(map_location="cuda") put Adam's step counts on the GPU: a sync per read
+    assert all(s["step"].device.type == "cpu" for s in trainer.optimizer.state.values())
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-3))
