@@ -162,7 +162,8 @@ def init_world(device: str | None = None) -> World:
 
     Without them, or with WORLD_SIZE=1, this is :data:`SINGLE` and nothing is initialised. Otherwise it joins
     the process group: NCCL when ``device`` (or, when None, the machine) is CUDA, with this rank on GPU
-    LOCAL_RANK; gloo on the CPU. Calling it again returns the same world."""
+    LOCAL_RANK (so a device named with another index, such as "cuda:0" on rank 1, is refused); gloo on the CPU.
+    Calling it again returns the same world."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return SINGLE
@@ -175,8 +176,15 @@ def init_world(device: str | None = None) -> World:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     from edurl.utils import device as pick_device
 
-    cuda = pick_device(device).type == "cuda"
+    chosen = pick_device(device)
+    cuda = chosen.type == "cuda"
     if cuda:
+        if chosen.index is not None and chosen.index != local_rank:
+            raise ValueError(
+                f"under torchrun each rank uses GPU LOCAL_RANK, but the device is {str(chosen)!r}, so rank {rank} "
+                f"(LOCAL_RANK {local_rank}) would put its model on another rank's GPU. Pass device='cuda' (or "
+                "EDURL_DEVICE=cuda, --device cuda) without an index, and torchrun's LOCAL_RANK picks each rank's GPU."
+            )
         if local_rank >= (count := torch.cuda.device_count()):
             raise RuntimeError(
                 f"LOCAL_RANK is {local_rank}, but this machine has {count} CUDA device(s), and each rank needs its "

@@ -187,6 +187,21 @@ def test_more_ranks_than_gpus_is_refused_with_the_fix(monkeypatch):
         init_world()
 
 
+def test_an_indexed_gpu_under_torchrun_is_refused_with_the_fix(monkeypatch):
+    """device='cuda:0' (or EDURL_DEVICE=cuda:0) used to put every rank's model on GPU 0, while the collectives
+    used GPU LOCAL_RANK: gradients crossed GPUs every step."""
+    import edurl.utils
+
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(edurl.utils, "device", lambda device=None: torch.device("cuda:0"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail("set_device ran before the device was refused"))
+    with pytest.raises(ValueError, match=r"'cuda:0', so rank 1 \(LOCAL_RANK 1\).*device='cuda'"):
+        init_world("cuda:0")
+
+
 def test_data_parallel_refuses_what_it_cannot_split(monkeypatch, tmp_path):
     monkeypatch.setattr("edurl.llm.grpo.init_world", lambda device=None: World(rank=0, size=2))
     base = dict(group_size=2, batch_size=4, max_steps=1, log_dir=str(tmp_path))
