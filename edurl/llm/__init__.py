@@ -33,6 +33,7 @@ Every submodule is imported here, so ``llm.grpo.train_grpo`` works after ``from 
 """
 
 from edurl.llm import (
+    _compat,  # noqa: F401  (first: it names a torch that this transformers cannot use, before anything fails)
     clients,
     datum,
     distributed,
