@@ -587,7 +587,7 @@ DETERMINISTIC += _llm_margins.DETERMINISTIC
 def find_cell(notebook: str, source: str) -> int | None:
     """Index of the notebook cell whose source contains ``source``, or None."""
     path = next((ROOT / "notebooks").glob(f"{notebook}_*.ipynb"))
-    cells = json.loads(path.read_text())["cells"]
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     return next((i for i, c in enumerate(cells) if source in "".join(c["source"])), None)
 
 
@@ -639,7 +639,7 @@ def run_in_subprocess(variant: str, experiments: list[str], seeds: int, out: str
         env=env,
         check=True,
     )
-    return json.loads(Path(path).read_text())["runs"]
+    return json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
 
 
 def check_values(check: Check, runs: pd.DataFrame) -> np.ndarray:
@@ -731,8 +731,12 @@ def print_table(table: pd.DataFrame) -> None:
 def _read_runs(path: Path) -> list[dict]:
     """The runs of a JSON written by ``--out``, or of a JSON-lines file written by ``_llm_margins.py``."""
     if path.suffix == ".jsonl":
-        return [_llm_margins.derived(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-    return json.loads(path.read_text())["runs"]
+        return [
+            _llm_margins.derived(json.loads(line))
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+    return json.loads(path.read_text(encoding="utf-8"))["runs"]
 
 
 def main():

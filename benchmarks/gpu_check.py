@@ -224,7 +224,7 @@ def threads_per_worker(workers: int) -> int:
 
 
 def code_cells(notebook: Path) -> int:
-    return sum(cell["cell_type"] == "code" for cell in json.loads(notebook.read_text())["cells"])
+    return sum(cell["cell_type"] == "code" for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"])
 
 
 def select_notebooks(names: list[str] | None) -> list[Path]:
@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + format_table(rows))
     for row in rows:
         for path in row["details"].get("failures", []):
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
             print(
                 f"\n{row['check']}: {Path(path).name} (the whole report: {path})\n" + "\n".join(text.splitlines()[-25:])
             )

@@ -101,13 +101,13 @@ def write_api_pages() -> None:
         lines = [f"# {title}", ""]
         for mod in mods:
             lines += [f"## `{mod}`", "", "```{eval-rst}", f".. automodule:: {mod}", "```", ""]
-        (api / f"{slug}.md").write_text("\n".join(lines))
+        (api / f"{slug}.md").write_text("\n".join(lines), encoding="utf-8")
         index.append(slug)
-    (api / "index.md").write_text("\n".join(index + ["```", ""]))
+    (api / "index.md").write_text("\n".join(index + ["```", ""]), encoding="utf-8")
 
 
 def chapter_title(md: Path) -> str:
-    for line in md.read_text().splitlines():
+    for line in md.read_text(encoding="utf-8").splitlines():
         if line.startswith("# "):
             return line[2:].strip()
     raise ValueError(f"{md} has no '# ' title line")
@@ -121,7 +121,7 @@ def readme_section(text: str, heading: str) -> str:
 
 
 def write_index() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     intro = readme.split("\n## ", 1)[0]
     lines = [
         intro.rstrip(),
@@ -155,7 +155,7 @@ def write_index() -> None:
         "```",
         "",
     ]
-    (SRC / "index.md").write_text("\n".join(lines))
+    (SRC / "index.md").write_text("\n".join(lines), encoding="utf-8")
 
 
 def book_notebook(executed: Path) -> nbformat.NotebookNode:

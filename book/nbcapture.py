@@ -53,7 +53,7 @@ def is_fresh(notebook: Path) -> bool:
     if not copy.exists():
         return False
     try:
-        stamp = json.loads(copy.read_text())["metadata"].get(STAMP_KEY, {})
+        stamp = json.loads(copy.read_text(encoding="utf-8"))["metadata"].get(STAMP_KEY, {})
     except (ValueError, KeyError):
         return False
     return stamp == source_stamp(notebook)
@@ -93,7 +93,7 @@ def record_failure(item, report, directory: Path) -> Path:
     digest = hashlib.sha1(report.nodeid.encode()).hexdigest()[:8]
     phase = "" if report.when == "call" else f".{report.when}"
     path = directory / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', report.nodeid)[:120]}-{digest}{phase}.txt"
-    path.write_text("\n".join(parts) + "\n")
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
     return path
 
 

@@ -163,7 +163,7 @@ def test_grpo_variants_report_counts_gains_per_variant_and_step(tmp_path):
     seeds = {x.split()[0]: x.split() for x in out.splitlines() if x.strip() and x.split()[0] in "012"}
     assert seeds["0"][2] == "570" and seeds["1"][2:4] == ["1340", "(missed)"] and seeds["2"][2] == "?", out
     assert (tmp_path / "v.png").stat().st_size > 0
-    path.write_text(path.read_text() + json.dumps(row("default", 3, 0.3, {50: 0.4}, threads=2)) + "\n")
+    path.write_text(path.read_text(encoding="utf-8") + json.dumps(row("default", 3, 0.3, {50: 0.4}, threads=2)) + "\n")
     mixed = subprocess.run(
         [sys.executable, "benchmarks/grpo_variants.py", "--report", str(path)],
         cwd=REPO,

@@ -60,7 +60,7 @@ def test_a_passing_notebook_is_saved_with_its_outputs_and_stamp(tmp_path):
     nb = _notebook(tmp_path, [new_markdown_cell("# demo"), new_code_cell("print('hello')"), new_code_cell("6 * 7")])
     result = _run_nbval(tmp_path, nb)
     assert result.returncode == 0, result.stdout + result.stderr
-    copy = json.loads((tmp_path / "executed" / nb.name).read_text())
+    copy = json.loads((tmp_path / "executed" / nb.name).read_text(encoding="utf-8"))
     code = [c for c in copy["cells"] if c["cell_type"] == "code"]
     assert "".join(code[0]["outputs"][0]["text"]) == "hello\n"
     assert "".join(code[1]["outputs"][0]["data"]["text/plain"]) == "42"
@@ -90,7 +90,7 @@ def test_the_stamp_goes_stale_when_the_notebook_changes(tmp_path, monkeypatch):
     (tmp_path / "executed").mkdir()
     nbformat.write(copy, str(nbcapture.executed_copy(nb)))
     assert nbcapture.is_fresh(nb)
-    nb.write_text(nb.read_text().replace("1 + 1", "1 + 2"))
+    nb.write_text(nb.read_text(encoding="utf-8").replace("1 + 1", "1 + 2"))
     assert not nbcapture.is_fresh(nb)
 
 
@@ -130,7 +130,7 @@ def test_the_book_drops_widget_views_and_quiet_results_but_keeps_figures(tmp_pat
 def test_landing_page_has_the_course_map_and_reads_chapter_then_notebook(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "SRC", tmp_path)
     build.write_index()
-    index = (tmp_path / "index.md").read_text()
+    index = (tmp_path / "index.md").read_text(encoding="utf-8")
     assert "## Course map" in index
     entries = [line.split("<")[-1].rstrip(">") for line in index.splitlines() if line.endswith(">")]
     chapters = sorted(p.stem for p in (ROOT / "chapters").glob("[0-9][0-9]_*.md"))

@@ -14,7 +14,7 @@ GLOSSARY = ROOT / "docs" / "glossary.md"
 
 def table_rows():
     rows = []
-    for line in GLOSSARY.read_text().splitlines():
+    for line in GLOSSARY.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) == 6 and cells[0] not in ("concept",) and not set(cells[0]) <= {"-"}:
             rows.append(cells)
@@ -75,14 +75,14 @@ def test_resolve_rejects_names_that_do_not_exist():
 
 @pytest.mark.parametrize("metric", metric_names())
 def test_every_metric_is_logged_by_the_library(metric):
-    source = "\n".join(p.read_text() for p in (ROOT / "edurl").rglob("*.py"))
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "edurl").rglob("*.py"))
     # Chapter 5's PPO logs its update columns with an "optim/" prefix: f"optim/{k}"
     name = metric.removeprefix("optim/")
     assert f'"{metric}"' in source or (metric.startswith("optim/") and f'"{name}"' in source), metric
 
 
 def test_old_names_are_gone_from_the_code():
-    source = "\n".join(p.read_text() for p in (ROOT / "edurl").rglob("*.py"))
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "edurl").rglob("*.py"))
     for old in (
         "old_logprobs",
         "norm_adv",

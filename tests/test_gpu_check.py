@@ -201,7 +201,7 @@ def test_a_run_cut_off_by_its_timeout_keeps_its_counts_and_each_failure(gpu_chec
     assert r["timed_out"] and r["returncode"] is None, r["output_tail"]
     assert (r["passed"], r["failed"]) == (1, 1), r["output_tail"]
     assert len(r["failures"]) == 1
-    text = Path(r["failures"][0]).read_text()
+    text = Path(r["failures"][0]).read_text(encoding="utf-8")
     assert "Cell 1" in text and "assert x >= 0.1  # 10 study seeds" in text  # the id and the cell's source
     assert "gold overshoot 0.05" in text  # what it printed before the assert
     assert "AssertionError" in text

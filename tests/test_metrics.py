@@ -12,7 +12,7 @@ def test_log_writes_one_json_object_per_step(tmp_path):
     with MetricsLogger(tmp_path) as logger:
         logger.log(0, **{"env/all/reward/total": 0.5, "optim/entropy": torch.tensor(1.25)})
         logger.log(1, **{"env/all/reward/total": np.float32(0.75), "note": "ok", "count": np.int64(3)})
-    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2
     first = json.loads(lines[0])
     assert first["step"] == 0 and first["env/all/reward/total"] == 0.5 and first["optim/entropy"] == 1.25

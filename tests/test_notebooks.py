@@ -26,7 +26,7 @@ SECTIONS = [
 
 
 def _code_cells(path):
-    nb = json.loads(path.read_text())
+    nb = json.loads(path.read_text(encoding="utf-8"))
     return [c for c in nb["cells"] if c["cell_type"] == "code"]
 
 
@@ -78,12 +78,12 @@ def test_exercises_use_existing_checkers_and_leave_stubs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_kernel_is_plain_python3(path):
-    assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == "python3"
+    assert json.loads(path.read_text(encoding="utf-8"))["metadata"]["kernelspec"]["name"] == "python3"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_follows_the_structure(path):
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8")
     lines = text.splitlines()
     assert lines[0].startswith("# "), "first line: the title"
     assert any(line.startswith("> *") for line in lines[1:4]), "an epigraph right under the title"
@@ -97,17 +97,19 @@ def test_chapter_follows_the_structure(path):
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
 def test_chapter_names_only_files_that_exist(path):
-    for ref in set(re.findall(r"`((?:edurl|tests|notebooks|benchmarks)/[\w/.]+\.(?:py|ipynb))`", path.read_text())):
+    for ref in set(
+        re.findall(r"`((?:edurl|tests|notebooks|benchmarks)/[\w/.]+\.(?:py|ipynb))`", path.read_text(encoding="utf-8"))
+    ):
         assert (ROOT / ref).exists(), f"{path.name} mentions {ref}, which does not exist"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_opens_with_objectives_and_time_and_closes_with_self_check(path):
-    cells = json.loads(path.read_text())["cells"]
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     first, last = _source(cells[0]), _source(cells[-1])
     assert "**In this notebook you will:**" in first and "**Time:**" in first, f"{path.name}: objectives and time"
     questions = re.findall(r"^\d+\. ", last.split("## Check yourself", 1)[-1], re.M)
     assert "## Check yourself" in last and 3 <= len(questions) <= 5, f"{path.name}: 3-5 self-check questions"
     chapter = ROOT / "chapters" / f"{path.stem}.md"
-    answers = chapter.read_text().split("## Self-check answers", 1)[1].split("\n## ", 1)[0]
+    answers = chapter.read_text(encoding="utf-8").split("## Self-check answers", 1)[1].split("\n## ", 1)[0]
     assert len(re.findall(r"^\d+\. ", answers, re.M)) == len(questions), f"{chapter.name}: one answer per question"

@@ -22,13 +22,13 @@ def _split(requirement: str) -> tuple[str, str]:
 
 
 def test_environment_yml_matches_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     wanted = [
         r for r in project["dependencies"] + project["optional-dependencies"]["dev"] if "python_version" not in r
     ]  # backports for old Pythons; conda ships a new enough Python
     pip_side = dict(_split(r) for r in wanted)
 
-    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    env = yaml.safe_load((ROOT / "environment.yml").read_text(encoding="utf-8"))
     conda_side = {}
     for dep in env["dependencies"]:
         if isinstance(dep, dict):  # the pip section: edurl itself, last, and packages conda-forge lacks
@@ -43,16 +43,16 @@ def test_environment_yml_matches_pyproject():
 
 
 def test_python_floor_is_the_same():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text(encoding="utf-8"))
     assert project["requires-python"] == ">=3.10"
     assert "python>=3.10" in env["dependencies"]
 
 
 def test_readme_makefile_and_ci_agree():
-    readme = (ROOT / "README.md").read_text()
-    makefile = (ROOT / "Makefile").read_text()
-    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     for command in ("make lab", "make test", 'pip install -e ".[dev]"'):
         assert command in readme, f"README must show `{command}`"
     assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)

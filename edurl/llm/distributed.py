@@ -245,6 +245,8 @@ def launch(
         raise ValueError(f"nproc must be 0 (one plain process) or the number of torchrun ranks, got {nproc!r}")
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
     cmd = [sys.executable, *launcher, *map(str, args)]
+    if nproc and sys.platform == "win32":  # torch's Windows builds lack libuv, which torchrun's rendezvous asks for
+        env = {**(os.environ if env is None else env), "USE_LIBUV": "0"}
     own_group = hasattr(os, "killpg")  # POSIX; elsewhere only the launcher itself can be stopped
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=own_group

@@ -267,7 +267,7 @@ def cached_checkpoint(key: str, config, train, device: str | None = None, retrai
                 f"AutoTokenizer loaded {path} as {type(tokenizer).__name__}, which tokenizes differently "
                 "from the course tokenizer (see edurl/llm/model.py on arch='qwen2'). Use arch='llama'."
             )
-        history = json.loads((path / "history.json").read_text())
+        history = json.loads((path / "history.json").read_text(encoding="utf-8"))
         return model, tokenizer, history, path
     model, tokenizer, history = train()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,9 @@ from .conftest import BUILD, ROOT, free_port, unavailable
 pytestmark = pytest.mark.browser
 
 WIDGET_NOTEBOOKS = sorted(
-    p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb") if "widgets.interact(" in p.read_text()
+    p.name
+    for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")
+    if "widgets.interact(" in p.read_text(encoding="utf-8")
 )
 TEXT_PROGRESS_BAR = re.compile(r"\d+%\|[^|\n]*\|\s*\d+/\d+")
 # Lab settings of the test's own: no autosave (the notebooks in the repository stay without outputs), every
@@ -100,7 +102,7 @@ def lab(tmp_path_factory):
             log.close()
             pytest.fail(
                 f"`make lab` did not serve JupyterLab (exit status {proc.poll()}):\n"
-                + (work / "lab.log").read_text()[-3000:],
+                + (work / "lab.log").read_text(encoding="utf-8")[-3000:],
                 pytrace=False,
             )
         time.sleep(0.5)
@@ -120,7 +122,7 @@ def expects_progress_bar(name: str) -> bool:
     copy = BUILD / "executed" / name
     if not copy.exists():
         return True
-    nb = json.loads(copy.read_text())
+    nb = json.loads(copy.read_text(encoding="utf-8"))
     return any(
         "application/vnd.jupyter.widget-view+json" in out.get("data", {})
         and TEXT_PROGRESS_BAR.search("".join(out["data"].get("text/plain", "")))

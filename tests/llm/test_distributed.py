@@ -260,7 +260,7 @@ def test_torchrun_with_two_processes_repeats_the_single_process_run(runs):
     assert single["optim/grad_norm"].gt(0).all()  # the warm start's rewards differ within groups: real updates
     pd.testing.assert_frame_equal(two[EXACT], single[EXACT])
     pd.testing.assert_frame_equal(two[CLOSE], single[CLOSE], rtol=1e-4, atol=1e-7)
-    config = json.loads((root / "two" / "config.json").read_text())
+    config = json.loads((root / "two" / "config.json").read_text(encoding="utf-8"))
     assert config["sample_per_problem"] is True  # turned on by torchrun
     assert sorted(p.name for p in (root / "two" / "checkpoints").iterdir()) == ["step_000010", "step_000020"]
 

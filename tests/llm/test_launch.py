@@ -2,6 +2,7 @@
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ PARENT = (
 def _alive(pid: int) -> bool:
     """A process that exists and is not a zombie (an exited child its new parent has not reaped yet)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
@@ -34,8 +35,8 @@ def _alive(pid: int) -> bool:
 def _child_pid(path: Path, within: float = 30.0) -> int:
     end = time.monotonic() + within
     while time.monotonic() < end:
-        if path.exists() and path.read_text():
-            return int(path.read_text())
+        if path.exists() and path.read_text(encoding="utf-8"):
+            return int(path.read_text(encoding="utf-8"))
         time.sleep(0.05)
     raise AssertionError("the parent never wrote its child's pid")
 
@@ -100,9 +101,31 @@ def test_an_interrupt_stops_the_process_and_its_children(tmp_path):
     assert _gone(_child_pid(pid_file)), "the child outlived the interrupt"
 
 
+def test_torchrun_on_windows_is_told_to_skip_libuv(monkeypatch):
+    """torch's Windows builds have no libuv, and torchrun's rendezvous asks for it unless USE_LIBUV=0."""
+    seen = {}
+
+    class Finished:
+        returncode, pid = 0, 0
+
+        def communicate(self, timeout=None):
+            return "", ""
+
+    def fake_popen(cmd, env=None, **kwargs):
+        seen["env"] = env
+        return Finished()
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(subprocess, "Popen", fake_popen)
+    launch(["-c", "pass"], nproc=2)
+    assert seen["env"]["USE_LIBUV"] == "0" and seen["env"]["PATH"] == os.environ["PATH"]
+    launch(["-c", "pass"], nproc=0)  # a plain process has no rendezvous: its environment is left as given
+    assert seen["env"] is None
+
+
 def test_without_process_groups_the_process_itself_is_stopped(monkeypatch):
     """Where os.killpg does not exist (Windows), launch signals the process it started."""
-    monkeypatch.delattr(os, "killpg")
+    monkeypatch.delattr(os, "killpg", raising=False)  # already absent on Windows
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="ran past 2 s"):
         launch(["-c", "import time; time.sleep(120)"], timeout=2)
