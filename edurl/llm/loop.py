@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,8 +90,94 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
     return trainer, ChatMLRenderer(trainer.tokenizer), config.sft.task()
 
 
+def warn_if_replies_do_not_fit(max_tokens: int, renderer: ChatMLRenderer, task, seed: int = 0) -> None:
+    """Warn when ``max_tokens`` cuts off some of ``task``'s reference replies (with their end of turn): a policy that
+    answers as its warm start was taught is then graded on cut-off replies, as wrong, and nothing else says so."""
+    problems = task.sample(256, split="train", seed=seed)
+    stop = len(renderer.get_stop_sequences())
+    lengths = [len(renderer._encode(p.demonstration())) + stop for p in problems]
+    cut = sum(n > max_tokens for n in lengths)
+    if cut:
+        warnings.warn(
+            f"max_tokens={max_tokens} cuts off {cut} of 256 of this task's reference replies (they take up to "
+            f"{max(lengths)} tokens with the end of turn), so replies like them will be graded as cut off and "
+            f"wrong. Pass max_tokens >= {max(lengths)} (edurl.llm.sft.reply_budget gives it for any problems).",
+            stacklevel=3,
+        )
+
+
 def _checkpoints(log_dir: Path) -> list[Path]:
     return sorted(p for p in (log_dir / "checkpoints").glob("step_*") if (p / "state.pt").exists())
+
+
+RESUME_MAY_CHANGE = frozenset(
+    {"max_steps", "resume", "progress", "eval_every", "save_every", "log_dir", "num_threads", "device"}
+    | {"concurrent_sampler", "sampler_process"}  # the same batches either way (Chapter 10)
+    | {"max_steps_off_policy"}  # the lag from here on; the resume checks that the checkpoint kept the weights it needs
+)
+"""The config fields a resumed run may set differently from the run it continues: where and how long it runs, and
+what it shows; every other field changes what the run computes."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _config_json(config, desc: str) -> str:
+    return json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
+
+
+def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str) -> list[Path]:
+    """The checkpoints to resume from, after refusing what would mix two runs or lose one: a fresh run into a
+    folder with an earlier run's checkpoints (a later resume would load them), a resume with nothing to resume
+    from but an earlier run's metrics (they would be overwritten), and a resume whose config computes something
+    else than the run it continues."""
+    checkpoints = _checkpoints(log_dir)
+    metrics = log_dir / "metrics.jsonl"
+    logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
+    if not config.resume:
+        if checkpoints:
+            raise ValueError(
+                f"log_dir {str(log_dir)!r} holds an earlier run's checkpoints (newest: {checkpoints[-1].name}), "
+                "which a later resume=True would load into this run. Continue that run with resume=True (--resume), "
+                f"or start this one in another log_dir (or delete {str(log_dir / 'checkpoints')!r} first)."
+            )
+        return []
+    if not checkpoints:
+        if logged:
+            raise ValueError(
+                f"resume=True, but log_dir {str(log_dir)!r} holds no checkpoint to resume from, only an earlier "
+                f"run's metrics.jsonl ({logged} steps), which a fresh start would overwrite: that run saved none "
+                "(save_every=0). Start again without resume in another log_dir, or delete the folder first."
+            )
+        return []  # nothing there yet: resume=True starts the run (a job that may be restarted can always pass it)
+    saved_file = log_dir / "config.json"
+    if saved_file.is_file():
+        saved = _flat(json.loads(saved_file.read_text(encoding="utf-8")))
+        now = _flat(json.loads(_config_json(config, desc)))
+        differ = [
+            k
+            for k in sorted(saved.keys() | now.keys())
+            if k.split(".")[0] not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k)
+        ]
+        if differ:
+            shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in differ[:6])
+            raise ValueError(
+                f"resume=True, but this config differs from the run in {str(log_dir)!r} ({saved_file.name}) in "
+                f"{len(differ)} field(s) that change what it computes: {shown}. Resume with that run's settings "
+                f"(only {', '.join(sorted(RESUME_MAY_CHANGE - {'resume'}))} may change), or start a new run in "
+                "another log_dir."
+            )
+    step = int(checkpoints[-1].name.removeprefix("step_"))
+    if step > config.max_steps:
+        raise ValueError(
+            f"resume=True, but the newest checkpoint in {str(log_dir)!r} is at step {step}, past "
+            f"max_steps={config.max_steps}: the result would be step {step}'s model. Pass max_steps >= {step}."
+        )
+    return checkpoints
 
 
 def run_training_loop(
@@ -116,16 +203,18 @@ def run_training_loop(
     result carries are rank 0's on every rank."""
     log_dir = Path(config.log_dir)
     main = world.is_main
+    found = _check_log_dir(config, log_dir, desc)  # on every rank, before any work: all refuse alike
     with torch_threads(config.num_threads):
         if not main:
             world.barrier()  # rank 0 trains (or loads) the cached warm start first, so no two ranks write it
         trainer, renderer, task = make_training_client(config)
         if main:
             world.barrier()
+            warn_if_replies_do_not_fit(config.max_tokens, renderer, task, config.seed)
         world.broadcast_parameters(trainer.model)  # every copy starts from rank 0's weights
         test = task.sample(config.num_eval, split="test", seed=config.seed)
         start_step, start_eval, logger = 0, None, None
-        checkpoints = world.broadcast_object(_checkpoints(log_dir) if config.resume else [])
+        checkpoints = world.broadcast_object(found)
         if checkpoints:
             checkpoint = checkpoints[-1]
             extra = trainer.load_state(checkpoint)
@@ -138,8 +227,7 @@ def run_training_loop(
         else:
             if main:
                 logger = MetricsLogger(log_dir, if_exists="overwrite")
-                config_json = json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
-                (log_dir / "config.json").write_text(config_json)
+                (log_dir / "config.json").write_text(_config_json(config, desc), encoding="utf-8")
                 start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
             start_eval = world.broadcast_object(start_eval)
         if on_start is not None:  # after the first evaluation, so that no step's work overlaps it

@@ -8,6 +8,7 @@ from edurl.llm import losses as L
 from edurl.llm.grpo import GRPOConfig, problem_seed, train_grpo
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import SFTConfig, _batch, continued_sft, load_or_train_sft, sft_loss
+from edurl.metrics import load_metrics
 
 from .conftest import SMALL
 
@@ -346,3 +347,58 @@ def test_unscored_zero_advantage_datums_leave_the_run_as_it_was_but_the_metrics(
     for column in ("optim/loss", "optim/grad_norm", "env/all/reward/total", "test/pass_at_1"):
         assert recipe[column].equals(scored[column]), column
     assert (recipe["optim/entropy"] != scored["optim/entropy"]).all()
+
+
+# ---------------------------------------------------------------- a log_dir that already holds a run
+
+
+def _earlier_run(tmp_path, **kw):
+    config = tiny(tmp_path, max_steps=4, save_every=2, eval_every=4, **kw)
+    train_grpo(config)
+    return config
+
+
+def test_a_fresh_run_into_an_earlier_runs_checkpoints_is_refused(tmp_path):
+    # it used to overwrite the earlier run's metrics and leave its checkpoints, so that a later resume=True
+    # loaded the earlier run's weights into this one (and its metrics held steps 0, 1, 4, 5)
+    config = _earlier_run(tmp_path)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match=r"earlier run's checkpoints \(newest: step_000004\).*resume=True"):
+        train_grpo(replace(config, learning_rate=0.0, max_steps=2))
+    assert (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8") == before  # nothing lost
+
+
+def test_a_resume_whose_config_computes_something_else_is_refused(tmp_path):
+    config = _earlier_run(tmp_path)
+    with pytest.raises(ValueError, match=r"2 field\(s\).*loss_fn: 'importance_sampling' -> 'ppo'.*seed: 0 -> 7"):
+        train_grpo(replace(config, resume=True, max_steps=6, loss_fn="ppo", seed=7))
+    with pytest.raises(ValueError, match="at step 4, past max_steps=2"):
+        train_grpo(replace(config, resume=True, max_steps=2))
+    resumed = train_grpo(replace(config, resume=True, max_steps=6, eval_every=2, num_threads=2))  # these may change
+    assert list(resumed.metrics["step"]) == list(range(6))
+
+
+def test_a_resume_with_nothing_to_resume_from_keeps_the_metrics(tmp_path):
+    # it used to start over and overwrite metrics.jsonl (4 lines -> 1) with exit code 0
+    config = tiny(tmp_path, max_steps=4, eval_every=4)
+    train_grpo(config)
+    with pytest.raises(
+        ValueError, match=r"no checkpoint to resume from, only an earlier run's metrics.jsonl \(4 steps\)"
+    ):
+        train_grpo(replace(config, resume=True, max_steps=1))
+    assert len(load_metrics(tmp_path / "run")) == 4
+    fresh = train_grpo(replace(config, resume=True, max_steps=1, log_dir=str(tmp_path / "new")))  # an empty folder
+    assert fresh.start is not None and len(fresh.metrics) == 1
+
+
+def test_a_max_tokens_that_cuts_off_the_tasks_replies_is_named(tmp_path):
+    # --max-tokens 9 (or 7-digit sums at the default 16) used to run to the end with every correct reply cut off
+    # and graded 0, and nothing said why
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"max_tokens=8 cuts off 256 of 256 .* up to 12 tokens.*max_tokens >= 12"):
+        train_grpo(tiny(tmp_path / "short", max_steps=1))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        train_grpo(tiny(tmp_path / "fits", max_steps=1, max_tokens=12))
+    assert not [w for w in seen if "cuts off" in str(w.message)]
