@@ -717,6 +717,22 @@ class TrainingClient:
             raise ValueError(
                 f"{file} holds weights this model lacks (e.g. {unknown[:3]}); was it saved from another model?"
             )
+        missing = [k for k in self._trainable_names() if k not in state["weights"]]
+        if missing:  # they would keep their current values beside the loaded ones: a model that is neither
+            raise ValueError(
+                f"{file} lacks {len(missing)} of this model's {len(self._trainable_names())} trainable weights "
+                f"(e.g. {missing[:3]}): it was saved from a model with fewer layers or another LoRA adapter. Load it "
+                "into the model it was saved from."
+            )
+        wrong = [
+            (k, tuple(v.shape), tuple(named[k].shape)) for k, v in state["weights"].items() if v.shape != named[k].shape
+        ]
+        if wrong:
+            k, saved, here = wrong[0]
+            raise ValueError(
+                f"{file} holds {len(wrong)} weight(s) of another shape than this model's (e.g. {k}: {saved} saved, "
+                f"{here} here): it was saved from a model of another size or LoRA rank. Nothing was loaded."
+            )
         with torch.no_grad():
             for k, v in state["weights"].items():
                 named[k].copy_(v)

@@ -769,3 +769,26 @@ def test_a_resumed_optimizer_on_cuda_keeps_its_step_counts_on_the_cpu(small_mode
     assert all(s["step"].device.type == "cpu" for s in trainer.optimizer.state.values())
     trainer.forward_backward(datums, "importance_sampling")
     trainer.optim_step(AdamParams(learning_rate=1e-3))
+
+
+def test_load_state_refuses_a_checkpoint_that_does_not_cover_the_model(small_model, char_tokenizer, tmp_path):
+    # a q_proj-only adapter's checkpoint used to load into an all-module adapter (24 of 28 tensors left as they
+    # were), and a rank-4 adapter's failed inside copy_ after some tensors had been overwritten
+    service = ServiceClient(device="cpu", log_dir=tmp_path)
+
+    def lora(rank, **kw):
+        torch.manual_seed(0)
+        return service.create_lora_training_client((copy.deepcopy(small_model), char_tokenizer), rank=rank, **kw)
+
+    path = lora(4, target_modules=("q_proj",)).save_state("q_only")
+    everywhere = lora(4)
+    before = {k: v.clone() for k, v in everywhere.model.named_parameters()}
+    with pytest.raises(ValueError, match=r"lacks \d+ of this model's \d+ trainable weights .*another LoRA adapter"):
+        everywhere.load_state(path)
+    wider = lora(8, target_modules=("q_proj",))
+    wider_before = {k: v.clone() for k, v in wider.model.named_parameters()}
+    with pytest.raises(ValueError, match=r"another shape than this model's .*\(4, 32\) saved, \(8, 32\) here.*Nothing"):
+        wider.load_state(path)
+    for client, kept in ((everywhere, before), (wider, wider_before)):  # nothing was half loaded
+        assert all(torch.equal(v, kept[k]) for k, v in client.model.named_parameters())
+    lora(4, target_modules=("q_proj",)).load_state(path)  # the model it came from loads it
