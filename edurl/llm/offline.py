@@ -58,6 +58,31 @@ class RolloutBuffer:
     temperature: float | None = None
     """The sampling temperature of every logged log-prob (None: unknown, a buffer saved before this field)."""
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError unless every group has one prompt, one source, and, per completion, its log-probs (one
+        per token), its reward and its correctness: a group with more rewards than completions would shift its
+        baseline without a word. Called when a buffer is made, loaded, saved and trained on."""
+        names = ("prompts", "completions", "logprobs", "rewards", "correct", "source")
+        counts = {k: len(getattr(self, k)) for k in names}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"the buffer's lists have different lengths (one entry per group each): {counts}")
+        for i, (comps, logps, rewards, correct) in enumerate(
+            zip(self.completions, self.logprobs, self.rewards, self.correct)
+        ):
+            if not len(comps) == len(logps) == len(rewards) == len(correct):
+                raise ValueError(
+                    f"the buffer's group {i} has {len(comps)} completions but {len(logps)} lists of log-probs, "
+                    f"{len(rewards)} rewards and {len(correct)} correctness values: one of each per completion"
+                )
+            for j, (tokens, lp) in enumerate(zip(comps, logps)):
+                if len(tokens) != len(lp):
+                    raise ValueError(
+                        f"the buffer's group {i}, completion {j} has {len(tokens)} tokens but {len(lp)} log-probs"
+                    )
+
     def __len__(self) -> int:
         return len(self.prompts)
 
@@ -91,6 +116,7 @@ class RolloutBuffer:
 
     def save(self, path: str | Path) -> Path:
         """Write the buffer to one file (``torch.save`` of plain lists); read it with :meth:`load`."""
+        self.check()  # its lists are filled in place (collect_buffer appends), so check them before they are kept
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({k: getattr(self, k) for k in self.__dataclass_fields__}, path)
@@ -149,6 +175,7 @@ def _check_advantage(advantage) -> None:
 
 def _check_buffer(config: GRPOConfig, buffer: RolloutBuffer, groups) -> None:
     """Refuse to train on ``groups`` (indices into ``buffer``) what the loss would read wrong."""
+    buffer.check()
     if buffer.temperature is not None and buffer.temperature != config.temperature:
         raise ValueError(
             f"the buffer's log-probs were sampled at temperature {buffer.temperature}, but config.temperature is "

@@ -158,3 +158,20 @@ def test_offline_refuses_bad_inputs(setup):
         offline_step(replace(config, batch_size=2), trainer, buffer, 0, advantage="max")
     with pytest.raises(ValueError, match="samplers is empty"):
         collect_buffer({}, renderer, task, 2)
+
+
+def test_a_buffer_whose_groups_do_not_line_up_is_refused(tmp_path):
+    # 2 completions with 3 rewards used to train on a baseline of 2/3 instead of 1/2, and saved and loaded as well
+    good = dict(prompts=[[1, 2]], completions=[[[3, 4], [5]]], logprobs=[[[-0.1, -0.2], [-0.3]]], rewards=[[1.0, 0.0]])
+    RolloutBuffer(**good, correct=[[1.0, 0.0]], source=["sft"]).save(tmp_path / "ok.pt")
+    with pytest.raises(ValueError, match="group 0 has 2 completions but 2 lists of log-probs, 3 rewards"):
+        RolloutBuffer(**{**good, "rewards": [[1.0, 0.0, 0.0]]}, correct=[[1.0, 0.0]], source=["sft"])
+    with pytest.raises(ValueError, match="group 0, completion 1 has 1 tokens but 2 log-probs"):
+        RolloutBuffer(**{**good, "logprobs": [[[-0.1, -0.2], [-0.3, -0.4]]]}, correct=[[1.0, 0.0]], source=["sft"])
+    with pytest.raises(ValueError, match=r"different lengths .*'source': 0"):
+        RolloutBuffer(**good, correct=[[1.0, 0.0]])
+    filled = RolloutBuffer(**good, correct=[[1.0, 0.0]], source=["sft"])
+    filled.rewards[0].append(0.0)  # collect_buffer fills the lists in place: save checks them again
+    with pytest.raises(ValueError, match="3 rewards"):
+        filled.save(tmp_path / "bad.pt")
+    assert not (tmp_path / "bad.pt").exists()
