@@ -144,6 +144,14 @@ def _check_pairs(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> 
     check_same_shape(a, b, name_a, name_b)
 
 
+def _check_rows(prompts, replies) -> None:
+    if len(prompts) != len(replies):
+        raise ValueError(
+            f"got {len(prompts)} prompts and {len(replies)} replies: pass one prompt per reply (repeat a pair's "
+            "prompt for its chosen and its rejected reply)"
+        )
+
+
 def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
     """``mean(-log sigmoid(r_c - r_r))`` over pairs: the negative log-likelihood of the labels under
     Bradley-Terry. Inputs ``(B,)``, a scalar out. ``logsigmoid`` keeps it finite for any margin.
@@ -176,6 +184,7 @@ def dpo_loss(
 
 def implicit_rewards(policy_logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> torch.Tensor:
     """DPO's implicit reward of each reply, ``beta * (log pi - log ref)``: ``(B,)``."""
+    _check_pairs(policy_logps, ref_logps, "policy_logps", "ref_logps")
     return beta * (policy_logps - ref_logps)
 
 
@@ -374,6 +383,8 @@ def score_sequences(
     scores and gradients as whole rows (a test checks both)."""
     from edurl.llm.padding import pad
     from edurl.llm.shared_prefix import run_continuations, run_prompts
+
+    _check_rows(prompts, replies)
 
     pad_id = reward_model.config.pad_token_id
     distinct: dict[tuple[int, ...], int] = {}
@@ -739,6 +750,8 @@ def reply_logprobs(
     less compute."""
     from edurl.llm.padding import pad
     from edurl.llm.shared_prefix import token_logprobs
+
+    _check_rows(prompts, replies)
 
     rows = [list(p) + list(r) for p, r in zip(prompts, replies)]
     ids, attn = pad([row[:-1] for row in rows], pad_id, device=model.device)  # (B, T)

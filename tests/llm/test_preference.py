@@ -404,3 +404,16 @@ def test_length_preference_data_is_the_control_on_the_sft_checkpoint(tmp_path, m
     assert data.rater == Rater(temperature=0.5, length_bonus=0.5)
     assert all(set(p.text_a) == {"x"} for p in data.train_pairs + data.test_pairs)
     assert (tmp_path / "sft").is_dir() and str(tmp_path) in data.path  # the cached SFT checkpoint starts both
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_one_prompt_per_reply_or_a_clear_error(saved_lm, small_model, share):
+    # zip used to cut 4 prompts with 2 replies down to 2 scores, and implicit_rewards broadcast (3,) and (3, 1) to (3, 3)
+    rm = load_reward_model(saved_lm)
+    prompt, replies = [5, 6, 7], [[9, 10], [11, 12]]
+    with pytest.raises(ValueError, match="got 4 prompts and 2 replies"):
+        score_sequences(rm, [prompt] * 4, replies, share_prompts=share)
+    with pytest.raises(ValueError, match="got 3 prompts and 2 replies"):
+        reply_logprobs(small_model, [prompt] * 3, replies, pad_id=0, share_prompts=share)
+    with pytest.raises(ValueError, match="ref_logps"):
+        implicit_rewards(torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([[-1.5], [-2.5], [-3.5]]), 0.1)
