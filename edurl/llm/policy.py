@@ -65,6 +65,11 @@ def load_policy(
     path = Path(name).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name!r} is a file; pass the folder that holds config.json and the weights")
+    if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+        raise FileNotFoundError(
+            f"{name!r} is a folder without a config.json, so it holds no Hugging Face model: pass a folder written by "
+            "save_pretrained (config.json, the weights and the tokenizer's files), or a hub id."
+        )
     if not path.exists() and _looks_like_path(name):
         raise FileNotFoundError(
             f"model path {name!r} does not exist. Pass a folder written by save_pretrained "

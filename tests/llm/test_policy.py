@@ -46,6 +46,9 @@ def test_missing_path_and_file_are_explained(tmp_path, qwen_dir):
         load_policy("./runs/nothing-here")
     with pytest.raises(ValueError, match="is a file"):
         load_policy(qwen_dir / "config.json")
+    (tmp_path / "empty").mkdir()  # a wrong folder once got transformers' "install sentencepiece or tiktoken"
+    with pytest.raises(FileNotFoundError, match="folder without a config.json, so it holds no Hugging Face model"):
+        load_policy(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="not in the local cache"):
         load_policy("edurl-test/no-such-hub-model", local_files_only=True)
 
