@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument(
         "--check",
         action="store_true",
-        help=f"exit 1 unless GRPO gains >= {TARGET_GAIN:.0%} within {TARGET_SECONDS} s of training in every seed",
+        help=f"exit 1 unless GRPO gains >= {TARGET_GAIN * 100:.0f} points within {TARGET_SECONDS} s of training in every seed",
     )
     args = ap.parse_args()
     seeds = [0] if args.smoke else [int(s) for s in args.seeds.split(",")]
