@@ -40,6 +40,14 @@ def returns_forward_cumsum(rewards, dones, gamma):
     return out
 
 
+def returns_no_gamma(rewards, dones, gamma):
+    out, g = torch.zeros_like(rewards), torch.zeros_like(rewards[0])
+    for t in reversed(range(len(rewards))):
+        g = rewards[t] + g * (~dones[t])  # forgets to discount: every later reward counts in full
+        out[t] = g
+    return out
+
+
 def returns_float32_always(rewards, dones, gamma):
     out, g = torch.zeros(rewards.shape), torch.zeros(rewards.shape[1:])  # drops the input's dtype
     for t in reversed(range(len(rewards))):
@@ -67,6 +75,7 @@ def test_returns_checker_passes_correct_versions(fn):
         (returns_loop_no_reset, "flow across episode boundaries"),
         (returns_reset_after_storing, "off by one"),
         (returns_forward_cumsum, "before* each step"),
+        (returns_no_gamma, "gamma seems unused"),
         (returns_float32_always, "expected dtype torch.float64"),
         (returns_in_place, "changed its input `rewards` in place"),
     ],

@@ -22,6 +22,20 @@ def rl_raw_returns(logprobs, returns):
     return -(logprobs * returns).mean()
 
 
+def rl_centred_only(logprobs, returns):
+    return -(logprobs * (returns - returns.mean())).mean()  # subtracts the mean but never divides by the std
+
+
+def rl_population_std(logprobs, returns):
+    w = (returns - returns.mean()) / (returns.std(unbiased=False) + 1e-8)  # the population std, not torch's default
+    return -(logprobs * w).mean()
+
+
+def rl_probabilities(logprobs, returns):
+    probs = logprobs.exp()  # weights the probabilities instead of the log-probabilities
+    return -(probs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean()
+
+
 def rl_no_eps(logprobs, returns):
     return -(logprobs * (returns - returns.mean()) / returns.std()).mean()
 
@@ -44,6 +58,9 @@ def test_reinforce_loss_checker_passes(fn):
     [
         (rl_no_minus, "sign is flipped"),
         (rl_raw_returns, "not normalised"),
+        (rl_centred_only, "did not divide by the std"),
+        (rl_population_std, "not std(unbiased=False)"),
+        (rl_probabilities, "not grad pi"),
         (rl_no_eps, "add 1e-8"),
         (rl_sum, "mean over steps, not the sum"),
         (rl_item, "did you call .item()"),
@@ -76,6 +93,10 @@ def bl_value_loss_no_half(logprobs, returns, values):
     return -(logprobs * adv).mean(), ((values - returns) ** 2).mean()
 
 
+def bl_no_baseline(logprobs, returns, values):
+    return -(logprobs * returns).mean(), 0.5 * ((values - returns) ** 2).mean()  # the critic is never used
+
+
 @pytest.mark.parametrize("fn", [exercises.ch03.baseline_losses, ch03.baseline_losses])
 def test_baseline_checker_passes(fn):
     assert exercises.check_baseline_losses(fn, verbose=False).status == PASSED
@@ -88,6 +109,7 @@ def test_baseline_checker_passes(fn):
         (bl_value_detached, "value_loss has no gradient"),
         (bl_flipped, "upside down"),
         (bl_value_loss_no_half, "value_loss: values differ"),
+        (bl_no_baseline, "ignores the baseline"),
     ],
 )
 def test_baseline_checker_rejects(buggy, message):
@@ -134,6 +156,15 @@ def gae_reset_only_at_termination(r, v, nv, term, trunc, gamma, lam):
     return _gae_loop(r, v, nv, term, trunc, gamma, lam, boot_mask=term, reset_mask=term)
 
 
+def gae_returns_are_advantages(r, v, nv, term, trunc, gamma, lam):
+    deltas = r + gamma * nv * (~term).float() - v
+    adv, running = torch.zeros_like(r), torch.zeros_like(r[0])
+    for t in reversed(range(len(r))):
+        running = deltas[t] + gamma * lam * (~(term[t] | trunc[t])).float() * running
+        adv[t] = running
+    return adv, adv  # forgets to add the values back: the value targets are advantages + values
+
+
 def gae_as_lambda_returns(r, v, nv, term, trunc, gamma, lam):
     """The textbook lambda-return recursion, G_t = r_t + gamma ((1 - lam) V' + lam G_{t+1}), restarted at every
     episode end; correct, and once rejected because the checker drew next_values unrelated to values."""
@@ -159,6 +190,7 @@ def test_gae_checker_passes(fn):
         (gae_across_boundaries, "accumulates across episode boundaries"),
         (gae_forward, "runs forwards"),
         (gae_reset_only_at_termination, "runs across a truncation"),
+        (gae_returns_are_advantages, "returns should be advantages + values"),
     ],
 )
 def test_gae_checker_rejects(buggy, message):

@@ -75,13 +75,15 @@ def buggy_step(bug: str):
         kwargs = dict(aggregation=config.aggregation, max_tokens=config.max_tokens, temperature=config.temperature)
         if bug == "aggregation":
             del kwargs["aggregation"]
-        if bug == "one forward_backward per group":
+        if bug in ("one forward_backward per group", "optim_step per group"):
             G = config.group_size
             for k in range(0, len(datums), G):
                 trainer.forward_backward(datums[k : k + G], config.loss_fn, config.loss_fn_config(), **kwargs)
+                if bug == "optim_step per group":  # one update per problem, not one per batch
+                    trainer.optim_step(AdamParams(config.learning_rate)).result()
         elif bug != "no forward_backward":
             trainer.forward_backward(datums, config.loss_fn, config.loss_fn_config(), **kwargs).result()
-        if bug != "no optim_step":
+        if bug not in ("no optim_step", "optim_step per group"):
             trainer.optim_step(AdamParams() if bug == "default lr" else AdamParams(config.learning_rate)).result()
         if bug == "no return":
             return None
@@ -122,6 +124,7 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
         ("one forward_backward per group", "Call it once"),
         ("no forward_backward", "call forward_backward first"),
         ("no optim_step", "the weights never changed"),
+        ("optim_step per group", "optimizer steps in one GRPO step; take exactly one"),
         ("default lr", "learning rate 0.0001"),
         ("seed", "your prompts are not this step's problems"),
         ("one call per prompt", "Sample all the prompts in one sample_batch call"),
