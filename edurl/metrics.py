@@ -116,7 +116,19 @@ def truncate_metrics(log_dir: str | Path, before_step: int) -> int:
     never a mix. Returns the number of lines kept."""
     path = Path(log_dir) / "metrics.jsonl"
     lines = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []  # complete lines only
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] < before_step]
+    kept = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)["step"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(
+                f"{path}, line {lineno}, is not a metrics record with a 'step' ({line[:80]!r}); the file was not "
+                "written by a MetricsLogger, or was edited. Fix or remove that line, then resume again."
+            ) from None
+        if step < before_step:
+            kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     os.replace(tmp, path)

@@ -113,3 +113,16 @@ def test_each_line_is_one_write(tmp_path, monkeypatch):
         )
         logger.log(0, **{f"m{i}": float(i) for i in range(200)})
     assert len(writes) == 1 and writes[0].endswith(b"\n")
+
+
+def test_truncate_names_a_line_that_is_not_a_record(tmp_path):
+    # a resume used to stop on a bare JSONDecodeError or KeyError, with no file or line
+    from edurl.metrics import truncate_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "x": 1}\n{"x": 2}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2, is not a metrics record with a 'step'"):
+        truncate_metrics(tmp_path, 1)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\nnot json\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2"):
+        truncate_metrics(tmp_path, 1)
+    assert (tmp_path / "metrics.jsonl").read_text(encoding="utf-8") == '{"step": 0}\nnot json\n'  # left as it was

@@ -135,6 +135,8 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str) -> list[Path]:
     folder with an earlier run's checkpoints (a later resume would load them), a resume with nothing to resume
     from but an earlier run's metrics (they would be overwritten), and a resume whose config computes something
     else than the run it continues."""
+    if log_dir.exists() and not log_dir.is_dir():
+        raise ValueError(f"log_dir {str(log_dir)!r} is a file; pass a folder (it is made if missing)")
     checkpoints = _checkpoints(log_dir)
     metrics = log_dir / "metrics.jsonl"
     logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0

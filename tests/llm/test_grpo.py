@@ -402,3 +402,9 @@ def test_a_max_tokens_that_cuts_off_the_tasks_replies_is_named(tmp_path):
         warnings.simplefilter("always")
         train_grpo(tiny(tmp_path / "fits", max_steps=1, max_tokens=12))
     assert not [w for w in seen if "cuts off" in str(w.message)]
+
+
+def test_a_log_dir_that_is_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "run").write_text("notes", encoding="utf-8")  # it used to fail in mkdir, after the model was loaded
+    with pytest.raises(ValueError, match="is a file; pass a folder"):
+        train_grpo(tiny(tmp_path, max_steps=1))
