@@ -133,6 +133,9 @@ class GRPOConfig:
     """Steps between checkpoints (0: none)."""
     resume: bool = False
     """Continue from the newest checkpoint in log_dir."""
+    overwrite: bool = False
+    """Start afresh in a log_dir that holds an earlier run, deleting its checkpoints and metrics first; without it a
+    fresh run refuses a log_dir with checkpoints, so that no run is lost or mixed into another by accident."""
     log_dir: str = "runs/grpo_arithmetic"
     """Where metrics.jsonl and checkpoints go."""
     seed: int = 0
@@ -151,6 +154,8 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+        if self.resume and self.overwrite:
+            raise ValueError("resume=True continues the run in log_dir and overwrite=True deletes it: set one of them")
         if self.batch_size * self.group_size % self.num_substeps:
             raise ValueError(
                 f"num_substeps ({self.num_substeps}) must divide batch_size * group_size "

@@ -11,6 +11,7 @@ write ``metrics.jsonl`` and checkpoints, show a progress bar, and call a step fu
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -111,7 +112,7 @@ def _checkpoints(log_dir: Path) -> list[Path]:
 
 
 RESUME_MAY_CHANGE = frozenset(
-    {"max_steps", "resume", "progress", "eval_every", "save_every", "log_dir", "num_threads", "device"}
+    {"max_steps", "resume", "overwrite", "progress", "eval_every", "save_every", "log_dir", "num_threads", "device"}
     | {"concurrent_sampler", "sampler_process"}  # the same batches either way (Chapter 10)
     | {"max_steps_off_policy"}  # the lag from here on; the resume checks that the checkpoint kept the weights it needs
 )
@@ -130,7 +131,7 @@ def _config_json(config, desc: str) -> str:
     return json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
 
 
-def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str) -> list[Path]:
+def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = True) -> list[Path]:
     """The checkpoints to resume from, after refusing what would mix two runs or lose one: a fresh run into a
     folder with an earlier run's checkpoints (a later resume would load them), a resume with nothing to resume
     from but an earlier run's metrics (they would be overwritten), and a resume whose config computes something
@@ -141,11 +142,24 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str) -> list[Path]:
     metrics = log_dir / "metrics.jsonl"
     logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
     if not config.resume:
+        if getattr(config, "overwrite", False):
+            if main and (checkpoints or logged):  # rank 0 alone deletes; the others find nothing to resume either way
+                shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
+                metrics.unlink(missing_ok=True)
+                print(f"overwrite=True: deleted the earlier run in {log_dir} ({logged} logged steps, "
+                      f"{len(checkpoints)} checkpoints)")  # fmt: skip
+            return []
         if checkpoints:
             raise ValueError(
                 f"log_dir {str(log_dir)!r} holds an earlier run's checkpoints (newest: {checkpoints[-1].name}), "
                 "which a later resume=True would load into this run. Continue that run with resume=True (--resume), "
-                f"or start this one in another log_dir (or delete {str(log_dir / 'checkpoints')!r} first)."
+                "replace it with overwrite=True (--overwrite), or start this one in another log_dir (--log-dir)."
+            )
+        if logged:
+            warnings.warn(
+                f"log_dir {str(log_dir)!r} holds an earlier run's metrics.jsonl ({logged} steps, no checkpoints); "
+                "this run replaces it. Pass another log_dir to keep both.",
+                stacklevel=4,
             )
         return []
     if not checkpoints:
@@ -205,7 +219,7 @@ def run_training_loop(
     result carries are rank 0's on every rank."""
     log_dir = Path(config.log_dir)
     main = world.is_main
-    found = _check_log_dir(config, log_dir, desc)  # on every rank, before any work: all refuse alike
+    found = _check_log_dir(config, log_dir, desc, main)  # on every rank, before any work: all refuse alike
     with torch_threads(config.num_threads):
         if not main:
             world.barrier()  # rank 0 trains (or loads) the cached warm start first, so no two ranks write it

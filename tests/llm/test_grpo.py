@@ -363,9 +363,18 @@ def test_a_fresh_run_into_an_earlier_runs_checkpoints_is_refused(tmp_path):
     # loaded the earlier run's weights into this one (and its metrics held steps 0, 1, 4, 5)
     config = _earlier_run(tmp_path)
     before = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8")
-    with pytest.raises(ValueError, match=r"earlier run's checkpoints \(newest: step_000004\).*resume=True"):
+    with pytest.raises(
+        ValueError, match=r"earlier run's checkpoints \(newest: step_000004\).*resume=True.*--overwrite"
+    ):
         train_grpo(replace(config, learning_rate=0.0, max_steps=2))
     assert (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8") == before  # nothing lost
+    with pytest.raises(ValueError, match="set one of them"):
+        replace(config, resume=True, overwrite=True)
+    again = train_grpo(replace(config, learning_rate=0.0, max_steps=2, save_every=0, overwrite=True))  # it replaces
+    assert list(again.metrics["step"]) == [0, 1]
+    assert not list((tmp_path / "run" / "checkpoints").glob("step_*"))  # a later resume cannot load the old run
+    with pytest.warns(UserWarning, match=r"earlier run's metrics.jsonl \(2 steps, no checkpoints\); this run replaces"):
+        train_grpo(replace(config, max_steps=1, save_every=0))
 
 
 def test_a_resume_whose_config_computes_something_else_is_refused(tmp_path):
