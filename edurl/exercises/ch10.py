@@ -254,6 +254,13 @@ def _soft_cases() -> list[Case]:
         Case("16 groups of 8 random rewards, tau 2", dict(rewards=torch.randn(16, 8, generator=g), tau=2.0)),
         Case("a small tau: 0.01, rewards up to 1 (exp(R / tau) = exp(100))", dict(rewards=verifier, tau=0.01)),
         Case(
+            "a small tau, 0.01, and groups whose best rewards differ (1, -0.5 and an outlier 2): each group's own "
+            "largest R / tau must come out of its exp",
+            dict(
+                rewards=torch.tensor([[1.0, 1.0, 1.0, 1.0], [-0.5, -0.5, -0.5, -0.5], [2.0, 0.0, 0.0, 0.0]]), tau=0.01
+            ),
+        ),
+        Case(
             "float64, 4 groups of 6, tau 0.25",
             dict(rewards=torch.rand(4, 6, generator=g, dtype=torch.float64), tau=0.25),
         ),

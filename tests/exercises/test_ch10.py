@@ -143,6 +143,18 @@ def soft_times_tau(r, tau):
     return r - (r * tau).exp().mean(1, keepdim=True).log() / tau
 
 
+def soft_batch_max_out(r, tau):
+    s = r / tau
+    top = s.max()  # the batch's largest, not each group's: a group far below it underflows to exp(...) = 0
+    return r - tau * (top + (s - top).exp().mean(1, keepdim=True).log())
+
+
+def soft_mean_out(r, tau):
+    s = r / tau
+    mid = s.mean(1, keepdim=True)  # each group's mean taken out: an outlier far above it still overflows
+    return r - tau * (mid + (s - mid).exp().mean(1, keepdim=True).log())
+
+
 @pytest.mark.parametrize(
     "buggy, message",
     [
@@ -153,6 +165,8 @@ def soft_times_tau(r, tau):
         (soft_batch, "over the whole batch"),
         (soft_naive, "overflows for a small tau"),
         (soft_times_tau, "tau is used the other way round"),
+        (soft_batch_max_out, "groups whose best rewards differ"),
+        (soft_mean_out, "groups whose best rewards differ"),
     ],
 )
 def test_soft_advantages_checker_rejects(buggy, message):
