@@ -3,6 +3,7 @@ written by the learner, which the harness plays (9.2)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Callable
@@ -234,6 +235,19 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
     )
 
 
+def _replay(env, replies: list[list[int]]) -> list[tuple]:
+    """What ``env`` answers to ``replies`` (each closed with the env's stop tokens) in turn, until its episode ends:
+    (reward, done, next observation) per turn."""
+    _, stop = env.initial_observation()
+    out = []
+    for action in replies:
+        result = env.step(list(action) + list(stop))
+        out.append((result.reward, result.episode_done, result.next_observation.to_ints()))
+        if result.episode_done:
+            break
+    return out
+
+
 def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int = 20, verbose: bool = True) -> Verdict:
     """Play ``episodes`` episodes of ``make_env()`` with random replies (some cut off) and check that the
     environment follows the rules of :class:`edurl.llm.envs.Env`: the right return types, finite rewards,
@@ -273,6 +287,22 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
         # made (a random word) starts the same both times, and one whose conversation lives on the class grows
         # (comparing three other fresh envs after play once failed correct envs whose prompts differ in length)
         probes = [make_env() for _ in range(3)]
+        # and one env twice, as made (a deep copy): the same replies to both, one before the others play and one
+        # after, must get the same answers (state kept on the class once let an env end after one wrong reply
+        # once three others had been played, and only the prompt's length was compared)
+        try:
+            twins = (make_env(), None)
+            twins = (twins[0], copy.deepcopy(twins[0]))
+        except Exception:  # an env that cannot be copied is not judged by this probe
+            twins = (None, None)
+        script_rng = random.Random(29)
+        script = [_random_reply(script_rng, tokenizer, [])[:8] for _ in range(max_turns)]
+        try:
+            replayed = _replay(twins[0], script) if twins[1] is not None else None
+        except NotImplementedError:
+            raise
+        except Exception:  # a broken env: the episodes below say what is wrong with it, by name
+            replayed = None
         fresh = [p.initial_observation()[0].length for p in probes]
         rewards = []
         for _ in range(episodes):
@@ -286,6 +316,16 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
                 "again after other episodes were played: the environments share state (a list defined on the "
                 "class, not in __init__?). Each Env must keep its own conversation"
             )
+        if replayed is not None:
+            again = _replay(twins[1], script)
+            if again != replayed:
+                raise _Problem(
+                    f"two copies of one new environment answered the same {len(script)} replies differently, one "
+                    f"played before the other episodes and one after ({len(replayed)} turns, then {len(again)}): the "
+                    "environments share state (a list or a counter defined on the class, not in __init__?), or "
+                    "draw from a global random generator (give each env its own, e.g. random.Random(seed) in "
+                    "__init__). Each Env must keep its own conversation"
+                )
     except NotImplementedError:
         return verdict(
             NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."

@@ -148,6 +148,20 @@ class SharedHistory(Env):
         return StepResult(0.0, done, ModelInput.from_ints(ob), [4], {})
 
 
+class TriesOnTheClass(ch09.ReverseWordEnv):
+    """The wrong replies counted in a list on the class: once three have been played anywhere, every new env ends
+    after one wrong reply. Its prompt never grows, so only replaying the same replies catches it."""
+
+    wrong = []
+
+    def reply(self, text):
+        if text.strip() == self.word[::-1]:
+            return 1.0, True, [], {"win": 1.0}
+        self.wrong.append(text)
+        done = len(self.wrong) >= self.tries
+        return 0.0, done, [] if done else [{"role": "user", "content": "no, again"}], {"win": 0.0}
+
+
 class ReturnsATuple(ch09.ReverseWordEnv):
     def step(self, action):
         r = super().step(action)
@@ -162,6 +176,7 @@ class ReturnsATuple(ch09.ReverseWordEnv):
         (lambda: CrashesOnGarbage("cat", R), "never a crash"),
         (lambda: NanReward("cat", R), "finite number"),
         (SharedHistory, "share state"),
+        (lambda: TriesOnTheClass("cat", R), "answered the same 20 replies differently"),
         (lambda: ReturnsATuple("cat", R), "must return a StepResult"),
         (lambda: "not an env", "subclass"),
     ],
