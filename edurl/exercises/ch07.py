@@ -596,7 +596,9 @@ def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
 # ...), so a learner's code may be laid out in any order and still be recognised.
 
 #: the checked steps' settings: 8 problems x 4 completions (P != G, so a group laid out across problems shows)
-STEP_CHECK = dict(batch_size=8, group_size=4, learning_rate=1e-3, max_steps=2, progress=False)
+STEP_CHECK = dict(batch_size=8, group_size=4, learning_rate=1e-3, max_steps=2, temperature=0.9, progress=False)
+"""The checked steps' settings. The temperature is not the default 1.0, so a step that samples or scores without passing
+it gets another gradient (a step that left it out once passed)."""
 
 
 @dataclasses.dataclass
@@ -708,19 +710,21 @@ def _datums(log: _StepLog) -> list[Datum]:
     return [d for datums, *_ in log.forward_backward for d in datums]
 
 
-def _rewards(log: _StepLog, config, renderer, task, step) -> torch.Tensor:
-    """The reference step's (P, G) rewards, recomputed from its samples (grading is deterministic)."""
+def _rewards(log: _StepLog, config, renderer, task, step) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference step's (P, G) rewards and correctness, recomputed from its samples (grading is deterministic)."""
     from edurl.llm.grpo import problem_seed
     from edurl.llm.rewards import grade
 
     problems = task.sample(config.batch_size, split="train", seed=problem_seed(config.seed, step))
     [(_, responses, _)] = log.samples
     rewards = torch.zeros(config.batch_size, config.group_size)
+    correct = torch.zeros(config.batch_size, config.group_size)
     for i, (problem, response) in enumerate(zip(problems, responses)):
         for j, seq in enumerate(response.sequences):
             message, complete = renderer.parse_response(seq.tokens)
-            rewards[i, j] = grade(message["content"], problem.answer, complete=complete).reward
-    return rewards
+            g = grade(message["content"], problem.answer, complete=complete)
+            rewards[i, j], correct[i, j] = g.reward, float(g.correct)
+    return rewards, correct
 
 
 def _check_sampling(got: _StepLog, ref: _StepLog, n: int) -> str | None:
@@ -818,7 +822,9 @@ def _advantage_matrix(got: list[Datum], order: list[int], shape) -> torch.Tensor
     return out
 
 
-def _check_advantages(got: torch.Tensor | None, rewards: torch.Tensor, n: int) -> str | None:
+def _check_advantages(
+    got: torch.Tensor | None, rewards: torch.Tensor, n: int, correct: torch.Tensor | None = None
+) -> str | None:
     rewards = rewards.double()
     expected = rewards - rewards.mean(dim=1, keepdim=True)
     if got is None:
@@ -834,6 +840,14 @@ def _check_advantages(got: torch.Tensor | None, rewards: torch.Tensor, n: int) -
             "the same reward still gets pushed, and all of them the same way. Subtract each group's mean reward, "
             "as your group_advantages does."
         )
+    if correct is not None and not torch.equal(correct.double(), rewards):
+        from_correct = correct.double() - correct.double().mean(dim=1, keepdim=True)
+        if torch.allclose(got, from_correct, atol=1e-5):
+            return (
+                f"step {n}: the advantages come from the correctness (0 or 1), not the reward. The reward also "
+                "holds the format term (a reply without a boxed answer scores below a wrong boxed one): use the "
+                "grade's reward."
+            )
     sums = got.sum(dim=1)
     r, a = rewards.unsqueeze(2), got.unsqueeze(2)  # (P, G, 1) against (P, 1, G): every pair within a group
     out_of_order = ((r == r.transpose(1, 2)) & ((a - a.transpose(1, 2)).abs() > 1e-5)) | (
@@ -977,10 +991,9 @@ def _step_problem(log, row, ref_log, ref_row, config, renderer, task, step) -> s
                 "(prompt + completion)[:-1], as in exercise 7.2."
             )
         else:
+            rewards, correct = _rewards(ref_log, config, renderer, task, step)
             problem = _check_layout(datums, ref_datums, order, n) or _check_advantages(
-                _advantage_matrix(datums, order, (config.batch_size, config.group_size)),
-                _rewards(ref_log, config, renderer, task, step),
-                n,
+                _advantage_matrix(datums, order, (config.batch_size, config.group_size)), rewards, n, correct
             )
     return problem or _check_update(log, ref_log, config, n) or _check_row(row, ref_row, n)
 

@@ -302,7 +302,9 @@ def check_soft_advantages(fn, *, verbose: bool = True) -> Verdict:
 # are not the logged ones, a baseline other than each group's mean, the wrong loss or beta.
 
 #: the checked steps' settings: 4 groups x 4 completions, DRO with beta 0.5, two steps
-OFFLINE_CHECK = dict(batch_size=4, group_size=4, loss_fn="dro", dro_beta=0.5, learning_rate=1e-3, max_steps=2)
+OFFLINE_CHECK = dict(
+    batch_size=4, group_size=4, loss_fn="dro", dro_beta=0.5, learning_rate=1e-3, max_steps=2, temperature=0.9
+)
 
 
 def _reference_offline_step(config, trainer, buffer, step):
@@ -321,7 +323,15 @@ def _offline_setup(base=None, config=None):
     config, trainers, renderer, task = _step_setup(base, config or GRPOConfig(**OFFLINE_CHECK, progress=False))
     sampler = trainers[0]._trainer.save_weights_and_get_sampling_client("start")
     buffer = collect_buffer(
-        {"start": sampler}, renderer, task, 12, config.group_size, config.max_tokens, seed=10, progress_bar=False
+        {"start": sampler},
+        renderer,
+        task,
+        12,
+        config.group_size,
+        config.max_tokens,
+        config.temperature,
+        seed=10,
+        progress_bar=False,
     )
     return config, trainers, buffer
 

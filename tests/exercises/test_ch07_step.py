@@ -51,7 +51,8 @@ def buggy_step(bug: str):
                 for seq in response.sequences:
                     message, ok = renderer.parse_response(seq.tokens)
                     g = llm.grade(message["content"], problem.answer, complete=ok)
-                    flat.append((g.reward, float(g.correct)))
+                    reward = float(g.correct) if bug == "reward is correct" else g.reward  # the format term dropped
+                    flat.append((reward, float(g.correct)))
         rewards = torch.tensor([r for r, _ in flat]).view(config.batch_size, config.group_size)
         correct = torch.tensor([c for _, c in flat]).view(config.batch_size, config.group_size)
         if bug == "uncentred":
@@ -75,6 +76,8 @@ def buggy_step(bug: str):
         kwargs = dict(aggregation=config.aggregation, max_tokens=config.max_tokens, temperature=config.temperature)
         if bug == "aggregation":
             del kwargs["aggregation"]
+        if bug == "no temperature":  # scored at the default 1.0, sampled at config.temperature
+            del kwargs["temperature"]
         if bug in ("one forward_backward per group", "optim_step per group"):
             G = config.group_size
             for k in range(0, len(datums), G):
@@ -104,9 +107,10 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
     config, (trainer, _), renderer, task = ch07._step_setup(base, GRPOConfig(sft=WARM, **ch07.STEP_CHECK))
     log = trainer.begin_step()
     row = ch07._reference_grpo_step(config, trainer, renderer, task, 0)
-    rewards = ch07._rewards(log, config, renderer, task, 0)
+    rewards, correct = ch07._rewards(log, config, renderer, task, 0)
     uniform = rewards.max(1).values == rewards.min(1).values
     assert uniform.any() and not uniform.all(), rewards
+    assert not torch.equal(rewards, correct), rewards  # a reply without its box: rewards that are correctness pass not
     assert row["env/all/by_group/frac_mixed"] == float((~uniform).float().mean())
 
 
@@ -121,6 +125,8 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
         ("batch mean", "the whole batch's mean reward"),
         ("std", "no division by the std"),
         ("aggregation", "aggregation='its default' where the config asks for 'token_mean'"),
+        ("no temperature", "temperature='its default' where the config asks for 0.9"),
+        ("reward is correct", "the advantages come from the correctness (0 or 1), not the reward"),
         ("one forward_backward per group", "Call it once"),
         ("no forward_backward", "call forward_backward first"),
         ("no optim_step", "the weights never changed"),

@@ -43,14 +43,10 @@ def buggy_step(bug: str):
         loss_config = {} if bug in ("wrong loss", "no beta") else config.loss_fn_config()
         if bug == "no beta":
             loss_config = {"beta": 0.05}
-        out = trainer.forward_backward(
-            datums,
-            loss_fn,
-            loss_config,
-            aggregation=config.aggregation,
-            max_tokens=config.max_tokens,
-            temperature=config.temperature,
-        ).result()
+        kwargs = dict(aggregation=config.aggregation, max_tokens=config.max_tokens, temperature=config.temperature)
+        if bug == "no temperature":  # scored at the default 1.0; the buffer was sampled at config.temperature
+            del kwargs["temperature"]
+        out = trainer.forward_backward(datums, loss_fn, loss_config, **kwargs).result()
         if bug != "no update":
             trainer.optim_step(llm.AdamParams(learning_rate=config.learning_rate)).result()
         return {"optim/loss": out.loss}
@@ -76,6 +72,7 @@ def test_offline_step_checker_passes(fn, base):
         ("wrong loss", "forward_backward was called with loss_fn='importance_sampling'"),
         ("no beta", "loss_fn_config={'beta': 0.05}"),
         ("no update", "the weights never changed"),
+        ("no temperature", "temperature='its default'"),
     ],
 )
 def test_offline_step_checker_names_the_mistake(bug, message, base):
