@@ -157,6 +157,13 @@ def _cases() -> list[Case]:
                 ),
             )
         )
+    last = cases[-2].kwargs  # the 12x3 rollout again in float64: the advantages keep the inputs' dtype
+    cases.append(
+        Case(
+            "the random 12x3 rollout in float64",
+            {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in last.items()},
+        )
+    )
     return cases
 
 

@@ -165,6 +165,15 @@ def gae_returns_are_advantages(r, v, nv, term, trunc, gamma, lam):
     return adv, adv  # forgets to add the values back: the value targets are advantages + values
 
 
+def gae_float32_always(r, v, nv, term, trunc, gamma, lam):
+    deltas = r + gamma * nv * (~term).float() - v
+    adv, running = torch.zeros(r.shape), torch.zeros(r.shape[1:])  # float32 whatever the inputs' dtype
+    for t in reversed(range(len(r))):
+        running = deltas[t] + gamma * lam * (~(term[t] | trunc[t])).float() * running
+        adv[t] = running
+    return adv, adv + v
+
+
 def gae_as_lambda_returns(r, v, nv, term, trunc, gamma, lam):
     """The textbook lambda-return recursion, G_t = r_t + gamma ((1 - lam) V' + lam G_{t+1}), restarted at every
     episode end; correct, and once rejected because the checker drew next_values unrelated to values."""
@@ -191,6 +200,7 @@ def test_gae_checker_passes(fn):
         (gae_forward, "runs forwards"),
         (gae_reset_only_at_termination, "runs across a truncation"),
         (gae_returns_are_advantages, "returns should be advantages + values"),
+        (gae_float32_always, "expected dtype torch.float64"),
     ],
 )
 def test_gae_checker_rejects(buggy, message):
