@@ -59,7 +59,6 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
-import datasets
 import pandas as pd
 import torch
 import transformers
@@ -290,6 +289,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    import datasets  # here, not at the top: --help works without the bench extra (TRL's datasets)
+
     datasets.disable_progress_bars()  # TRL's dataset preparation bars
     rows = []
     for seed in (int(x) for x in args.seeds.split(",")):
