@@ -11,7 +11,9 @@ import json
 import numbers
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -117,17 +119,13 @@ def truncate_metrics(log_dir: str | Path, before_step: int) -> int:
     path = Path(log_dir) / "metrics.jsonl"
     lines = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []  # complete lines only
     kept = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            step = json.loads(line)["step"]
-        except (json.JSONDecodeError, KeyError, TypeError):
+    for lineno, line, record in _records(path, lines):
+        if not isinstance(record, dict) or "step" not in record:
             raise ValueError(
                 f"{path}, line {lineno}, is not a metrics record with a 'step' ({line[:80]!r}); the file was not "
                 "written by a MetricsLogger, or was edited. Fix or remove that line, then resume again."
-            ) from None
-        if step < before_step:
+            )
+        if record["step"] < before_step:
             kept.append(line)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
@@ -146,13 +144,18 @@ def load_metrics(path: str | Path) -> pd.DataFrame:
         path = path / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"no metrics file at {path}; a MetricsLogger writes <log_dir>/metrics.jsonl.")
-    records = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {lineno} is not valid JSON ({err.msg}): {line[:80]!r}") from None
-    return pd.DataFrame.from_records(records)
+        return pd.DataFrame.from_records([record for _, _, record in _records(path, f)])
+
+
+def _records(path: Path, lines) -> Iterator[tuple[int, str, Any]]:
+    """``(line number, line, parsed JSON)`` for each non-blank line of the metrics file ``path``; a line that is not
+    JSON raises ``ValueError`` naming the file and line."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}, line {lineno} is not valid JSON ({err.msg}): {line[:80]!r}") from None
+        yield lineno, line, record

@@ -290,18 +290,15 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
         # and one env twice, as made (a deep copy): the same replies to both, one before the others play and one
         # after, must get the same answers (state kept on the class once let an env end after one wrong reply
         # once three others had been played, and only the prompt's length was compared)
-        try:
-            twins = (make_env(), None)
-            twins = (twins[0], copy.deepcopy(twins[0]))
-        except Exception:  # an env that cannot be copied is not judged by this probe
-            twins = (None, None)
         script_rng = random.Random(29)
         script = [_random_reply(script_rng, tokenizer, [])[:8] for _ in range(max_turns)]
+        twin = make_env()
         try:
-            replayed = _replay(twins[0], script) if twins[1] is not None else None
+            twin_copy = copy.deepcopy(twin)
+            replayed = _replay(twin, script)
         except NotImplementedError:
             raise
-        except Exception:  # a broken env: the episodes below say what is wrong with it, by name
+        except Exception:  # an env that cannot be copied, or a broken one (the episodes below name what is wrong)
             replayed = None
         fresh = [p.initial_observation()[0].length for p in probes]
         rewards = []
@@ -317,7 +314,7 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
                 "class, not in __init__?). Each Env must keep its own conversation"
             )
         if replayed is not None:
-            again = _replay(twins[1], script)
+            again = _replay(twin_copy, script)
             if again != replayed:
                 raise _Problem(
                     f"two copies of one new environment answered the same {len(script)} replies differently, one "

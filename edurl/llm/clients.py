@@ -717,10 +717,11 @@ class TrainingClient:
             raise ValueError(
                 f"{file} holds weights this model lacks (e.g. {unknown[:3]}); was it saved from another model?"
             )
-        missing = [k for k in self._trainable_names() if k not in state["weights"]]
+        trainable = self._trainable_names()
+        missing = [k for k in trainable if k not in state["weights"]]
         if missing:  # they would keep their current values beside the loaded ones: a model that is neither
             raise ValueError(
-                f"{file} lacks {len(missing)} of this model's {len(self._trainable_names())} trainable weights "
+                f"{file} lacks {len(missing)} of this model's {len(trainable)} trainable weights "
                 f"(e.g. {missing[:3]}): it was saved from a model with fewer layers or another LoRA adapter. Load it "
                 "into the model it was saved from."
             )
@@ -739,7 +740,7 @@ class TrainingClient:
         if self._stores_16_bit():
             # the saved fp32 master weights, not their rounded copies, carry on (written into the copies this client
             # has, if any: whatever still refers to them sees the loaded values)
-            saved = [state["weights"][k].to(self.device, torch.float32) for k in self._trainable_names()]
+            saved = [state["weights"][k].to(self.device, torch.float32) for k in trainable]
             if self._master is None:
                 self._master = [torch.nn.Parameter(w.clone()) for w in saved]
             else:

@@ -25,7 +25,7 @@ from edurl.llm.clients import ServiceClient, TrainingClient
 from edurl.llm.distributed import SINGLE, World
 from edurl.llm.evaluation import EvalResult, evaluate
 from edurl.llm.renderer import ChatMLRenderer
-from edurl.llm.sft import load_or_train_sft
+from edurl.llm.sft import load_or_train_sft, reply_lengths
 from edurl.metrics import MetricsLogger, load_metrics, truncate_metrics
 from edurl.utils import device as pick_device
 from edurl.utils import progress, torch_threads
@@ -94,9 +94,7 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
 def warn_if_replies_do_not_fit(max_tokens: int, renderer: ChatMLRenderer, task, seed: int = 0) -> None:
     """Warn when ``max_tokens`` cuts off some of ``task``'s reference replies (with their end of turn): a policy that
     answers as its warm start was taught is then graded on cut-off replies, as wrong, and nothing else says so."""
-    problems = task.sample(256, split="train", seed=seed)
-    stop = len(renderer.get_stop_sequences())
-    lengths = [len(renderer._encode(p.demonstration())) + stop for p in problems]
+    lengths = reply_lengths(renderer, task.sample(256, split="train", seed=seed))
     cut = sum(n > max_tokens for n in lengths)
     if cut:
         warnings.warn(
@@ -142,7 +140,7 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
     metrics = log_dir / "metrics.jsonl"
     logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
     if not config.resume:
-        if getattr(config, "overwrite", False):
+        if config.overwrite:
             if main and (checkpoints or logged):  # rank 0 alone deletes; the others find nothing to resume either way
                 shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
                 metrics.unlink(missing_ok=True)

@@ -61,17 +61,17 @@ class RolloutBuffer:
     def __post_init__(self) -> None:
         self.check()
 
-    def check(self) -> None:
+    def check(self, groups=None) -> None:
         """Raise ValueError unless every group has one prompt, one source, and, per completion, its log-probs (one
         per token), its reward and its correctness: a group with more rewards than completions would shift its
-        baseline without a word. Called when a buffer is made, loaded, saved and trained on."""
+        baseline without a word. Called when a buffer is made, loaded, saved and trained on; ``groups`` (indices)
+        limits the per-group part to those groups (a training step checks the ones it drew)."""
         names = ("prompts", "completions", "logprobs", "rewards", "correct", "source")
         counts = {k: len(getattr(self, k)) for k in names}
         if len(set(counts.values())) > 1:
             raise ValueError(f"the buffer's lists have different lengths (one entry per group each): {counts}")
-        for i, (comps, logps, rewards, correct) in enumerate(
-            zip(self.completions, self.logprobs, self.rewards, self.correct)
-        ):
+        for i in range(len(self)) if groups is None else groups:
+            comps, logps, rewards, correct = self.completions[i], self.logprobs[i], self.rewards[i], self.correct[i]
             if not len(comps) == len(logps) == len(rewards) == len(correct):
                 raise ValueError(
                     f"the buffer's group {i} has {len(comps)} completions but {len(logps)} lists of log-probs, "
@@ -175,7 +175,7 @@ def _check_advantage(advantage) -> None:
 
 def _check_buffer(config: GRPOConfig, buffer: RolloutBuffer, groups) -> None:
     """Refuse to train on ``groups`` (indices into ``buffer``) what the loss would read wrong."""
-    buffer.check()
+    buffer.check(groups)
     if buffer.temperature is not None and buffer.temperature != config.temperature:
         raise ValueError(
             f"the buffer's log-probs were sampled at temperature {buffer.temperature}, but config.temperature is "

@@ -238,8 +238,13 @@ def reply_budget(renderer: ChatMLRenderer, problems, floor: int = 16) -> int:
     """``max_tokens`` for grading ``problems``' replies: room for the longest reference reply and its end of turn,
     and at least ``floor`` (the course's budget, which 2-digit sums fit; a 9-digit sum's reply needs 19 tokens, and a
     styled one with an opening and fillers up to 38, so a fixed 16 graded correct replies as cut off and wrong)."""
-    longest = max(len(renderer._encode(p.demonstration())) for p in problems)
-    return max(floor, longest + len(renderer.get_stop_sequences()))
+    return max([floor, *reply_lengths(renderer, problems)])
+
+
+def reply_lengths(renderer: ChatMLRenderer, problems) -> list[int]:
+    """The tokens of each problem's reference reply, its end of turn included: what a reply needs of ``max_tokens``."""
+    stop = len(renderer.get_stop_sequences())
+    return [len(renderer._encode(p.demonstration())) + stop for p in problems]
 
 
 def load_or_train_sft(config: SFTConfig | None = None, progress: bool = True, retrain: bool = False):
