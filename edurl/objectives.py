@@ -24,7 +24,7 @@ import torch
 
 from edurl._checks import check_same_shape
 
-__all__ = ["clip_fraction", "clipped_surrogate", "entropy"]
+__all__ = ["clip_fraction", "clipped_surrogate", "clipped_surrogate_grad", "entropy"]
 
 
 def check_clip_range(clip_low_threshold: float, clip_high_threshold: float) -> None:
@@ -55,6 +55,23 @@ def clipped_surrogate(
     check_clip_range(clip_low_threshold, clip_high_threshold)
     ratio = torch.exp(train_logprobs - sampling_logprobs)
     return -torch.min(ratio * advantages, ratio.clamp(clip_low_threshold, clip_high_threshold) * advantages)
+
+
+@torch.no_grad()
+def clipped_surrogate_grad(
+    train_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low_threshold: float,
+    clip_high_threshold: float,
+) -> torch.Tensor:
+    """The gradient of :func:`clipped_surrogate` with respect to ``train_logprobs``, elementwise, in closed form:
+    -r * A, and 0 where the clip binds (A > 0 and r > hi, or A < 0 and r < lo). The gradient autograd takes
+    through it, boundary included (``tests/rl/test_ppo.py``); for code that backpropagates by hand
+    (:meth:`edurl.rl.seed_stack.ActorCriticStack.backward_rows`)."""
+    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    binds = ((advantages > 0) & (ratio > clip_high_threshold)) | ((advantages < 0) & (ratio < clip_low_threshold))
+    return torch.where(binds, 0.0, -ratio * advantages)
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ import torch
 
 import edurl
 from edurl._checks import check_fields
-from edurl.objectives import clip_fraction, clipped_surrogate
+from edurl.objectives import clip_fraction, clipped_surrogate, clipped_surrogate_grad
 from edurl.rl.advantages import gae
 from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
@@ -265,6 +265,51 @@ def collect_batch(env, policy, value, obs, config: PPOConfig, device: torch.devi
     return batch, ro, obs, counter
 
 
+@torch.no_grad()
+def _loss_grads(
+    logits: torch.Tensor, values: torch.Tensor, mb: PPOBatch, adv: torch.Tensor, config: PPOConfig, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a seed stack's minibatch, logits (S, M, A) and values (S, M): the log-probs of the actions taken, and
+    the gradients of the seeds' summed losses with respect to the logits and the values. Seed s's loss is
+    ``ppo_update``'s, ``mean(clipped_surrogate) + vf_coef * L_V - ent_coef * mean(H)``, and these are the
+    gradients autograd takes through it (``tests/rl/test_seed_stack.py`` compares them), in closed form:
+
+    - through log_softmax, d lp / d logits = onehot(a) - p;
+    - the entropy's, dH / d logits = -p (log p + H);
+    - the value loss's, (V - R) / M, or where ``clip_value`` picks the clipped prediction c, (c - R) / M where
+      the clamp lets V through and 0 where it does not (half of each on a tie, as torch.max splits it).
+    """
+    M = logits.shape[1]
+    logp = torch.log_softmax(logits, -1)
+    actions = mb.actions.unsqueeze(-1)
+    train_logprobs = logp.gather(-1, actions).squeeze(-1)
+    grad_lp = clipped_surrogate_grad(train_logprobs, mb.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps) / M
+    p = logp.exp()
+    grad_logits = (p * grad_lp.unsqueeze(-1)).neg_().scatter_add_(-1, actions, grad_lp.unsqueeze(-1))
+    if config.ent_coef != 0:
+        logp_or_0 = torch.where(p > 0, logp, 0.0)  # 0 log 0 = 0, as edurl.objectives.entropy has it
+        h = -(p * logp_or_0).sum(-1, keepdim=True)
+        grad_logits += (config.ent_coef / M) * p * (logp_or_0 + h)
+    error = values - mb.returns
+    if config.clip_value:
+        moved = values - mb.values
+        clipped_error = mb.values + moved.clamp(-clip_eps, clip_eps) - mb.returns
+        through = (moved >= -clip_eps) & (moved <= clip_eps)  # where the clamp passes a gradient
+        square, clipped_square = error.square(), clipped_error.square()
+        grad_values = torch.where(
+            square > clipped_square,
+            error,
+            torch.where(
+                square < clipped_square,
+                clipped_error * through,
+                0.5 * error + 0.5 * clipped_error * through,
+            ),
+        )
+    else:
+        grad_values = error
+    return train_logprobs, grad_logits, grad_values * (config.vf_coef / M)
+
+
 def _stack_update(
     stack: ActorCriticStack,
     optimizer: RowAdam,
@@ -294,20 +339,10 @@ def _stack_update(
                 if idx is None
                 else PPOBatch(*(getattr(batch, f)[rows, idx] for f in PPOBatch.__dataclass_fields__))
             )
-            # with ent_coef 0 (the zoo's) the entropy stays out of the graph: the same gradient, 6 fewer ops
-            train_logprobs, entropy, new_values = stack.evaluate(mb.obs, mb.actions, config.ent_coef != 0)
+            logits, new_values, saved = stack.forward_saved(mb.obs)
             adv = whole if idx is None else _standardised(mb.advantages, config)  # detail: per-minibatch, per seed
-            policy_loss = clipped_surrogate(train_logprobs, mb.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps)
-            if config.clip_value:
-                clipped = mb.values + (new_values - mb.values).clamp(-clip_eps, clip_eps)
-                value_loss = 0.5 * torch.max((new_values - mb.returns) ** 2, (clipped - mb.returns) ** 2)
-            else:
-                value_loss = 0.5 * (new_values - mb.returns) ** 2
-            loss = policy_loss.mean(-1) + config.vf_coef * value_loss.mean(-1)
-            if entropy is not None:
-                loss = loss - config.ent_coef * entropy.mean(-1)
-            optimizer.zero_grad()
-            loss.sum().backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
+            train_logprobs, grad_logits, grad_values = _loss_grads(logits, new_values, mb, adv, config, clip_eps)
+            stack.backward_rows(saved, grad_logits, grad_values)  # loss.backward(), written out: seeds never mix
             for row, on in zip(stack.rows, active):
                 if not on:
                     row.grad = None  # Adam skips it

@@ -128,12 +128,16 @@ class ActorCriticStack:
                 out[name].append((weight, bias, 1.0 if i == 0 else 2.0))
         return out
 
-    def _mlp(self, name: str, x: torch.Tensor, layers: dict | None = None) -> torch.Tensor:
-        """Every seed's MLP at once: (S, M, in) -> (S, M, out); seed s's rows meet only seed s's weights."""
+    def _mlp(self, name: str, x: torch.Tensor, layers: dict | None = None, inputs: list | None = None) -> torch.Tensor:
+        """Every seed's MLP at once: (S, M, in) -> (S, M, out); seed s's rows meet only seed s's weights.
+        ``inputs``, when given, gets each layer's input appended (x, then the hidden h = sigmoid(2z) of each
+        layer), for :meth:`backward_rows`."""
         if layers is None:
             layers = self._acting if self._acting is not None and not torch.is_grad_enabled() else self._layers()
         layers = layers[name]
         for i, (weight, bias, alpha) in enumerate(layers):
+            if inputs is not None:
+                inputs.append(x)
             if i < len(layers) - 1:
                 x = torch.sigmoid(torch.baddbmm(bias, x, weight, beta=2.0, alpha=2.0 * alpha))
             elif weight.shape[-1] == 1:  # a value head: a gemv's summation order changes with S, a sum's does not
@@ -162,6 +166,53 @@ class ActorCriticStack:
         logp = torch.log_softmax(self._mlp("policy", obs, layers), -1)
         values = self._mlp("value", obs, layers).squeeze(-1)
         return logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1), entropy(logp) if with_entropy else None, values
+
+    @torch.no_grad()
+    def forward_saved(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """The policy's logits (S, M, A) and the values V_s(s) (S, M) for obs (S, M, obs_dim), as :meth:`evaluate`
+        computes them but without an autograd graph, and what :meth:`backward_rows` needs to take a gradient
+        from them into the rows: ``(logits, values, saved)``."""
+        layers, inputs = self._layers(), {"policy": [], "value": []}
+        logits = self._mlp("policy", obs, layers, inputs["policy"])
+        values = self._mlp("value", obs, layers, inputs["value"]).squeeze(-1)
+        return logits, values, (layers, inputs)
+
+    @torch.no_grad()
+    def backward_rows(self, saved: tuple, grad_logits: torch.Tensor, grad_values: torch.Tensor) -> None:
+        """Backpropagation written out: set row s's ``grad`` to the gradient, with respect to seed s's weights, of
+        sum(grad_logits[s] * logits[s]) + sum(grad_values[s] * values[s]), where ``saved`` is what
+        :meth:`forward_saved` returned with those logits (S, M, A) and values (S, M). That is what
+        ``loss.backward()`` gives when grad_logits and grad_values are the loss's gradients with respect to the
+        outputs, without autograd's per-operation bookkeeping, which is most of a step's time for networks this
+        small (``benchmarks/README.md``, "Where a PPO step's time goes"). ``tests/rl/test_seed_stack.py``
+        compares it with autograd in float64.
+
+        Layer by layer, with g = dL/dz for the layer's output z = x @ W + b (the last layer: g is given):
+        dW = x^T g and db = sum over the batch of g; the layer below gets dL/dx = g @ W^T, and tanh's derivative
+        1 - tanh(z)^2 = 4 h (1 - h) for the kept h = sigmoid(2z) (see :meth:`_layers`). A hidden input enters as
+        2h - 1, so there dW = 2 h^T g - db (the folded bias b - sum_in W gives the -db).
+        """
+        layers, inputs = saved
+        S, pieces = self.num_seeds, []
+        for name, g in (("policy", grad_logits), ("value", grad_values.unsqueeze(-1))):
+            grads = []
+            for i in reversed(range(len(layers[name]))):
+                weight, x = layers[name][i][0], inputs[name][i]
+                db = g.sum(1)  # (S, out)
+                if i == 0:  # the observations, as they are
+                    dw = torch.bmm(x.transpose(1, 2), g)
+                elif g.shape[-1] == 1:  # the value head, a sum in the forward pass too (see _mlp)
+                    dw = (x * g).sum(1).mul_(2.0).sub_(db)
+                else:
+                    dw = torch.baddbmm(db.unsqueeze(1), x.transpose(1, 2), g, beta=-1.0, alpha=2.0)
+                grads += [db, dw.reshape(S, -1)]
+                if i > 0:  # dL/dz of the layer below: (g @ W^T) * 2 (input 2h - 1) * 2 h (1 - h) (h = sigmoid(2z))
+                    g = g * weight.transpose(1, 2) if g.shape[-1] == 1 else torch.bmm(g, weight.transpose(1, 2))
+                    g = g.mul_(torch.addcmul(x, x, x, value=-1.0)).mul_(4.0)
+            pieces += reversed(grads)  # row order: per layer, weight then bias
+        flat = torch.cat(pieces, 1)  # (S, P): one tensor, each row's grad a view of it
+        for row, grad in zip(self.rows, flat):
+            row.grad = grad
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         """(S, M, obs_dim) -> (S, M, num_actions)."""

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from edurl import load_metrics
+from edurl.objectives import clipped_surrogate_grad
 from edurl.rl.networks import CategoricalPolicy, ValueNet
 from edurl.rl.ppo import PPOBatch, PPOConfig, clipped_surrogate, ppo_diagnostics, ppo_update, train_ppo
 
@@ -36,6 +37,21 @@ def _loss_and_grad(ratio, adv, eps=0.2):
 def test_clipped_surrogate_hand_values_and_gradients(ratio, adv, loss, grad):
     got_loss, got_grad = _loss_and_grad(ratio, adv)
     assert got_loss == pytest.approx(loss) and got_grad == pytest.approx(grad)
+    # the closed form that the seed stack's hand-written backward uses
+    logp = torch.tensor([math.log(ratio)], dtype=torch.float64)
+    closed = clipped_surrogate_grad(logp, torch.zeros(1, dtype=torch.float64), torch.tensor([adv]).double(), 0.8, 1.2)
+    assert closed.item() == pytest.approx(grad)
+
+
+@pytest.mark.parametrize("adv", [2.0, -1.5, 0.0])
+def test_clipped_surrogate_grad_on_the_clip_boundary_is_autograds(adv):
+    """At r == lo == hi (r = 1, a zero-width range) both terms of the min tie and the clamp lets the gradient
+    through: autograd's gradient is the whole -r * A, and so is the closed form."""
+    logp = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    advantages = torch.tensor([adv], dtype=torch.float64)
+    clipped_surrogate(logp, torch.zeros(1, dtype=torch.float64), advantages, 1.0, 1.0).sum().backward()
+    closed = clipped_surrogate_grad(logp.detach(), torch.zeros(1, dtype=torch.float64), advantages, 1.0, 1.0)
+    assert logp.grad.item() == closed.item() == -adv
 
 
 def test_diagnostics_hand_computed():

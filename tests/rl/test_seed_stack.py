@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from edurl.envs import TorchCartPole
+from edurl.objectives import clipped_surrogate, entropy
 from edurl.rl.networks import CategoricalPolicy, ValueNet
-from edurl.rl.ppo import PPOBatch, PPOConfig, _stack_update, ppo_update, train_ppo
+from edurl.rl.ppo import PPOBatch, PPOConfig, _loss_grads, _stack_update, ppo_update, train_ppo
 from edurl.rl.seed_stack import ActorCriticStack, RowAdam, clip_grad_norm_per_seed_, keep_seeds
 
 
@@ -97,6 +98,74 @@ def test_no_gradient_leaks_between_seeds():
         after.append([row.detach().clone() for row in s.rows])
     assert torch.equal(after[0][0], after[1][0]) and torch.equal(after[0][2], after[1][2])
     assert not torch.equal(after[0][1], after[1][1])
+
+
+@pytest.mark.parametrize("hidden_sizes, num_actions", [((64, 64), 2), ((16,), 3), ((8, 6, 5), 2)])
+@pytest.mark.parametrize("num_seeds", [1, 3])
+def test_backward_rows_is_autograds_gradient(float64, hidden_sizes, num_actions, num_seeds):
+    """The stack's hand-written backward gives each row the gradient autograd gives through evaluate's graph."""
+    stack = ActorCriticStack(range(num_seeds), 4, num_actions, hidden_sizes)
+    g = torch.Generator().manual_seed(2)
+    obs = torch.randn(num_seeds, 40, 4, generator=g)
+    grad_logits = torch.randn(num_seeds, 40, num_actions, generator=g)
+    grad_values = torch.randn(num_seeds, 40, generator=g)
+    layers = stack._layers()
+    logits, values = stack._mlp("policy", obs, layers), stack._mlp("value", obs, layers).squeeze(-1)
+    ((logits * grad_logits).sum() + (values * grad_values).sum()).backward()
+    by_autograd = [row.grad.clone() for row in stack.rows]
+    saved_logits, saved_values, saved = stack.forward_saved(obs)
+    assert torch.equal(saved_logits, logits.detach()) and torch.equal(saved_values, values.detach())
+    stack.backward_rows(saved, grad_logits, grad_values)
+    for row, expected in zip(stack.rows, by_autograd):
+        torch.testing.assert_close(row.grad, expected, rtol=1e-12, atol=1e-14)
+
+
+def _loss_by_autograd(logits, values, mb, adv, config, clip_eps):
+    """The loss of ppo_update, per seed and summed over seeds, through autograd: the reference for _loss_grads."""
+    logits, values = logits.clone().requires_grad_(), values.clone().requires_grad_()
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, mb.actions.unsqueeze(-1)).squeeze(-1)
+    policy_loss = clipped_surrogate(lp, mb.sampling_logprobs, adv, 1 - clip_eps, 1 + clip_eps).mean(-1)
+    if config.clip_value:
+        clipped = mb.values + (values - mb.values).clamp(-clip_eps, clip_eps)
+        value_loss = 0.5 * torch.max((values - mb.returns) ** 2, (clipped - mb.returns) ** 2).mean(-1)
+    else:
+        value_loss = 0.5 * ((values - mb.returns) ** 2).mean(-1)
+    loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy(logp).mean(-1)
+    loss.sum().backward()
+    return lp.detach(), logits.grad, values.grad
+
+
+@pytest.mark.parametrize(
+    "extra, clip_eps",
+    [({}, 0.2), ({"ent_coef": 0.01, "clip_value": True, "vf_coef": 0.7}, 0.25), ({"clip_value": True}, 0.0)],
+)
+def test_ppo_loss_gradients_in_closed_form_are_autograds(float64, extra, clip_eps):
+    """_loss_grads, which the stack's update backpropagates by hand, against autograd through ppo_update's loss,
+    on outputs that hit the edge cases: ratios above and below the clip range, a value moved exactly clip_eps
+    from its old prediction (the clamp still passes it), clipped and unclipped squares that tie (torch.max
+    splits the gradient), and with clip_eps 0 every ratio exactly on the (zero-width) range."""
+    config = PPOConfig(**extra)
+    g = torch.Generator().manual_seed(3)
+    S, M = 2, 48
+    logits = torch.randn(S, M, 2, generator=g)
+    actions = torch.randint(0, 2, (S, M), generator=g)
+    lp = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    sampling_logprobs = lp + (0.0 if clip_eps == 0 else 0.4 * torch.randn(S, M, generator=g))
+    values, returns = torch.randn(S, M, generator=g), torch.randn(S, M, generator=g)
+    old_values = values - clip_eps * torch.randn(S, M, generator=g).sign() * 2 * torch.rand(S, M, generator=g)
+    # exact edge cases in the first columns: moved by exactly +-clip_eps (0.25 and 0 are exact), and a tie
+    values[:, :3], old_values[:, :3], returns[:, :3] = 0.5, torch.tensor([0.25, 0.75, 0.5]), 0.0
+    values[:, 3], returns[:, 3], old_values[:, 3] = 1.0, 0.0, -1.25  # clipped c = -1: (1 - 0)^2 == (-1 - 0)^2
+    mb = PPOBatch(torch.zeros(S, M, 4), actions, sampling_logprobs, torch.randn(S, M, generator=g), returns, old_values)
+    adv = torch.randn(S, M, generator=g)
+    expected = _loss_by_autograd(logits, values, mb, adv, config, clip_eps)
+    got = _loss_grads(logits, values, mb, adv, config, clip_eps)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+    ratio = (lp - sampling_logprobs).exp()
+    if clip_eps > 0:  # the inputs did cover both sides of the clip range
+        assert (ratio > 1 + clip_eps).any() and (ratio < 1 - clip_eps).any()
 
 
 def test_a_seed_whose_target_kl_stopped_its_epochs_is_left_exactly_as_it_was():
