@@ -62,6 +62,10 @@ class TorchCartPole:
         """(num_envs,) steps taken in the current episode (for the time limit)."""
         self._gens = [torch.Generator(device=self.device)]
         self._gens[0].seed()
+        self._forces = torch.tensor([-self.force_mag, self.force_mag], device=self.device, dtype=dtype)
+        self._thresholds = torch.tensor(
+            [self.x_threshold, self.theta_threshold_radians], device=self.device, dtype=dtype
+        )
 
     def _random_states(self, n: int) -> torch.Tensor:
         if len(self._gens) == 1:
@@ -105,33 +109,27 @@ class TorchCartPole:
         if not isinstance(actions, torch.Tensor) or actions.shape != (self.num_envs,):
             got = tuple(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
             raise ValueError(f"actions must be a tensor of shape ({self.num_envs},), got {got}.")
-        x, x_dot, theta, theta_dot = self.state.unbind(-1)
-        force = torch.where(actions.to(self.device) == 1, self.force_mag, -self.force_mag).to(self.dtype)
+        # Gymnasium's equations, each line one or two tensor ops: with 8 envs on a CPU a step is all per-op
+        # overhead (benchmarks/README.md), and on a GPU each op is a kernel launch
+        x_dot, theta, theta_dot = self.state[:, 1], self.state[:, 2], self.state[:, 3]
+        force = torch.where(actions.to(self.device) == 1, self._forces[1], self._forces[0])  # 1 pushes right
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
-        temp = (force + self.polemass_length * theta_dot**2 * sintheta) / self.total_mass
-        thetaacc = (self.gravity * sintheta - costheta * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * costheta**2 / self.total_mass)
+        temp = torch.addcmul(force, theta_dot.square(), sintheta, value=self.polemass_length).div_(self.total_mass)
+        thetaacc = torch.addcmul(sintheta * self.gravity, costheta, temp, value=-1.0).div_(
+            costheta.square().mul_(-self.length * self.masspole / self.total_mass).add_(self.length * 4.0 / 3.0)
         )
-        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        xacc = torch.addcmul(temp, thetaacc, costheta, value=-self.polemass_length / self.total_mass)
         # Euler: positions move with the *old* velocities
-        new_state = torch.stack(
-            [
-                x + self.tau * x_dot,
-                x_dot + self.tau * xacc,
-                theta + self.tau * theta_dot,
-                theta_dot + self.tau * thetaacc,
-            ],
-            dim=-1,
-        )
+        new_state = torch.add(self.state, torch.stack([x_dot, xacc, theta_dot, thetaacc], dim=-1), alpha=self.tau)
         self.elapsed = self.elapsed + 1
-        terminated = (new_state[:, 0].abs() > self.x_threshold) | (new_state[:, 2].abs() > self.theta_threshold_radians)
+        terminated = (new_state[:, ::2].abs() > self._thresholds).any(-1)  # |x| > 2.4 or |theta| > 12 degrees
         truncated = self.elapsed >= self.max_episode_steps
         reward = torch.ones(self.num_envs, device=self.device, dtype=self.dtype)  # +1 on every step, the last included
         done = terminated | truncated
-        final_obs = new_state.clone()
+        final_obs = new_state
         if self.autoreset:  # same-step autoreset, without a host sync: finished rows get a fresh start state
             self.state = torch.where(done[:, None], self._random_states(self.num_envs), new_state)
-            self.elapsed = torch.where(done, torch.zeros_like(self.elapsed), self.elapsed)
+            self.elapsed = self.elapsed.masked_fill(done, 0)
         else:
-            self.state = new_state
+            self.state = new_state.clone()
         return self.state.clone(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}
