@@ -171,12 +171,9 @@ class _EpisodeCounter:
             return finished
         self.ret = self.ret + rewards.to(self.ret.dtype)
         self.len = self.len + 1
-        finished = (
-            torch.where(done, self.ret, torch.full_like(self.ret, float("nan"))),
-            torch.where(done, self.len, torch.full_like(self.len, -1)),
-        )
-        self.ret = torch.where(done, torch.zeros_like(self.ret), self.ret)
-        self.len = torch.where(done, torch.zeros_like(self.len), self.len)
+        running = ~done
+        finished = self.ret.masked_fill(running, float("nan")), self.len.masked_fill(running, -1)
+        self.ret, self.len = self.ret.masked_fill(done, 0.0), self.len.masked_fill(done, 0)
         return finished
 
 
