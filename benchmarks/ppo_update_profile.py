@@ -9,8 +9,9 @@ with ``perf_counter`` over ``--steps`` steps after ``--warmup`` more, on random 
     python benchmarks/ppo_update_profile.py --threads 2 --steps 5000
 
 Prints ms per step and each phase's share, from one run on one machine. Then the same step as ``train_ppo``
-takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, per-seed clipping,
-Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step, and per seed.
+takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, its backward written
+out by hand, per-seed clipping, Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step,
+and per seed.
 """
 
 from __future__ import annotations
