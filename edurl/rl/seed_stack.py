@@ -161,7 +161,8 @@ class ActorCriticStack:
         self, obs: torch.Tensor, actions: torch.Tensor, with_entropy: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """log pi_s(a|s), the entropy of pi_s(.|s) (None unless ``with_entropy``) and V_s(s), each (S, M), from one
-        stack of the rows: what a training step needs, with one backward into the rows."""
+        stack of the rows, with one backward into the rows (A2C's training step; PPO's backpropagates by hand,
+        :meth:`forward_saved`)."""
         layers = self._layers()
         logp = torch.log_softmax(self._mlp("policy", obs, layers), -1)
         values = self._mlp("value", obs, layers).squeeze(-1)
