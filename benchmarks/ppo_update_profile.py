@@ -11,7 +11,7 @@ with ``perf_counter`` over ``--steps`` steps after ``--warmup`` more, on random 
 Prints ms per step and each phase's share, from one run on one machine. Then the same step as ``train_ppo``
 takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, its backward written
 out by hand, per-seed clipping, Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step,
-and per seed.
+and per seed. Last, one ``TorchCartPole.step`` for each size in ``--envs`` (5 x ``--steps`` steps).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import torch
 
+from edurl.envs import TorchCartPole
 from edurl.objectives import clipped_surrogate
 from edurl.rl import PPOConfig
 from edurl.rl.networks import CategoricalPolicy, ValueNet
@@ -84,12 +85,26 @@ def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> fl
     return (time.perf_counter() - t0) / steps
 
 
+def env_step(num_envs: int, steps: int, warmup: int) -> float:
+    """Seconds per ``TorchCartPole.step`` of ``num_envs`` envs on random actions (a rollout's other half)."""
+    env = TorchCartPole(num_envs)
+    env.reset(seed=0)
+    actions = torch.randint(0, 2, (num_envs,), generator=torch.Generator().manual_seed(0))
+    for _ in range(warmup):
+        env.step(actions)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        env.step(actions)
+    return (time.perf_counter() - t0) / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", default="1,8", help="seed-stack sizes to time (comma-separated; empty: none)")
+    parser.add_argument("--envs", default="8", help="TorchCartPole sizes whose step to time (comma-separated)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = PPOConfig()
@@ -110,6 +125,9 @@ def main() -> None:
             f"seed stack, {num_seeds} seed(s): {seconds * 1e3:.3f} ms per optimizer step, "
             f"{seconds * 1e3 / num_seeds:.3f} ms per seed"
         )
+    for num_envs in [int(x) for x in args.envs.split(",") if x]:
+        seconds = env_step(num_envs, 5 * args.steps, args.warmup)
+        print(f"TorchCartPole.step, {num_envs} envs: {seconds * 1e6:.1f} us")
 
 
 if __name__ == "__main__":

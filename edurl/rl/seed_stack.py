@@ -395,7 +395,7 @@ class RowAdam:
     """Adam over a stack's rows: one state (moments and step count) per row, the update of
     ``torch.optim.Adam(rows, fused=True)`` bit for bit (``tests/rl/test_seed_stack.py``), without the Python that
     ``torch.optim`` wraps around its kernel on every step (grouping tensors by device and dtype, hooks, profiler
-    ranges): about 0.1 ms of a 1.3 ms PPO step on CartPole's networks. A row whose ``grad`` is None is skipped, so
+    ranges): about 0.1 ms of what was then a 1.3 ms PPO step on CartPole's networks. A row whose ``grad`` is None is skipped, so
     its weights, moments and step count stay as they are. On a device without the fused kernel
     (:func:`fused_adam`), or with ``fused=False``, it hands the step to ``torch.optim.Adam``.
     """

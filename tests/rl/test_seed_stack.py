@@ -137,10 +137,15 @@ def _loss_by_autograd(logits, values, mb, adv, config, clip_eps):
 
 
 @pytest.mark.parametrize(
-    "extra, clip_eps",
-    [({}, 0.2), ({"ent_coef": 0.01, "clip_value": True, "vf_coef": 0.7}, 0.25), ({"clip_value": True}, 0.0)],
+    "extra, clip_eps, num_actions",
+    [
+        ({}, 0.2, 2),
+        ({"ent_coef": 0.01, "clip_value": True, "vf_coef": 0.7}, 0.25, 2),
+        ({"clip_value": True}, 0.0, 2),
+        ({"ent_coef": 0.05}, 0.2, 5),  # the entropy's gradient where it has more than one free direction
+    ],
 )
-def test_ppo_loss_gradients_in_closed_form_are_autograds(float64, extra, clip_eps):
+def test_ppo_loss_gradients_in_closed_form_are_autograds(float64, extra, clip_eps, num_actions):
     """_loss_grads, which the stack's update backpropagates by hand, against autograd through ppo_update's loss,
     on outputs that hit the edge cases: ratios above and below the clip range, a value moved exactly clip_eps
     from its old prediction (the clamp still passes it), clipped and unclipped squares that tie (torch.max
@@ -148,8 +153,8 @@ def test_ppo_loss_gradients_in_closed_form_are_autograds(float64, extra, clip_ep
     config = PPOConfig(**extra)
     g = torch.Generator().manual_seed(3)
     S, M = 2, 48
-    logits = torch.randn(S, M, 2, generator=g)
-    actions = torch.randint(0, 2, (S, M), generator=g)
+    logits = torch.randn(S, M, num_actions, generator=g)
+    actions = torch.randint(0, num_actions, (S, M), generator=g)
     lp = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
     sampling_logprobs = lp + (0.0 if clip_eps == 0 else 0.4 * torch.randn(S, M, generator=g))
     values, returns = torch.randn(S, M, generator=g), torch.randn(S, M, generator=g)
