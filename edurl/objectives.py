@@ -5,14 +5,16 @@ entropy, used by Chapter 5's PPO on CartPole (:mod:`edurl.rl.ppo`) and Chapter 7
 With ``lp = train_logprobs`` (the policy being trained), ``q = sampling_logprobs`` (the policy that sampled
 the actions or tokens), ``A = advantages`` and the ratio ``r = exp(lp - q)``:
 
-=================  ===========================================  ==========================================
-name               formula                                      shapes
-=================  ===========================================  ==========================================
-clipped_surrogate  -min(r * A, clamp(r, lo, hi) * A)            any shape, all three alike; same shape out
-clip_fraction      share of (masked) entries with r < lo or     any shape; a 0-d tensor
-                   r > hi
-entropy            -sum_a exp(logp_a) * logp_a                  (..., A) log-probs -> (...)
-=================  ===========================================  ==========================================
+======================  ===========================================  ==========================================
+name                    formula                                      shapes
+======================  ===========================================  ==========================================
+clipped_surrogate       -min(r * A, clamp(r, lo, hi) * A)            any shape, all three alike; same shape out
+clipped_surrogate_grad  d clipped_surrogate / d lp: -r * A, or 0     as clipped_surrogate (the seed stack's
+                        where the clip binds                         hand-written backward uses it)
+clip_fraction           share of (masked) entries with r < lo or     any shape; a 0-d tensor
+                        r > hi
+entropy                 -sum_a exp(logp_a) * logp_a                  (..., A) log-probs -> (...)
+======================  ===========================================  ==========================================
 
 The clip range ``[lo, hi]`` bounds the ratio itself: PPO's symmetric ``clip_eps`` is ``[1 - eps, 1 + eps]``;
 Tinker's ``loss_fn_config`` names the two bounds ``clip_low_threshold`` and ``clip_high_threshold``.
