@@ -25,6 +25,7 @@ import torch
 import edurl
 from edurl._checks import check_fields
 from edurl.objectives import clip_fraction, clipped_surrogate, clipped_surrogate_grad
+from edurl.objectives import entropy as entropy_of  # "entropy" is a local name in the updates below
 from edurl.rl.advantages import gae
 from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
@@ -288,8 +289,7 @@ def _loss_grads(
     grad_logits = (p * grad_lp.unsqueeze(-1)).neg_().scatter_add_(-1, actions, grad_lp.unsqueeze(-1))
     if config.ent_coef != 0:
         logp_or_0 = torch.where(p > 0, logp, 0.0)  # 0 log 0 = 0, as edurl.objectives.entropy has it
-        h = -(p * logp_or_0).sum(-1, keepdim=True)
-        grad_logits += (config.ent_coef / M) * p * (logp_or_0 + h)
+        grad_logits += (config.ent_coef / M) * p * (logp_or_0 + entropy_of(logp).unsqueeze(-1))
     error = values - mb.returns
     if config.clip_value:
         moved = values - mb.values
