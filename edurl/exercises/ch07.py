@@ -651,10 +651,13 @@ class _RecordingTrainer:
         return future
 
     def optim_step(self, adam_params=None):
-        grads = [
-            q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q)
-            for q in self._trainer.trainable_parameters()
-        ]
+        params = self._trainer.trainable_parameters()
+        if self.log.optim and all(q.grad is None for q in params):
+            # A second step on no new gradient: the client would raise "call forward_backward first", a hint one line
+            # off. Recorded without running, so that the check names the extra step.
+            self.log.optim.append((adam_params, [torch.zeros_like(q) for q in params]))
+            return Future({})
+        grads = [q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q) for q in params]
         future = self._trainer.optim_step(adam_params)
         self.log.optim.append((adam_params, grads))
         self.updates += 1

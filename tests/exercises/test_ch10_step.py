@@ -49,6 +49,8 @@ def buggy_step(bug: str):
         out = trainer.forward_backward(datums, loss_fn, loss_config, **kwargs).result()
         if bug != "no update":
             trainer.optim_step(llm.AdamParams(learning_rate=config.learning_rate)).result()
+        if bug == "optim_step twice":
+            trainer.optim_step(llm.AdamParams(learning_rate=config.learning_rate)).result()
         return {"optim/loss": out.loss}
 
     return step_fn
@@ -72,6 +74,7 @@ def test_offline_step_checker_passes(fn, base):
         ("wrong loss", "forward_backward was called with loss_fn='importance_sampling'"),
         ("no beta", "loss_fn_config={'beta': 0.05}"),
         ("no update", "the weights never changed"),
+        ("optim_step twice", "2 optimizer steps in one GRPO step; take exactly one"),
         ("no temperature", "temperature='its default'"),
     ],
 )
