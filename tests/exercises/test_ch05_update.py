@@ -81,6 +81,7 @@ def test_ppo_update_checker_passes(fn):
         ("ratio to current", "against the current policy"),
         ("no normalisation", "not standardised"),
         ("batch normalisation", "over the whole batch"),
+        ("population std", "the population std"),
         ("no zero_grad", "zero them before backward()"),
         ("no grad clip", "not clipped at config.max_grad_norm"),
         ("no half", "half the mean squared error"),
@@ -96,6 +97,34 @@ def test_ppo_update_checker_passes(fn):
 def test_ppo_update_checker_names_each_bug(bug, message):
     verdict = assert_rejected(exercises.check_ppo_update, _buggy_update(bug), message)
     assert verdict.implementation is ppo_update
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-6])
+def test_ppo_update_checker_names_a_constant_when_the_gradients_nearly_match(eps):
+    """Adam's eps of 1e-5 in the advantages' standardisation (the chapter names both constants): the gradients differ
+    by about 1e-5 relative, which this exact check rejects; the message says a constant is off and which one."""
+
+    def other_eps(policy, value, optimizer, batch, config, clip_eps):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for _ in range(config.update_epochs):
+            for idx in batch.minibatches(config.num_minibatches):
+                lp, ent = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
+                adv = batch.advantages[idx]
+                adv = (adv - adv.mean()) / (adv.std() + eps)
+                ratio = torch.exp(lp - batch.sampling_logprobs[idx])
+                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).mean()
+                value_loss = 0.5 * ((value(batch.obs[idx]) - batch.returns[idx]) ** 2).mean()
+                loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * ent.mean()
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+
+    verdict = assert_rejected(exercises.check_ppo_update, other_eps, "a constant is not")
+    assert "(adv.std() + 1e-8)" in verdict.message, verdict.message
+    assert "likely mistake" not in verdict.message
+    # a real mistake is still named as one, not as a constant: its gradients are further off
+    assert "a constant is not" not in assert_rejected(exercises.check_ppo_update, _buggy_update("no half"), "").message
 
 
 def test_ppo_update_checker_stub_crash_and_no_step():
