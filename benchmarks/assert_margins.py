@@ -1,8 +1,8 @@
 """How much room the measured asserts of the notebooks have, over many seeds and other floating-point paths.
 
-    python benchmarks/assert_margins.py              # notebooks 01-05, 10 seeds, 2 variants: ~25 min on 2 cores
+    python benchmarks/assert_margins.py              # notebooks 01-05, 10 seeds, 2 variants: ~50 min on 2 cores
     python benchmarks/assert_margins.py --notebooks 02,05 --seeds 3
-    python benchmarks/assert_margins.py --variants default,mkl=AVX2,threads=2
+    python benchmarks/assert_margins.py --variants default,generic,threads=2
     python benchmarks/assert_margins.py --load a.json,b.json    # the table again from saved runs (b's replace a's)
     python benchmarks/assert_margins.py --notebooks 06,07 --variants default   # the LLM chapters: ~10 min a seed
     python benchmarks/_llm_margins.py --out llm.jsonl           # the same LLM runs, one such process per core,
@@ -18,10 +18,18 @@ trajectory seen on the machine that wrote it.
 How: each experiment repeats a notebook's cells with the notebook's config and library calls. Study
 seed k uses trainer seed k and shifts every other seed of the cell (env, sampling, critic fits) by
 k * 1,000,000, so k = 0 is the notebook's own run. Experiments that train a torch network also run
-under other floating-point paths, one subprocess per variant (see VARIANTS): "mkl=AVX2" makes MKL
-take its AVX2 kernels, as on a CPU without AVX-512, and "threads=2" sets ``num_threads=2`` in the
-trainer configs (with other processes on a 2-core machine, one PPO run then took minutes instead of
-10 s). Chapter 1's sampling and the bandit checks use no matrix products and run in "default" only.
+under other floating-point paths, one subprocess per variant (see VARIANTS): "generic" makes MKL take
+its processor-independent kernels (MKL_CBWR=COMPATIBLE: matrix products blocked and summed in another
+order) and torch's own vector kernels run at AVX2 width (ATEN_CPU_CAPABILITY=avx2), the sums of
+another CPU; "threads=2" sets ``num_threads=2`` in the trainer configs (with other processes on a
+2-core machine, one PPO run then took minutes instead of 10 s). Chapter 1's sampling and the bandit
+checks use no matrix products and run in "default" only.
+
+A variant adds draws only where it changes the arithmetic. Until 2026-11-29 the second variant was
+MKL_ENABLE_INSTRUCTIONS=AVX2 alone, which on the AMD EPYC development machine changed nothing (MKL
+already takes its AVX2 kernels there, and torch's own kernels do not read it): each of its runs
+repeated the default run to the bit. So the table counts distinct draws only: a run whose statistics
+all equal the default run of the same experiment and seed is left out, and the script says how many.
 
 The table gives, per assert, the notebook cell (0-based, markdown cells counted), its statistic's
 min / median / max over the runs, how many runs satisfy it, and the margin: the distance from the
@@ -75,7 +83,7 @@ OFFSET = 1_000_000
 CPU = torch.device("cpu")
 VARIANTS = {  # name: (environment variables of its subprocess, num_threads of the trainers)
     "default": ({}, 1),
-    "mkl=AVX2": ({"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, 1),
+    "generic": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}, 1),
     "threads=2": ({}, 2),
 }
 
@@ -422,10 +430,10 @@ CHECKS = [
     ),
     Check(
         "02",
-        "assert sum(r.solved for r in many) >= 7",
+        "assert sum(r.solved for r in many) >= 6",
         "reinforce_stack",
         "reinforce_stack_solved",
-        low=7,
+        low=6,
         inclusive=True,
     ),
     Check(
@@ -642,6 +650,32 @@ def run_in_subprocess(variant: str, experiments: list[str], seeds: int, out: str
     return json.loads(Path(path).read_text(encoding="utf-8"))["runs"]
 
 
+def distinct_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs without those that repeat the default variant's run of the same experiment and seed.
+
+    A variant that does not change the arithmetic on this machine (as MKL_ENABLE_INSTRUCTIONS=AVX2 did not on an
+    AMD CPU) repeats every run to the bit; counting those twice would double the runs behind an assert.
+    """
+    stats = [c for c in runs.columns if c not in ("experiment", "variant", "seed", "seconds")]
+    default = runs[runs["variant"] == "default"].drop_duplicates(["experiment", "seed"], keep="last")
+    lookup = {(r["experiment"], r["seed"]): r for r in default.to_dict("records")}
+
+    def repeats(run: dict) -> bool:
+        theirs = lookup.get((run["experiment"], run["seed"]))
+        if run["variant"] == "default" or theirs is None:
+            return False
+        return all(run[c] == theirs[c] or (pd.isna(run[c]) and pd.isna(theirs[c])) for c in stats)
+
+    repeated = np.array([repeats(r) for r in runs.to_dict("records")], dtype=bool)
+    if repeated.any():
+        counts = runs[repeated].groupby("variant").size()
+        print(
+            "runs that repeat the default run to the bit, left out of the table: "
+            + ", ".join(f"{v}: {n} of {(runs['variant'] == v).sum()}" for v, n in counts.items())
+        )
+    return runs[~repeated].reset_index(drop=True)
+
+
 def check_values(check: Check, runs: pd.DataFrame) -> np.ndarray:
     """The asserted statistic of every run, or of every k-subset of a variant's runs for a median over k seeds."""
     runs = runs[runs["experiment"] == check.experiment]
@@ -743,7 +777,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notebooks", default="01,02,03,04,05", help="comma-separated, e.g. 02,05")
     parser.add_argument("--seeds", type=int, default=10, help="study seeds 0 .. N-1 per variant")
-    parser.add_argument("--variants", default="default,mkl=AVX2", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default="default,generic", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument(
         "--experiments",
         default=None,
@@ -768,6 +802,7 @@ def main():
         parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     if args.worker:
         torch.set_num_threads(1)
+        print(f"variant {variants[0]}: torch's CPU kernels at {torch.backends.cpu.get_cpu_capability()}")
         runs = run_variant(variants[0], args.experiments.split(","), list(range(args.seeds)))
         Path(args.out).write_text(json.dumps({"runs": runs}, indent=1) + "\n")
         return
@@ -783,6 +818,7 @@ def main():
         t0 = time.perf_counter()
         runs = pd.DataFrame([r for v in variants for r in run_in_subprocess(v, wanted, args.seeds, args.out)])
         print(f"\nstudy: {len(runs)} runs in {time.perf_counter() - t0:.0f} s")
+    runs = distinct_runs(runs)
     table = summarise(runs, notebooks)
     if args.out:
         table.to_csv(f"{args.out}.csv", index=False)

@@ -54,6 +54,51 @@ def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
     assert "seed" not in [x.split()[0] for x in out.splitlines() if x.startswith("  ")]
 
 
+def test_assert_margins_counts_a_variant_that_repeats_the_default_run_once(capsys):
+    """A floating-point variant that changes nothing on this machine must not double an assert's runs.
+
+    Until 2026-11-29 the study's second variant (MKL_ENABLE_INSTRUCTIONS=AVX2 alone) repeated every run of
+    the AMD development machine to the bit, and the chapters counted 20 runs where there were 10 draws.
+    """
+    import math
+
+    import pandas as pd
+
+    nan = math.nan
+    runs = pd.DataFrame(
+        [
+            {"experiment": "ppo", "variant": "default", "seed": 0, "seconds": 7.0, "steps": 78080.0, "kl": nan},
+            {"experiment": "ppo", "variant": "default", "seed": 1, "seconds": 6.5, "steps": nan, "kl": nan},
+            {"experiment": "gae", "variant": "default", "seed": 0, "seconds": 1.0, "steps": nan, "kl": 0.25},
+            # the same statistics (NaN where the default's are NaN), another time: a repeat
+            {"experiment": "ppo", "variant": "generic", "seed": 0, "seconds": 9.1, "steps": 78080.0, "kl": nan},
+            {"experiment": "ppo", "variant": "generic", "seed": 1, "seconds": 8.0, "steps": nan, "kl": nan},
+            # one statistic off by one ulp: a new draw
+            {
+                "experiment": "gae",
+                "variant": "generic",
+                "seed": 0,
+                "seconds": 1.2,
+                "steps": nan,
+                "kl": 0.25000000000000006,
+            },
+            # solved where the default run did not, and a seed the default variant did not run: new draws
+            {"experiment": "ppo", "variant": "threads=2", "seed": 1, "seconds": 9.0, "steps": 90000.0, "kl": nan},
+            {"experiment": "ppo", "variant": "generic", "seed": 2, "seconds": 8.0, "steps": 71168.0, "kl": nan},
+        ]
+    )
+    kept = _benchmark("assert_margins").distinct_runs(runs)
+    assert list(zip(kept["variant"], kept["experiment"], kept["seed"])) == [
+        ("default", "ppo", 0),
+        ("default", "ppo", 1),
+        ("default", "gae", 0),
+        ("generic", "gae", 0),
+        ("threads=2", "ppo", 1),
+        ("generic", "ppo", 2),
+    ]
+    assert "generic: 2 of 4" in capsys.readouterr().out
+
+
 def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
     import json
 
