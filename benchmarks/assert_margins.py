@@ -651,27 +651,31 @@ def run_in_subprocess(variant: str, experiments: list[str], seeds: int, out: str
 
 
 def distinct_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs without those that repeat the default variant's run of the same experiment and seed.
+    """The runs without those that repeat, to the bit, another variant's run of the same experiment and seed.
 
     A variant that does not change the arithmetic on this machine (as MKL_ENABLE_INSTRUCTIONS=AVX2 did not on an
-    AMD CPU) repeats every run to the bit; counting those twice would double the runs behind an assert.
+    AMD CPU, or a thread count whose sums split the same way) repeats runs exactly; counting those twice would
+    double the runs behind an assert. The default variant's runs come first and are always kept.
     """
     stats = [c for c in runs.columns if c not in ("experiment", "variant", "seed", "seconds")]
-    default = runs[runs["variant"] == "default"].drop_duplicates(["experiment", "seed"], keep="last")
-    lookup = {(r["experiment"], r["seed"]): r for r in default.to_dict("records")}
+    records = runs.to_dict("records")
 
-    def repeats(run: dict) -> bool:
-        theirs = lookup.get((run["experiment"], run["seed"]))
-        if run["variant"] == "default" or theirs is None:
-            return False
-        return all(run[c] == theirs[c] or (pd.isna(run[c]) and pd.isna(theirs[c])) for c in stats)
+    def same(a: dict, b: dict) -> bool:
+        return all(a[c] == b[c] or (pd.isna(a[c]) and pd.isna(b[c])) for c in stats)
 
-    repeated = np.array([repeats(r) for r in runs.to_dict("records")], dtype=bool)
+    kept: dict[tuple, list[dict]] = {}
+    repeated = np.zeros(len(records), dtype=bool)
+    for i in sorted(range(len(records)), key=lambda i: records[i]["variant"] != "default"):  # stable: default first
+        run = records[i]
+        earlier = kept.setdefault((run["experiment"], run["seed"]), [])
+        repeated[i] = any(same(run, other) for other in earlier)
+        if not repeated[i]:
+            earlier.append(run)
     if repeated.any():
         counts = runs[repeated].groupby("variant").size()
         print(
-            "runs that repeat the default run to the bit, left out of the table: "
-            + ", ".join(f"{v}: {n} of {(runs['variant'] == v).sum()}" for v, n in counts.items())
+            "runs that repeat another variant's run of the same experiment and seed to the bit, left out of the "
+            "table: " + ", ".join(f"{v}: {n} of {(runs['variant'] == v).sum()}" for v, n in counts.items())
         )
     return runs[~repeated].reset_index(drop=True)
 

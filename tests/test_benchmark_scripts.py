@@ -85,6 +85,9 @@ def test_assert_margins_counts_a_variant_that_repeats_the_default_run_once(capsy
             # solved where the default run did not, and a seed the default variant did not run: new draws
             {"experiment": "ppo", "variant": "threads=2", "seed": 1, "seconds": 9.0, "steps": 90000.0, "kl": nan},
             {"experiment": "ppo", "variant": "generic", "seed": 2, "seconds": 8.0, "steps": 71168.0, "kl": nan},
+            # no default run (the LLM studies label theirs by thread count): the second of two equal runs is a repeat
+            {"experiment": "grpo", "variant": "threads=1", "seed": 0, "seconds": 600.0, "steps": nan, "kl": 0.5},
+            {"experiment": "grpo", "variant": "threads=2", "seed": 0, "seconds": 400.0, "steps": nan, "kl": 0.5},
         ]
     )
     kept = _benchmark("assert_margins").distinct_runs(runs)
@@ -95,8 +98,10 @@ def test_assert_margins_counts_a_variant_that_repeats_the_default_run_once(capsy
         ("generic", "gae", 0),
         ("threads=2", "ppo", 1),
         ("generic", "ppo", 2),
+        ("threads=1", "grpo", 0),
     ]
-    assert "generic: 2 of 4" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "generic: 2 of 4" in out and "threads=2: 1 of 2" in out
 
 
 def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):
