@@ -27,7 +27,7 @@ from edurl.exercises._core import (
 )
 from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unmasked_prompt
 from edurl.exercises.solutions import ch07 as _solutions
-from edurl.llm.clients import Future
+from edurl.llm.clients import AdamParams, Future
 from edurl.llm.datum import DATUM_FIELDS, Datum
 from edurl.llm.datum import build_datum as _library_build_datum
 from edurl.llm.losses import group_advantages as _library_group_advantages
@@ -656,7 +656,8 @@ class _RecordingTrainer:
             # A second step on no new gradient: the client would raise "call forward_backward first", a hint one line
             # off. Recorded without running, so that the check names the extra step.
             self.log.optim.append((adam_params, [torch.zeros_like(q) for q in params]))
-            return Future({})
+            lr = (adam_params or AdamParams()).learning_rate
+            return Future({"optim/grad_norm": 0.0, "optim/lr": lr})  # the client's keys, for code that reads them
         grads = [q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q) for q in params]
         future = self._trainer.optim_step(adam_params)
         self.log.optim.append((adam_params, grads))
@@ -924,7 +925,10 @@ def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
     if not got.optim:
         return f"step {n}: the weights never changed. After forward_backward, take one trainer.optim_step(...)."
     if len(got.optim) > 1:
-        return f"step {n}: {len(got.optim)} optimizer steps in one GRPO step; take exactly one (num_substeps is 1)."
+        return (
+            f"step {n}: {len(got.optim)} optimizer steps in one step; take exactly one (num_substeps is 1): one "
+            "forward_backward on the whole batch, then one optim_step."
+        )
     (adam, grads), (ref_adam, ref_grads) = got.optim[0], ref.optim[0]
     calls = got.forward_backward
     wrong = _wrong_forward_backward_args(calls, config)

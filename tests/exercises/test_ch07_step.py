@@ -89,7 +89,8 @@ def buggy_step(bug: str):
         if bug not in ("no optim_step", "optim_step per group"):
             trainer.optim_step(AdamParams() if bug == "default lr" else AdamParams(config.learning_rate)).result()
         if bug == "optim_step twice":  # a second step on no new gradient (the client cleared it after the first)
-            trainer.optim_step(AdamParams(config.learning_rate)).result()
+            metrics = trainer.optim_step(AdamParams(config.learning_rate)).result()
+            assert set(metrics) == {"optim/grad_norm", "optim/lr"}  # code that reads them gets the hint, not a crash
         if bug == "no return":
             return None
         return {"env/all/reward/total": float(rewards.mean()), "env/all/correct": float(correct.mean())}
@@ -132,8 +133,8 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
         ("one forward_backward per group", "Call it once"),
         ("no forward_backward", "call forward_backward first"),
         ("no optim_step", "the weights never changed"),
-        ("optim_step per group", "optimizer steps in one GRPO step; take exactly one"),
-        ("optim_step twice", "2 optimizer steps in one GRPO step; take exactly one"),
+        ("optim_step per group", "optimizer steps in one step; take exactly one"),
+        ("optim_step twice", "2 optimizer steps in one step; take exactly one"),
         ("default lr", "learning rate 0.0001"),
         ("seed", "your prompts are not this step's problems"),
         ("one call per prompt", "Sample all the prompts in one sample_batch call"),

@@ -74,7 +74,7 @@ def test_offline_step_checker_passes(fn, base):
         ("wrong loss", "forward_backward was called with loss_fn='importance_sampling'"),
         ("no beta", "loss_fn_config={'beta': 0.05}"),
         ("no update", "the weights never changed"),
-        ("optim_step twice", "2 optimizer steps in one GRPO step; take exactly one"),
+        ("optim_step twice", "2 optimizer steps in one step; take exactly one"),
         ("no temperature", "temperature='its default'"),
     ],
 )
