@@ -11,7 +11,11 @@ with ``perf_counter`` over ``--steps`` steps after ``--warmup`` more, on random 
 Prints ms per step and each phase's share, from one run on one machine. Then the same step as ``train_ppo``
 takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, its backward written
 out by hand, per-seed clipping, Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step,
-and per seed. Last, one ``TorchCartPole.step`` for each size in ``--envs`` (5 x ``--steps`` steps).
+and per seed (with ``--torch-profile``, the torch profiler's top operators of that step; with ``--head-products``,
+the policy head's two products as the stack computes them and transposed). Last, one ``TorchCartPole.step`` for
+each size in ``--envs`` (5 x ``--steps`` steps).
+
+    python benchmarks/ppo_update_profile.py --threads 2 --seeds 8 --torch-profile --head-products
 """
 
 from __future__ import annotations
@@ -64,9 +68,8 @@ def profile(steps: int, warmup: int, config: PPOConfig) -> dict[str, float]:
     return {phase: total / steps for phase, total in totals.items()}
 
 
-def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> float:
-    """Seconds per optimizer step of ``_stack_update`` (what ``train_ppo`` runs) for ``num_seeds`` seeds, on
-    random inputs of one minibatch's shape per seed."""
+def _stack_setup(num_seeds: int, config: PPOConfig) -> tuple[ActorCriticStack, RowAdam, PPOBatch]:
+    """A seed stack, its optimizer, and random inputs of one minibatch's shape per seed."""
     stack = ActorCriticStack(range(num_seeds), 4, 2, config.hidden_sizes)
     optimizer = RowAdam(stack.rows, lr=config.learning_rate, eps=1e-5)
     n = config.num_envs * config.num_steps // config.num_minibatches
@@ -79,10 +82,69 @@ def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> fl
         torch.randn(num_seeds, n, generator=g),
         torch.randn(num_seeds, n, generator=g),
     )
+    return stack, optimizer, batch
+
+
+def stack_step(num_seeds: int, steps: int, warmup: int, config: PPOConfig) -> float:
+    """Seconds per optimizer step of ``_stack_update`` (what ``train_ppo`` runs) for ``num_seeds`` seeds, on
+    random inputs of one minibatch's shape per seed."""
+    stack, optimizer, batch = _stack_setup(num_seeds, config)
     _stack_update(stack, optimizer, batch, replace(config, update_epochs=warmup), 0.2)
     t0 = time.perf_counter()
     _stack_update(stack, optimizer, batch, replace(config, update_epochs=steps), 0.2)
     return (time.perf_counter() - t0) / steps
+
+
+def torch_profile(num_seeds: int, steps: int, warmup: int, config: PPOConfig, rows: int = 15) -> None:
+    """The torch profiler's operators of ``steps`` stack steps, by self CPU time: microseconds per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    stack, optimizer, batch = _stack_setup(num_seeds, config)
+    _stack_update(stack, optimizer, batch, replace(config, update_epochs=warmup), 0.2)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _stack_update(stack, optimizer, batch, replace(config, update_epochs=steps), 0.2)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"torch profile, {num_seeds} seed(s), {steps} steps: {total / steps:.0f} us per step under the profiler")
+    print(f"  {'operator':<28} {'us/step':>8} {'share':>6} {'calls/step':>10}")
+    for e in events[:rows]:
+        share = e.self_cpu_time_total / total
+        print(f"  {e.key:<28} {e.self_cpu_time_total / steps:8.1f} {share:6.1%} {e.count / steps:10.1f}")
+
+
+def head_products(num_seeds: int, steps: int, config: PPOConfig) -> None:
+    """The policy head's two matrix products per step, (S, N, 64) @ (S, 64, A) forward and x^T g for its weight
+    gradient, as ``seed_stack`` computes them (``baddbmm``) and transposed ((S, A, 64) @ (S, 64, N), then a
+    transposed view): microseconds each, median of 5 rounds of ``steps`` calls."""
+    n = config.num_envs * config.num_steps // config.num_minibatches
+    g = torch.Generator().manual_seed(0)
+    h = torch.rand(num_seeds, n, config.hidden_sizes[-1], generator=g)
+    w = torch.randn(num_seeds, config.hidden_sizes[-1], 2, generator=g)
+    b = torch.randn(num_seeds, 1, 2, generator=g)
+    grad = torch.randn(num_seeds, n, 2, generator=g)
+    w_t = w.transpose(1, 2).contiguous()
+    pairs = {
+        "forward": (lambda: torch.baddbmm(b, h, w), lambda: torch.bmm(w_t, h.transpose(1, 2)).transpose(1, 2) + b),
+        "weight gradient": (
+            lambda: torch.bmm(h.transpose(1, 2), grad),
+            lambda: torch.bmm(grad.transpose(1, 2), h).transpose(1, 2),
+        ),
+    }
+    for name, (as_now, transposed) in pairs.items():
+        assert torch.allclose(as_now(), transposed(), rtol=1e-4, atol=1e-4)
+        times = {}
+        for label, fn in (("as now", as_now), ("transposed", transposed)):
+            rounds = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    fn()
+                rounds.append((time.perf_counter() - t0) / steps)
+            times[label] = sorted(rounds)[2]
+        print(
+            f"policy head {name}, {num_seeds} seed(s): {times['as now'] * 1e6:.1f} us as now, "
+            f"{times['transposed'] * 1e6:.1f} us transposed ({times['transposed'] / times['as now']:.2f}x)"
+        )
 
 
 def env_step(num_envs: int, steps: int, warmup: int) -> float:
@@ -105,6 +167,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seeds", default="1,8", help="seed-stack sizes to time (comma-separated; empty: none)")
     parser.add_argument("--envs", default="8", help="TorchCartPole sizes whose step to time (comma-separated)")
+    parser.add_argument(
+        "--torch-profile", action="store_true", help="also the torch profiler's top operators of each stack's step"
+    )
+    parser.add_argument(
+        "--head-products",
+        action="store_true",
+        help="also time the policy head's products as the stack computes them and transposed",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = PPOConfig()
@@ -125,6 +195,10 @@ def main() -> None:
             f"seed stack, {num_seeds} seed(s): {seconds * 1e3:.3f} ms per optimizer step, "
             f"{seconds * 1e3 / num_seeds:.3f} ms per seed"
         )
+        if args.torch_profile:
+            torch_profile(num_seeds, max(1, args.steps // 10), args.warmup, config)
+        if args.head_products:
+            head_products(num_seeds, args.steps, config)
     for num_envs in [int(x) for x in args.envs.split(",") if x]:
         seconds = env_step(num_envs, 5 * args.steps, args.warmup)
         print(f"TorchCartPole.step, {num_envs} envs: {seconds * 1e6:.1f} us")

@@ -32,8 +32,13 @@ def _script(*args: str, timeout: int = 120) -> str:
 
 
 def test_ppo_update_profile_runs():
-    out = _script("benchmarks/ppo_update_profile.py", "--steps", "3", "--warmup", "1", "--seeds", "1,2", timeout=300)
+    out = _script(
+        "benchmarks/ppo_update_profile.py",
+        *("--steps", "10", "--warmup", "1", "--seeds", "1,2", "--torch-profile", "--head-products"),
+        timeout=300,
+    )
     assert "seed stack, 2 seed(s)" in out and "optimizer.step" in out
+    assert "torch profile, 2 seed(s)" in out and "policy head weight gradient, 2 seed(s)" in out
 
 
 def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
