@@ -12,7 +12,7 @@ Prints ms per step and each phase's share, from one run on one machine. Then the
 takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, its backward written
 out by hand, per-seed clipping, Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step,
 and per seed (with ``--torch-profile``, the torch profiler's top operators of that step; with ``--head-products``,
-the policy head's two products as the stack computes them and transposed). Last, one ``TorchCartPole.step`` for
+the policy head's two products as the stack computes them and transposed, beside a hidden layer's). Last, one ``TorchCartPole.step`` for
 each size in ``--envs`` (5 x ``--steps`` steps).
 
     python benchmarks/ppo_update_profile.py --threads 2 --seeds 8 --torch-profile --head-products
@@ -130,6 +130,19 @@ def head_products(num_seeds: int, steps: int, config: PPOConfig) -> None:
             lambda: torch.bmm(grad.transpose(1, 2), h).transpose(1, 2),
         ),
     }
+    hidden = torch.randn(num_seeds, config.hidden_sizes[-1], config.hidden_sizes[-1], generator=g)
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            torch.bmm(h, hidden)
+        rounds.append((time.perf_counter() - t0) / steps)
+    seconds = sorted(rounds)[2]
+    flops = 2 * h.numel() * hidden.shape[-1]
+    print(
+        f"a hidden layer's product for comparison, {num_seeds} seed(s): {seconds * 1e6:.1f} us "
+        f"({flops / seconds / 1e9:.0f} GFLOP/s)"
+    )
     for name, (as_now, transposed) in pairs.items():
         assert torch.allclose(as_now(), transposed(), rtol=1e-4, atol=1e-4)
         times = {}
