@@ -11,9 +11,9 @@ with ``perf_counter`` over ``--steps`` steps after ``--warmup`` more, on random 
 Prints ms per step and each phase's share, from one run on one machine. Then the same step as ``train_ppo``
 takes it now, on a seed stack (``edurl.rl.seed_stack``: one batched network for S seeds, its backward written
 out by hand, per-seed clipping, Adam over the seeds' rows), for each S in ``--seeds``: ms per optimizer step,
-and per seed (with ``--torch-profile``, the torch profiler's top operators of that step; with ``--head-products``,
-the policy head's two products as the stack computes them and transposed, beside a hidden layer's). Last, one ``TorchCartPole.step`` for
-each size in ``--envs`` (5 x ``--steps`` steps).
+and per seed (with ``--torch-profile``, the torch profiler's top operators of that step; with
+``--head-products``, the policy head's two products as the stack computes them and transposed, beside a hidden
+layer's). Last, one ``TorchCartPole.step`` for each size in ``--envs`` (5 x ``--steps`` steps).
 
     python benchmarks/ppo_update_profile.py --threads 2 --seeds 8 --torch-profile --head-products
 """
@@ -113,21 +113,26 @@ def torch_profile(num_seeds: int, steps: int, warmup: int, config: PPOConfig, ro
 
 
 def head_products(num_seeds: int, steps: int, config: PPOConfig) -> None:
-    """The policy head's two matrix products per step, (S, N, 64) @ (S, 64, A) forward and x^T g for its weight
-    gradient, as ``seed_stack`` computes them (``baddbmm``) and transposed ((S, A, 64) @ (S, 64, N), then a
-    transposed view): microseconds each, median of 5 rounds of ``steps`` calls."""
+    """The policy head's two matrix products per step as ``seed_stack`` computes them, ``baddbmm`` forward
+    (``bias + 2 h @ W``, W a view into the stacked rows) and weight gradient (``2 h^T g - db``), and the same
+    transposed: ``(2 W^T @ h^T)^T + bias`` with W^T copied contiguous first, and ``2 (g^T @ h)^T - db``.
+    Microseconds each, median of 5 rounds of ``steps`` calls; a hidden layer's product for comparison."""
     n = config.num_envs * config.num_steps // config.num_minibatches
+    k = config.hidden_sizes[-1]
     g = torch.Generator().manual_seed(0)
-    h = torch.rand(num_seeds, n, config.hidden_sizes[-1], generator=g)
-    w = torch.randn(num_seeds, config.hidden_sizes[-1], 2, generator=g)
-    b = torch.randn(num_seeds, 1, 2, generator=g)
+    h = torch.rand(num_seeds, n, k, generator=g)
+    rows = torch.randn(num_seeds, 2 * k + 2, generator=g)  # a head's weight and bias, as split from the rows
+    w, b = rows[:, : 2 * k].view(num_seeds, k, 2), rows[:, 2 * k :].unsqueeze(1)
     grad = torch.randn(num_seeds, n, 2, generator=g)
-    w_t = w.transpose(1, 2).contiguous()
+    db = grad.sum(1).unsqueeze(1)
     pairs = {
-        "forward": (lambda: torch.baddbmm(b, h, w), lambda: torch.bmm(w_t, h.transpose(1, 2)).transpose(1, 2) + b),
+        "forward": (
+            lambda: torch.baddbmm(b, h, w, alpha=2.0),
+            lambda: torch.bmm(w.transpose(1, 2).contiguous(), h.transpose(1, 2)).transpose(1, 2).mul(2.0).add(b),
+        ),
         "weight gradient": (
-            lambda: torch.bmm(h.transpose(1, 2), grad),
-            lambda: torch.bmm(grad.transpose(1, 2), h).transpose(1, 2),
+            lambda: torch.baddbmm(db, h.transpose(1, 2), grad, beta=-1.0, alpha=2.0),
+            lambda: torch.bmm(grad.transpose(1, 2), h).transpose(1, 2).mul(2.0).sub(db),
         ),
     }
     hidden = torch.randn(num_seeds, config.hidden_sizes[-1], config.hidden_sizes[-1], generator=g)

@@ -79,13 +79,15 @@ def test_assert_margins_counts_a_variant_that_repeats_another_run_once(capsys):
         [
             run("ppo", "default", 0, steps=78080.0, kl=nan),
             run("ppo", "default", 1, steps=nan, kl=nan),
-            run("gae", "default", 0, steps=nan, kl=0.25),
+            run("gae_study", "default", 0, steps=nan, kl=0.25),
             # the same statistics (NaN where the default's are NaN), another time: repeats
             run("ppo", "generic", 0, steps=78080.0, kl=nan) | {"seconds": 9.1},
             run("ppo", "generic", 1, steps=nan, kl=nan),
-            # off by 4e-4 (rounding in an estimate from fixed data): the same draw; off by 2 %: a new one
-            run("gae", "generic", 0, steps=nan, kl=0.2501),
-            run("gae", "threads=2", 0, steps=nan, kl=0.255),
+            # an estimate off by 4e-4 (rounding): the same draw; off by 2 %: a new one
+            run("gae_study", "generic", 0, steps=nan, kl=0.2501),
+            run("gae_study", "threads=2", 0, steps=nan, kl=0.255),
+            # a training run within 0.1 % of another (78,081 env steps against 78,080): a new draw
+            run("ppo", "threads=2", 0, steps=78081.0, kl=nan),
             # solved where the default run did not, and a seed the default variant did not run: new draws
             run("ppo", "threads=2", 1, steps=90000.0, kl=nan),
             run("ppo", "generic", 2, steps=71168.0, kl=nan),
@@ -99,14 +101,15 @@ def test_assert_margins_counts_a_variant_that_repeats_another_run_once(capsys):
     assert list(zip(kept["variant"], kept["experiment"], kept["seed"])) == [
         ("default", "ppo", 0),
         ("default", "ppo", 1),
-        ("default", "gae", 0),
-        ("threads=2", "gae", 0),
+        ("default", "gae_study", 0),
+        ("threads=2", "gae_study", 0),
+        ("threads=2", "ppo", 0),
         ("threads=2", "ppo", 1),
         ("generic", "ppo", 2),
         ("threads=1", "grpo", 0),
     ]
     out = capsys.readouterr().out
-    assert "generic: 3 of 4" in out and "threads=2: 1 of 3" in out
+    assert "generic: 3 of 4" in out and "threads=2: 1 of 4" in out
 
 
 def test_staleness_sweep_reports_and_plots_recorded_runs(tmp_path):

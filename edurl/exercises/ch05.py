@@ -285,9 +285,9 @@ def _same_step(a: list[torch.Tensor], b: list[torch.Tensor], rtol: float = 1e-6)
 
 
 _NEAR_MISS = 1e-3
-"""Gradients this close to the reference's, and no known mistake's: a small term or a constant differs (another eps in
-the standardisation, or an entropy bonus of another size: the check batch's policy is nearly uniform, so the entropy
-term's gradient is small). The message points at both, without claiming which."""
+"""Gradients this close to the reference's, and no known mistake's: something that barely moves the gradient here
+differs (another eps in the standardisation; an entropy bonus of another size, whose gradient is small because the
+check batch's policy is nearly uniform; a float32 cast). The message names these, without claiming which."""
 
 
 def _steps_in_agreement(a, b) -> int:
@@ -453,9 +453,9 @@ def _check_update(fn) -> Verdict:
             text += f"\n  the likely mistake: {_BUGS[best]}"
         elif _same_step(got.steps[first_bad], ref.steps[first_bad], rtol=_NEAR_MISS):
             text += (
-                f"\n  they differ by less than {_NEAR_MISS:.1%}: look at the small terms and constants. On this batch "
-                "the policy is nearly uniform, so the entropy bonus (- config.ent_coef * mean entropy) moves the "
-                "gradient very little, and so does the standardisation's (adv - adv.mean()) / (adv.std() + 1e-8)."
+                f"\n  they differ by less than {_NEAR_MISS:.1%}: look at what moves the gradient very little here. "
+                "The entropy bonus, - config.ent_coef * mean entropy (this batch's policy is nearly uniform); the "
+                "1e-8 in (adv - adv.mean()) / (adv.std() + 1e-8); and a cast to float32 (the check runs in float64)."
             )
         return Verdict(name, FAILED, text, _library_update)
     for got_p, ref_p in zip(

@@ -123,11 +123,11 @@ def test_ppo_update_checker_points_at_small_terms_when_the_gradients_nearly_matc
                 torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 optimizer.step()
 
-    verdict = assert_rejected(exercises.check_ppo_update, other_eps, "look at the small terms")
+    verdict = assert_rejected(exercises.check_ppo_update, other_eps, "look at what moves the gradient very little")
     assert "(adv.std() + 1e-8)" in verdict.message and "entropy bonus" in verdict.message, verdict.message
     assert "likely mistake" not in verdict.message
     # a mistake that moves the gradients more is not sent to the small terms
-    assert "small terms" not in assert_rejected(exercises.check_ppo_update, _buggy_update("no half"), "").message
+    assert "very little" not in assert_rejected(exercises.check_ppo_update, _buggy_update("no half"), "").message
 
 
 def test_ppo_update_checker_stub_crash_and_no_step():
