@@ -458,17 +458,16 @@ def _check_update(fn) -> Verdict:
                 "1e-8 in (adv - adv.mean()) / (adv.std() + 1e-8); and a cast to float32 (the check runs in float64)."
             )
         return Verdict(name, FAILED, text, _library_update)
-    for got_p, ref_p in zip(
-        [*new_policy.parameters(), *new_value.parameters()], [*ref_policy.parameters(), *ref_value.parameters()]
-    ):
-        if not torch.allclose(got_p, ref_p, rtol=1e-6, atol=1e-9):
-            return Verdict(
-                name,
-                FAILED,
-                "every step's gradients match, but the final weights differ: change the weights only through the "
-                "optimizer's steps.",
-                _library_update,
+    got_w = [*new_policy.parameters(), *new_value.parameters()]
+    ref_w = [*ref_policy.parameters(), *ref_value.parameters()]
+    if not _same_step(got_w, ref_w):
+        text = "every step's gradients match, but the final weights differ: "
+        if _same_step(got_w, ref_w, rtol=_NEAR_MISS):  # e.g. a ratio rounded through float32: each step a hair off
+            text += (
+                f"by less than {_NEAR_MISS:.1%}, as when a value is cast to float32 somewhere (the check runs in "
+                "float64, and each step's rounding stays inside its gradient tolerance). Otherwise, "
             )
+        return Verdict(name, FAILED, text + "change the weights only through the optimizer's steps.", _library_update)
     return Verdict(
         name,
         PASSED,

@@ -143,10 +143,35 @@ def test_ppo_update_checker_stub_crash_and_no_step():
     assert_rejected(exercises.check_ppo_update, lambda *args: None, "never updated")
 
 
+def test_ppo_update_checker_names_a_float32_cast_that_only_the_final_weights_show():
+    """A ratio rounded through float32 keeps every step's gradients inside their tolerance, but not the final weights:
+    the message says what such a small difference usually is, not only 'outside the optimizer's steps'."""
+
+    def float32_ratio(policy, value, optimizer, batch, config, clip_eps):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for _ in range(config.update_epochs):
+            for idx in batch.minibatches(config.num_minibatches):
+                lp, ent = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
+                adv = batch.advantages[idx]
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                ratio = torch.exp(lp - batch.sampling_logprobs[idx]).float().double()
+                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).mean()
+                value_loss = 0.5 * ((value(batch.obs[idx]) - batch.returns[idx]) ** 2).mean()
+                loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * ent.mean()
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+
+    verdict = assert_rejected(exercises.check_ppo_update, float32_ratio, "cast to float32")
+    assert "final weights differ" in verdict.message, verdict.message
+
+
 def test_ppo_update_checker_catches_weights_changed_outside_the_optimizer():
     def nudged(policy, value, optimizer, batch, config, clip_eps):
         ppo_update(policy, value, optimizer, batch, config, clip_eps)
         with torch.no_grad():
             next(policy.parameters()).mul_(1.01)  # e.g. a hand-made "extra" step after the last one
 
-    assert_rejected(exercises.check_ppo_update, nudged, "the final weights differ")
+    verdict = assert_rejected(exercises.check_ppo_update, nudged, "the final weights differ")
+    assert "float32" not in verdict.message  # a 1 % nudge is not rounding
