@@ -112,6 +112,17 @@ def torch_profile(num_seeds: int, steps: int, warmup: int, config: PPOConfig, ro
         print(f"  {e.key:<28} {e.self_cpu_time_total / steps:8.1f} {share:6.1%} {e.count / steps:10.1f}")
 
 
+def _median_seconds(fn, steps: int, rounds: int = 5) -> float:
+    """Seconds per call of ``fn``: the median over ``rounds`` rounds of ``steps`` calls."""
+    per_call = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        per_call.append((time.perf_counter() - t0) / steps)
+    return sorted(per_call)[rounds // 2]
+
+
 def head_products(num_seeds: int, steps: int, config: PPOConfig) -> None:
     """The policy head's two matrix products per step as ``seed_stack`` computes them, ``baddbmm`` forward
     (``bias + 2 h @ W``, W a view into the stacked rows) and weight gradient (``2 h^T g - db``), and the same
@@ -135,14 +146,8 @@ def head_products(num_seeds: int, steps: int, config: PPOConfig) -> None:
             lambda: torch.bmm(grad.transpose(1, 2), h).transpose(1, 2).mul(2.0).sub(db),
         ),
     }
-    hidden = torch.randn(num_seeds, config.hidden_sizes[-1], config.hidden_sizes[-1], generator=g)
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            torch.bmm(h, hidden)
-        rounds.append((time.perf_counter() - t0) / steps)
-    seconds = sorted(rounds)[2]
+    hidden = torch.randn(num_seeds, k, k, generator=g)
+    seconds = _median_seconds(lambda: torch.bmm(h, hidden), steps)
     flops = 2 * h.numel() * hidden.shape[-1]
     print(
         f"a hidden layer's product for comparison, {num_seeds} seed(s): {seconds * 1e6:.1f} us "
@@ -150,15 +155,7 @@ def head_products(num_seeds: int, steps: int, config: PPOConfig) -> None:
     )
     for name, (as_now, transposed) in pairs.items():
         assert torch.allclose(as_now(), transposed(), rtol=1e-4, atol=1e-4)
-        times = {}
-        for label, fn in (("as now", as_now), ("transposed", transposed)):
-            rounds = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                rounds.append((time.perf_counter() - t0) / steps)
-            times[label] = sorted(rounds)[2]
+        times = {"as now": _median_seconds(as_now, steps), "transposed": _median_seconds(transposed, steps)}
         print(
             f"policy head {name}, {num_seeds} seed(s): {times['as now'] * 1e6:.1f} us as now, "
             f"{times['transposed'] * 1e6:.1f} us transposed ({times['transposed'] / times['as now']:.2f}x)"

@@ -101,20 +101,18 @@ def test_ppo_update_checker_names_each_bug(bug, message):
     assert verdict.implementation is ppo_update
 
 
-@pytest.mark.parametrize("eps, ent_scale", [(1e-6, 1.0), (1e-8, 32.0)])
-def test_ppo_update_checker_points_at_small_terms_when_the_gradients_nearly_match(eps, ent_scale):
-    """Another eps in the standardisation, or the entropy bonus summed instead of averaged (32 times its size): on the
-    check batch both move the gradients by less than 0.1 %, which this exact check rejects. No known mistake matches,
-    so the message points at the small terms, without claiming the rest is right."""
+def _update_with(eps=1e-8, ent_scale=1.0, ratio_dtype=torch.float64):
+    """The solution's update with one constant or one precision changed: eps in the standardisation, the entropy
+    bonus scaled, or the ratio rounded through another dtype."""
 
-    def other_eps(policy, value, optimizer, batch, config, clip_eps):
+    def update(policy, value, optimizer, batch, config, clip_eps):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for _ in range(config.update_epochs):
             for idx in batch.minibatches(config.num_minibatches):
                 lp, ent = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
                 adv = batch.advantages[idx]
                 adv = (adv - adv.mean()) / (adv.std() + eps)
-                ratio = torch.exp(lp - batch.sampling_logprobs[idx])
+                ratio = torch.exp(lp - batch.sampling_logprobs[idx]).to(ratio_dtype).to(lp.dtype)
                 policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).mean()
                 value_loss = 0.5 * ((value(batch.obs[idx]) - batch.returns[idx]) ** 2).mean()
                 loss = policy_loss + config.vf_coef * value_loss - ent_scale * config.ent_coef * ent.mean()
@@ -123,7 +121,18 @@ def test_ppo_update_checker_points_at_small_terms_when_the_gradients_nearly_matc
                 torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
                 optimizer.step()
 
-    verdict = assert_rejected(exercises.check_ppo_update, other_eps, "look at what moves the gradient very little")
+    return update
+
+
+@pytest.mark.parametrize("eps, ent_scale", [(1e-6, 1.0), (1e-8, 32.0)])
+def test_ppo_update_checker_points_at_small_terms_when_the_gradients_nearly_match(eps, ent_scale):
+    """Another eps in the standardisation, or the entropy bonus summed instead of averaged (32 times its size): on the
+    check batch both move the gradients by less than 0.1 %, which this exact check rejects. No known mistake matches,
+    so the message points at the small terms, without claiming the rest is right."""
+
+    verdict = assert_rejected(
+        exercises.check_ppo_update, _update_with(eps, ent_scale), "look at what moves the gradient very little"
+    )
     assert "(adv.std() + 1e-8)" in verdict.message and "entropy bonus" in verdict.message, verdict.message
     assert "likely mistake" not in verdict.message
     # a mistake that moves the gradients more is not sent to the small terms
@@ -147,23 +156,7 @@ def test_ppo_update_checker_names_a_float32_cast_that_only_the_final_weights_sho
     """A ratio rounded through float32 keeps every step's gradients inside their tolerance, but not the final weights:
     the message says what such a small difference usually is, not only 'outside the optimizer's steps'."""
 
-    def float32_ratio(policy, value, optimizer, batch, config, clip_eps):
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        for _ in range(config.update_epochs):
-            for idx in batch.minibatches(config.num_minibatches):
-                lp, ent = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
-                adv = batch.advantages[idx]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                ratio = torch.exp(lp - batch.sampling_logprobs[idx]).float().double()
-                policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv).mean()
-                value_loss = 0.5 * ((value(batch.obs[idx]) - batch.returns[idx]) ** 2).mean()
-                loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * ent.mean()
-                optimizer.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                optimizer.step()
-
-    verdict = assert_rejected(exercises.check_ppo_update, float32_ratio, "cast to float32")
+    verdict = assert_rejected(exercises.check_ppo_update, _update_with(ratio_dtype=torch.float32), "cast to float32")
     assert "final weights differ" in verdict.message, verdict.message
 
 
