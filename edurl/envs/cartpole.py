@@ -79,6 +79,10 @@ class TorchCartPole:
         """Fresh start states for every env. ``seed`` is an int, or a list of G ints: then the envs form G
         equal blocks, block g with its own generator seeded ``seed[g]``, so block g behaves exactly as a
         ``TorchCartPole(num_envs // G)`` reset with ``seed[g]`` (how PPO runs several seeds in one env)."""
+        if isinstance(seed, (str, bytes)) or isinstance(seed, bool) or isinstance(seed, float):
+            raise TypeError(f"seed must be an int, a list of ints or None, got {type(seed).__name__} {seed!r}")
+        if isinstance(seed, torch.Tensor):
+            seed = seed.tolist()  # a 0-d tensor gives an int, a 1-d one a list
         if isinstance(seed, Sequence):
             if not seed or self.num_envs % len(seed):
                 raise ValueError(
@@ -87,7 +91,7 @@ class TorchCartPole:
                 )
             self._gens = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seed]
         elif seed is not None:
-            self._gens = [torch.Generator(device=self.device).manual_seed(seed)]
+            self._gens = [torch.Generator(device=self.device).manual_seed(int(seed))]  # NumPy ints too
         self.state = self._random_states(self.num_envs)
         self.elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         return self.state.clone(), {}

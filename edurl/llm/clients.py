@@ -193,6 +193,43 @@ class SamplingClient:
         return self.sample(prompt, num_samples, sampling_params)
 
 
+# loss_fn_config values to suggest when a loss's required argument is missing
+_CONFIG_EXAMPLES = {"beta": 0.05}
+
+
+def _check_loss(loss_fn: str, loss_fn_config: dict[str, Any] | None, aggregation: str, max_tokens) -> None:
+    """What forward_backward refuses about the loss before it runs the model: an unknown loss or aggregation, a
+    loss_fn_config key the loss does not take or an argument it needs and did not get (dro's beta), and Dr. GRPO's
+    aggregation without its token budget."""
+    if loss_fn not in LOSS_FN_NAMES:
+        raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
+    if aggregation not in L.AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {list(L.AGGREGATION_MODES)}")
+    if aggregation == "seq_mean_token_sum_norm" and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise ValueError(
+            f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by a fixed generation budget, so it needs "
+            f"max_tokens, a positive int: pass the sampler's max_tokens (got {max_tokens!r})"
+        )
+    if loss_fn == "cross_entropy":
+        return
+    # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)
+    params = list(inspect.signature(L.get_loss_fn(loss_fn)).parameters.values())[3:]
+    takes = [q.name for q in params]
+    given = dict(loss_fn_config or {})
+    unknown = set(given) - set(takes)
+    if unknown:
+        raise ValueError(f"loss_fn_config has {sorted(unknown)}, which {loss_fn!r} does not take; it takes {takes}")
+    missing = [q.name for q in params if q.default is inspect.Parameter.empty and q.name not in given]
+    if missing:
+        example = {name: _CONFIG_EXAMPLES.get(name, "...") for name in missing}
+        raise ValueError(
+            f"loss_fn {loss_fn!r} needs {missing} in loss_fn_config, which has no default; pass e.g. "
+            f"loss_fn_config={example}"
+        )
+
+
 def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
     if not datums:
         raise ValueError("forward_backward needs at least one Datum")
@@ -489,10 +526,7 @@ class TrainingClient:
         adds ``optim/kl_ref`` (k3 against the reference policy) to the metrics at the cost of one more forward
         pass.
         """
-        if loss_fn not in LOSS_FN_NAMES:
-            raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
-        if aggregation not in L.AGGREGATION_MODES:
-            raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {list(L.AGGREGATION_MODES)}")
+        _check_loss(loss_fn, loss_fn_config, aggregation, max_tokens)
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (the sampler's; 0 = greedy scores at 1), got {temperature!r}")
         rl = loss_fn != "cross_entropy"
@@ -584,16 +618,8 @@ class TrainingClient:
         """What :meth:`forward_backward` would refuse, checked without running the model: the loss's name, its
         config keys, each datum's fields and shapes, and every target token against the vocabulary (the local
         Tinker server calls it when a request arrives, so that a bad one is a 400, not a failed operation)."""
-        if loss_fn not in LOSS_FN_NAMES:
-            raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
+        _check_loss(loss_fn, loss_fn_config, "sum", None)
         rl = loss_fn != "cross_entropy"
-        if rl:  # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)
-            takes = list(inspect.signature(L.get_loss_fn(loss_fn)).parameters)[3:]
-            unknown = set(loss_fn_config or {}) - set(takes)
-            if unknown:
-                raise ValueError(
-                    f"loss_fn_config has {sorted(unknown)}, which {loss_fn!r} does not take; it takes {takes}"
-                )
         _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
         flat = torch.cat([d.loss_fn_inputs["target_tokens"].reshape(-1) for d in datums])
         try:

@@ -10,6 +10,7 @@ import torch
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.shared_prefix import scaled_log_softmax
 from edurl.llm.tasks import Problem
 
 
@@ -60,15 +61,16 @@ def sequence_logprobs(
 ) -> torch.Tensor:
     """Per-token log-probs of ``tokens[:, 1:]`` given their prefixes: shape ``(B, T-1)``.
 
-    ``out[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1])`` at ``temperature``.
-    Summing over a completion's positions gives the log-prob of the whole completion.
-    ``tokens`` and ``attention_mask`` may be on any device: they are moved to the model's, and so is the result.
+    ``out[b, t] = log p(tokens[b, t+1] | tokens[b, :t+1])`` at ``temperature``; 0 (greedy) scores at 1, as the
+    sampler reports a greedy draw's log-probs. Summing over a completion's positions gives the log-prob of the whole
+    completion. ``tokens`` and ``attention_mask`` may be on any device: they are moved to the model's, and so is the
+    result.
     """
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (the sampler's; 0 = greedy scores at 1), got {temperature!r}")
     device = next(model.parameters()).device
     tokens = tokens.to(device)
     if attention_mask is not None:
         attention_mask = attention_mask.to(device)
-    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1].float()  # (B, T-1, V)
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1]  # (B, T-1, V)
+    return scaled_log_softmax(logits, temperature).gather(-1, tokens[:, 1:, None]).squeeze(-1)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from edurl._checks import check_fields
+from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient, frozen_copy
 from edurl.llm.datum import build_supervised_datum
 from edurl.llm.envs import base as E
@@ -260,11 +261,14 @@ class MultiTurnConfig:
     """Adam learning rate (constant)."""
     loss_fn: str = "importance_sampling"
     """importance_sampling, ppo, cispo or dro."""
+    dro_beta: float = 0.05
+    """beta of the dro loss (as GRPOConfig.dro_beta)."""
     aggregation: str = "seq_mean_token_mean"
-    """How per-token losses become one number (see edurl.llm.losses.aggregate). The default averages within each
-    episode first, so a long episode (a lost game uses every guess) weighs no more in total than a short one;
-    token_mean would let the longer losing games' negative advantages outweigh the winners' on the tokens every
-    reply shares."""
+    """How per-token losses become one number (see edurl.llm.losses.aggregate): sum, seq_mean_token_mean or
+    token_mean. The default averages within each episode first, so a long episode (a lost game uses every guess)
+    weighs no more in total than a short one; token_mean would let the longer losing games' negative advantages
+    outweigh the winners' on the tokens every reply shares. Dr. GRPO's seq_mean_token_sum_norm is refused: it
+    divides by a fixed token budget per sequence, and an episode's budget is not one turn's max_tokens."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
     max_tokens: int = 24
@@ -326,14 +330,28 @@ class MultiTurnConfig:
                 "win_bonus",
                 "kl_coef",
                 "scratchpad_bonus",
+                "dro_beta",
             ),
         )
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+        L.get_loss_fn(self.loss_fn)  # names the known losses if this is not one
+        if self.aggregation == "seq_mean_token_sum_norm":
+            raise ValueError(
+                "aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides each episode's summed loss by a fixed "
+                "token budget, and an episode of several turns has none here (max_tokens is one turn's); use "
+                "'seq_mean_token_mean' (the default) or 'token_mean'"
+            )
+        if self.aggregation not in L.AGGREGATION_MODES:
+            raise ValueError(f"aggregation must be one of {L.AGGREGATION_MODES}, got {self.aggregation!r}")
         if self.win_bonus and not self.shaped:
             raise ValueError("win_bonus is added to the shaped reward; set shaped=True, or leave win_bonus at 0")
         if self.relative and not self.shaped:
             raise ValueError("relative changes the shaped reward; set shaped=True as well, or leave relative False")
+
+    def loss_fn_config(self) -> dict:
+        """The ``loss_fn_config`` of ``forward_backward``: dro's beta; the other losses take their defaults."""
+        return {"beta": self.dro_beta} if self.loss_fn == "dro" else {}
 
     def env_kwargs(self) -> dict:
         if self.sft.game == "guess_number":
@@ -376,7 +394,11 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
         datums, row["env/all/kl_sample_ref"] = kl_into_advantages(trainer, datums, config.kl_coef, config.temperature)
     if datums:
         out = trainer.forward_backward(
-            datums, config.loss_fn, aggregation=config.aggregation, temperature=config.temperature
+            datums,
+            config.loss_fn,
+            config.loss_fn_config(),
+            aggregation=config.aggregation,
+            temperature=config.temperature,
         ).result()
         opt = trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
         row.update({**out.metrics, **opt, "optim/loss": out.loss})

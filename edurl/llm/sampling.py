@@ -44,7 +44,7 @@ from transformers import DynamicCache, PreTrainedModel
 from edurl.llm.decode import fast_decoder
 from edurl.llm.padding import pad
 from edurl.llm.policy import refuse_prompt_learning
-from edurl.llm.shared_prefix import CACHE_ARG
+from edurl.llm.shared_prefix import CACHE_ARG, at_least_float32
 
 
 @dataclass
@@ -67,6 +67,11 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if 0 < self.temperature < 1e-6:
+            raise ValueError(
+                f"temperature {self.temperature!r} is greedy in all but name, and logits / temperature can overflow "
+                "to inf (NaN log-probs) below about 1e-36; use temperature=0 for greedy decoding"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
 
@@ -155,8 +160,9 @@ def _seed_cache(model: PreTrainedModel, rows: list[list[tuple[torch.Tensor, torc
     return cache, mask
 
 
-def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
-    """Validate a batch of token-id prompts and return them as lists."""
+def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None = None) -> list[list[int]]:
+    """Validate a batch of token-id prompts and return them as lists; with ``vocab_size`` (the model's embedding
+    rows), also that every id is one the model has."""
     if isinstance(prompts, torch.Tensor) or not isinstance(prompts, Sequence) or len(prompts) == 0:
         raise ValueError(
             "prompts must be a non-empty list of token-id lists, e.g. [renderer.build_generation_prompt(msgs)]"
@@ -168,13 +174,19 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
             raise ValueError(f"prompt {i} is empty; a completion needs at least one prompt token to condition on")
         if not all(isinstance(t, int) for t in p):
             raise TypeError(f"prompt {i} must hold int token ids, got {p[:5]!r}...")
+        if vocab_size is not None and not all(0 <= t < vocab_size for t in p):
+            bad = next(t for t in p if not 0 <= t < vocab_size)
+            raise ValueError(
+                f"prompt {i} holds token id {bad}, and the model has ids 0..{vocab_size - 1} only: was the prompt "
+                "encoded with another tokenizer than the model's? (a model built for one tokenizer needs its ids)"
+            )
         out.append(p)
     return out
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (tokens (B,), their log-probs (B,))."""
-    logits = logits.float()
+    logits = at_least_float32(logits)
     if params.temperature == 0:
         logp = torch.log_softmax(logits, dim=-1)  # (B, V)
         tokens = logp.argmax(dim=-1)
@@ -237,7 +249,7 @@ def sample(
     """
     refuse_prompt_learning(model, "sample")
     params = params or SamplingParams()
-    prompts = check_prompts(prompts)
+    prompts = check_prompts(prompts, model.get_input_embeddings().num_embeddings)
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     stops = params.stop_sequences()
@@ -300,7 +312,8 @@ def sample(
         return [tuple(x[r] for x in _layer_kv(cache, layer)) for layer in range(len(cache))]
 
     out_tokens = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
-    out_logprobs = torch.zeros((B, T), dtype=torch.float32, device=device)
+    wide = next(model.parameters()).dtype == torch.float64  # a float64 model's log-probs stay float64 (_draw)
+    out_logprobs = torch.zeros((B, T), dtype=torch.float64 if wide else torch.float32, device=device)
     lengths = torch.full((B,), T, dtype=torch.long, device=device)
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
     active = torch.arange(B, device=device)  # rows still generating

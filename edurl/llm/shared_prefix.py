@@ -28,6 +28,7 @@ from edurl.objectives import entropy
 
 __all__ = [
     "EAGER_ATTENTION_MAX_TOKENS",
+    "at_least_float32",
     "run_continuations",
     "run_prompts",
     "scaled_log_softmax",
@@ -36,9 +37,16 @@ __all__ = [
 ]
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """A 16-bit float tensor as float32; float32 and float64 as they are (a float64 model's log-probs stay float64,
+    which its gradient checks need)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / temperature) in fp32; temperature 0 (greedy) scores at 1, as the sampler reports."""
-    logits = logits.float()
+    """log_softmax(logits / temperature) in fp32 or wider; temperature 0 (greedy) scores at 1, as the sampler
+    reports."""
+    logits = at_least_float32(logits)
     if temperature not in (0, 1):
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1)

@@ -44,18 +44,32 @@ def draw_learning_curve(result, title: str):
     """A TrainResult's training-episode returns (rolling mean of 100) against env steps; for a list of them (a
     trainer config's ``num_seeds`` > 1), their mean with the min-max band across seeds, over the steps every seed
     ran, and each seed's own curve, thin, over all of its steps: a seed still unsolved after the others stopped
-    stays in view. Returns the matplotlib Axes."""
+    stays in view. When the seeds share no steps (one solved before another finished an episode) or a seed
+    finished no episode, only the seeds' own curves are drawn, and the title says why. Returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
     from edurl.plotting import plot_learning_curves, rolling_mean
 
     results = result if isinstance(result, list) else [result]
-    ax = plot_learning_curves({title: [r.episodes for r in results]}, x="step", y="episode_return", window=100)
-    if len(results) > 1:
+    curves = [r.episodes[["step", "episode_return"]].dropna().sort_values("step") for r in results]
+    played = [c for c in curves if len(c)]
+    shared = len(played) == len(curves) and max(c["step"].iloc[0] for c in curves) <= min(
+        c["step"].iloc[-1] for c in curves
+    )
+    if shared:
+        ax = plot_learning_curves({title: curves}, x="step", y="episode_return", window=100)
         color = ax.lines[-1].get_color()
-        for i, r in enumerate(results):
-            ep = r.episodes.sort_values("step")
-            label = "each seed" if i == 0 else None
-            ax.plot(ep["step"], rolling_mean(ep["episode_return"].to_numpy(float), 100), color=color, lw=0.6,
-                    alpha=0.5, label=label)  # fmt: skip
+    else:
+        ax, color = plt.subplots(figsize=(7, 4))[1], "C0"
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("episode_return (rolling mean of 100)")
+        why = "no episode finished" if not played else "the seeds share no steps to average over"
+        ax.set_title(f"{title}: {why}" + ("; train longer (total_steps)" if len(played) < len(curves) else ""))
+    if len(results) > 1 or not shared:
+        for i, ep in enumerate(played):
+            label = "each seed" if i == 0 and len(results) > 1 else None
+            ax.plot(ep["step"], rolling_mean(ep["episode_return"].to_numpy(float), 100), color=color,
+                    lw=0.6 if shared else 1.2, alpha=0.5 if shared else 1.0, label=label)  # fmt: skip
     ax.axhline(results[0].config.solve_threshold, color="gray", ls="--", lw=1, label="solved")
     for r in results:
         if r.solved:
@@ -81,19 +95,27 @@ def run_trainer_recipe(config_cls, train, name: str, argv=None):
     """Parse the command line (``--help`` lists the fields), train, write the learning curve PNG beside metrics.jsonl, report."""
     config = parse_config(config_cls, argv, log_dir=f"runs/{name.lower().replace(' ', '_')}_cartpole")
     result = train(config)
-    png = save_learning_curve(result, Path(config.log_dir) / "learning_curve.png", name)
+    # the PNG goes beside metrics.jsonl; with log_dir None (no logs) there is nowhere to put it
+    png = (
+        None
+        if config.log_dir is None
+        else save_learning_curve(result, Path(config.log_dir) / "learning_curve.png", name)
+    )
     report(result, png)
     return result
 
 
-def report(result, png: Path) -> None:
-    """One line per seed (a list of results comes from a trainer config's ``num_seeds`` > 1), then the PNG's path."""
+def report(result, png: Path | None) -> None:
+    """One line per seed (a list of results comes from a trainer config's ``num_seeds`` > 1), then the PNG's path
+    (None: no log_dir, so none was saved)."""
     results = result if isinstance(result, list) else [result]
     for r in results:
         who = f"seed {r.config.seed}: " if len(results) > 1 else ""
         if r.solved:
             print(f"{who}solved after {r.solved_episode} episodes, {r.solved_step:,} env steps, {r.solved_time:.1f} s")
+        elif len(r.episodes) == 0:
+            print(f"{who}not solved: no episode finished (train longer: total_steps)")
         else:
             tail = r.episodes["episode_return"].tail(r.config.solve_window).mean()
             print(f"{who}not solved: last {r.config.solve_window}-episode mean return {tail:.1f}")
-    print(f"learning curve: {png}")
+    print(f"learning curve: {png}" if png is not None else "learning curve: not saved (log_dir is None)")

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from edurl._checks import check_fields
 from edurl.llm.loop import group_seed, problem_seed
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
@@ -65,6 +66,8 @@ class TinkerLoopConfig:
     """Adam's epsilon (edurl's default; Tinker's is 1e-12)."""
     loss_fn: str = "importance_sampling"
     """The server's loss: importance_sampling, ppo, cispo or dro (dro also penalises the maskless prompt: README)."""
+    dro_beta: float = 0.05
+    """dro's beta, sent as ``loss_fn_config={"beta": dro_beta}`` (the other losses take the server's defaults)."""
     max_tokens: int = 16
     """Most tokens a completion may have."""
     temperature: float = 1.0
@@ -88,6 +91,15 @@ class TinkerLoopConfig:
             raise ValueError(f"loss_fn must be one of {list(RL_LOSSES)} (Tinker's RL losses), got {self.loss_fn!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has no baseline, so every advantage is 0")
+        check_fields(
+            self, nonneg=("learning_rate", "grad_clip_norm", "dro_beta"), positive=("adam_eps",), nonneg_int=("seed",)
+        )
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature!r}: the G completions of a problem must differ for "
+                "GRPO to learn, and greedy sampling (0) makes every group uniform, so every step would skip all of "
+                "them and train on nothing. Held-out evaluation is greedy already."
+            )
 
 
 def evaluate(sampler, renderer, problems, config: TinkerLoopConfig) -> float:
@@ -201,7 +213,8 @@ def _training_loop(config: TinkerLoopConfig, service, types) -> Path:
             "env/all/by_group/frac_mixed": len(datums) / (P * G),
         }
         if datums:
-            backward = training.forward_backward(datums, loss_fn=config.loss_fn)
+            loss_fn_config = {"beta": config.dro_beta} if config.loss_fn == "dro" else None
+            backward = training.forward_backward(datums, loss_fn=config.loss_fn, loss_fn_config=loss_fn_config)
             update = training.optim_step(adam)  # submitted behind it: the server runs them in order
             out = backward.result()
             update.result()

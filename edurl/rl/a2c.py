@@ -112,6 +112,7 @@ def _train(config: A2CConfig, losses_fn=None) -> list[TrainResult]:
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
     try:
+        runs.open_logs()  # only now: a run that fails to start leaves the last run's metrics
         stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
         optimizer = RowAdam(stack.rows, lr=config.learning_rate)
 

@@ -490,6 +490,7 @@ def _train(config: PPOConfig, update_fn) -> list[TrainResult]:
     device = edurl.device(config.device)
     env, obs, obs_dim, num_actions = make_env(config, device)
     try:
+        runs.open_logs()  # only now: a run that fails to start leaves the last run's metrics
         if update_fn is None:
             stack = ActorCriticStack(seeds, obs_dim, num_actions, config.hidden_sizes, device)
             # detail: Adam eps 1e-5; one fused kernel for every seed's step, which matters for nets this small

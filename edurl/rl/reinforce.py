@@ -309,6 +309,7 @@ def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
     E = config.episodes_per_update
     stack = ActorCriticStack(seeds, TorchCartPole.obs_dim, TorchCartPole.num_actions, config.hidden_sizes, device)
     optimizer = RowAdam(stack.rows, lr=config.learning_rate)
+    runs.open_logs()  # only now: a run that fails to start leaves the last run's metrics
     baseline = config.baseline == "value"
     env_steps = [0] * len(seeds)
     unit = "REINFORCE episodes" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")

@@ -330,10 +330,18 @@ class SeedRuns:
             else [replace(config, seed=s, num_seeds=1, log_dir=_seed_dir(config, s)) for s in self.seeds]
         )
         self.logs = [EpisodeLog(c) for c in configs]
-        self.loggers = [MetricsLogger(c.log_dir, if_exists="overwrite") if c.log_dir else None for c in configs]
+        self._configs = configs
+        self.loggers: list[MetricsLogger | None] = [None] * len(configs)
+        """Opened by :meth:`open_logs`, once the run's env and device are known to work."""
         self.live = list(range(len(self.seeds)))
         """The seeds still training (indices into ``seeds``), in stack order."""
         self.final: dict[int, tuple] = {}
+
+    def open_logs(self) -> None:
+        """Start each seed's metrics.jsonl in its log_dir, replacing an earlier run's. The trainers call it once the
+        env and the device are set up, so that a run that fails there (a misspelt env id, no CUDA) leaves the last
+        run's metrics where they were."""
+        self.loggers = [MetricsLogger(c.log_dir, if_exists="overwrite") if c.log_dir else None for c in self._configs]
 
     def record(self, ro, num_envs: int, env_steps: int | Sequence[int], rows: Sequence[dict]) -> list[int]:
         """Add each live seed's finished episodes from the rollout ``ro`` (its envs are the block of ``num_envs``

@@ -206,6 +206,7 @@ def solve_policy_values(policy: torch.Tensor, mdp: TabularMDP, gamma: float) -> 
     """
     _check_policy(policy, mdp)
     gamma = check_gamma(gamma)
+    policy = policy.to(mdp.P.dtype)  # a float32 policy (a softmax of float32 logits) against the MDP's float64
     P_pi = torch.einsum("sa,sat->st", policy, mdp.P)  # (S, S)
     R_pi = (policy * mdp.R).sum(-1)  # (S,)
     live = (~mdp.terminal).to(P_pi.dtype)

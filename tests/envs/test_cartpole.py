@@ -66,6 +66,14 @@ def test_reset_is_seeded_and_in_range():
     a, _ = TorchCartPole(5).reset(seed=3)
     b, _ = TorchCartPole(5).reset(seed=3)
     assert torch.equal(a, b) and a.dtype == torch.float32 and (a.abs() <= 0.05).all()
+    # a NumPy int and a 0-d tensor are the same seed (both raised TypeErrors from manual_seed)
+    for same in (np.int64(3), torch.tensor(3)):
+        assert torch.equal(TorchCartPole(5).reset(seed=same)[0], a)
+    two = TorchCartPole(4).reset(seed=[3, 4])[0]
+    assert torch.equal(TorchCartPole(4).reset(seed=torch.tensor([3, 4]))[0], two)
+    for bad in ("12", 3.0, True):  # "12" was taken as two seeds, "1" and "2"
+        with pytest.raises(TypeError, match="seed must be an int"):
+            TorchCartPole(4).reset(seed=bad)
 
 
 def test_bad_arguments():

@@ -207,6 +207,24 @@ def test_forward_is_forward_backward_without_the_gradient(trainer):
     trainer.check_inputs(datums, "ppo", {"clip_low_threshold": 0.8})
 
 
+def test_a_loss_argument_without_a_default_is_asked_for_before_the_model_runs(trainer):
+    """dro's beta has no default: check_inputs (the server's 400) and forward_backward both name it, before any
+    gradient is taken; both used to accept the call, and forward_backward then failed with a TypeError."""
+    datums = rl_datums(trainer)
+    with pytest.raises(ValueError, match=r"'dro' needs \['beta'\].*loss_fn_config=\{'beta': 0.05\}"):
+        trainer.check_inputs(datums, "dro")
+    with pytest.raises(ValueError, match="needs \\['beta'\\]"):
+        trainer.forward_backward(datums, "dro", {})
+    assert all(p.grad is None for p in trainer.model.parameters())
+    with pytest.raises(ValueError, match="max_tokens"):
+        trainer.forward_backward(datums, "ppo", aggregation="seq_mean_token_sum_norm")
+    assert all(p.grad is None for p in trainer.model.parameters())
+    trainer.check_inputs(datums, "dro", {"beta": 0.1})
+    assert trainer.forward_backward(datums, "dro", {"beta": 0.1}).result().loss == pytest.approx(
+        trainer.forward(datums, "dro", {"beta": 0.1}).result().loss
+    )
+
+
 def test_cross_entropy_loss(trainer):
     tokens = PROMPT + [5, 6, 7]
     d = Datum(

@@ -15,6 +15,29 @@ def test_sequence_logprobs_by_hand(small_model, char_tokenizer):
         assert out[0, t].item() == pytest.approx(expected.item(), abs=1e-5)
     hot = sequence_logprobs(small_model, tokens, temperature=0.5)
     assert hot.shape == out.shape and not torch.allclose(hot, out)
+    # temperature 0 is greedy, whose draws the sampler reports at temperature 1; it was NaN (logits / 0)
+    assert torch.equal(sequence_logprobs(small_model, tokens, temperature=0), out)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        sequence_logprobs(small_model, tokens, temperature=-1.0)
+
+
+def test_a_float64_model_scores_and_samples_in_float64(small_model, char_tokenizer):
+    """Log-probs were cast to float32 whatever the model's dtype, which capped float64 gradient checks at ~1e-7."""
+    import copy
+
+    from edurl.llm.sampling import SamplingParams, sample
+
+    model = copy.deepcopy(small_model).double()
+    tokens = torch.tensor([char_tokenizer.encode("7+5=12")])
+    out = sequence_logprobs(model, tokens)
+    assert out.dtype == torch.float64
+    logits = model(input_ids=tokens).logits[0]
+    expected = torch.log_softmax(logits[:-1], -1).gather(-1, tokens[0, 1:, None]).squeeze(-1)
+    assert torch.allclose(out[0], expected, rtol=0, atol=1e-12)
+    prompt = char_tokenizer.encode("7+5=", add_special_tokens=False)
+    for c in sample(model, [prompt], 2, SamplingParams(max_tokens=4, seed=0), eos_token_id=[]):
+        scored = sequence_logprobs(model, torch.tensor([prompt + c.tokens]))[0, len(prompt) - 1 :]
+        assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), scored, rtol=0, atol=1e-10)
 
 
 def test_an_untrained_model_scores_near_zero_and_keeps_samples(small_model, char_tokenizer):

@@ -164,3 +164,41 @@ def test_win_bonus_reaches_the_env_and_needs_shaping():
         MultiTurnConfig(kl_coef=-0.1)
     with pytest.raises(ValueError, match="win_bonus"):
         MultiTurnConfig(shaped=True, win_bonus=-1.0)
+
+
+def test_multiturn_config_checks_the_loss_and_hands_dro_its_beta(tmp_path, monkeypatch):
+    """loss_fn="dro" is documented, but multiturn_step passed no loss_fn_config, so dro (whose beta has no default)
+    failed at step 0, after the warm start and the first evaluation; a misspelt loss or aggregation got that far
+    too."""
+    import copy
+
+    from edurl.llm.clients import TrainingClient
+    from edurl.llm.multiturn import multiturn_step
+
+    with pytest.raises(ValueError, match="unknown loss 'ppo2'"):
+        MultiTurnConfig(loss_fn="ppo2")
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        MultiTurnConfig(aggregation="mean")
+    with pytest.raises(ValueError, match="Dr. GRPO.*seq_mean_token_mean"):
+        MultiTurnConfig(aggregation="seq_mean_token_sum_norm")
+    with pytest.raises(ValueError, match="dro_beta"):
+        MultiTurnConfig(loss_fn="dro", dro_beta=-1.0)
+    assert MultiTurnConfig(loss_fn="dro", dro_beta=0.2).loss_fn_config() == {"beta": 0.2}
+    assert MultiTurnConfig(loss_fn="ppo").loss_fn_config() == {}
+
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path / "cache"))
+    sft = GameSFTConfig(**TINY)
+    model, tok, _, _ = load_or_train_game_sft(sft, progress_bar=False)
+    trainer = TrainingClient(copy.deepcopy(model), tok)
+    forward_backward, calls = trainer.forward_backward, []
+
+    def spy(datums, loss_fn, loss_fn_config=None, **kwargs):
+        calls.append((loss_fn, loss_fn_config))
+        return forward_backward(datums, loss_fn, loss_fn_config, **kwargs)
+
+    trainer.forward_backward = spy
+    config = MultiTurnConfig(sft=sft, group_size=4, batch_size=2, max_tokens=8, shaped=True, loss_fn="dro")
+    config = replace(config, dro_beta=0.2, num_threads=1, progress=False, log_dir=str(tmp_path / "dro"))
+    row = multiturn_step(config, trainer, ChatMLRenderer(tok), step=0)
+    assert calls == [("dro", {"beta": 0.2})], "shaped rewards should leave a mixed group to train on"
+    assert "optim/loss" in row

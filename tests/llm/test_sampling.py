@@ -258,3 +258,20 @@ def test_prefix_cache_inputs_are_checked(small_model, char_tokenizer, kwargs, ma
             prefix_cache=PrefixCache(),
             **kwargs,
         )
+
+
+def test_a_prompt_id_outside_the_models_vocabulary_is_named(small_model, char_tokenizer):
+    """A prompt encoded with another tokenizer than the model's: an IndexError from the embedding before."""
+    vocab = small_model.get_input_embeddings().num_embeddings
+    good = _prompts(char_tokenizer)[0]
+    with pytest.raises(ValueError, match=f"prompt 1 holds token id {vocab}.*another tokenizer"):
+        sample(small_model, [good, good[:2] + [vocab]], 1, SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="token id -1"):
+        sample(small_model, [[-1] + good], 1, SamplingParams(max_tokens=2))
+
+
+def test_a_vanishing_temperature_is_refused_in_favour_of_greedy():
+    """Below ~1e-36, logits / temperature overflowed and torch.multinomial failed on NaN probabilities."""
+    with pytest.raises(ValueError, match="temperature=0 for greedy"):
+        SamplingParams(temperature=1e-39)
+    SamplingParams(temperature=1e-3)

@@ -169,3 +169,46 @@ def test_the_learning_curve_shows_a_seed_that_ran_on_after_the_others_stopped():
     assert reach == 200_000
     assert "each seed" in ax.get_legend_handles_labels()[1]
     plt.close(ax.figure)
+
+
+def test_the_learning_curve_of_seeds_with_no_steps_in_common_or_no_episode():
+    """A seed that solved before another finished its first episode, or a seed with no episode at all, used to
+    raise in the plot, after training and before the recipe printed its report."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from edurl.recipes._cli import draw_learning_curve
+    from edurl.rl.episodes import TrainResult
+
+    def result(first_step, last_step, ret, seed):
+        steps = list(range(first_step, last_step + 1, 100))
+        rows = pd.DataFrame({"episode": range(len(steps)), "step": steps, "episode_return": [ret] * len(steps)})
+        rows["episode_length"], rows["time/total"] = rows["episode_return"], 0.0
+        return TrainResult.from_episodes(rows.to_dict("records"), PPOConfig(seed=seed, progress=False), None, None)
+
+    early, late = result(100, 1_000, 500.0, 0), result(2_000, 3_000, 20.0, 1)
+    ax = draw_learning_curve([early, late], "PPO")
+    assert "share no steps" in ax.get_title()
+    drawn = [line for line in ax.lines if len(line.get_xdata()) > 2]
+    assert [(min(line.get_xdata()), max(line.get_xdata())) for line in drawn] == [(100, 1_000), (2_000, 3_000)]
+    plt.close(ax.figure)
+    none = result(100, 0, 0.0, 2)  # no rows: no episode finished
+    ax = draw_learning_curve([early, none], "PPO")
+    assert "no steps" in ax.get_title() and "total_steps" in ax.get_title()
+    plt.close(ax.figure)
+    ax = draw_learning_curve(none, "PPO")
+    assert "no episode finished" in ax.get_title()
+    plt.close(ax.figure)
+
+
+def test_a_recipe_whose_seed_finished_no_episode_still_reports(tmp_path, capsys):
+    """The helper's case: 64 env steps of 2 seeds on 2 envs; one seed ends no episode."""
+    args = ["--env-backend", "torch", "--total-steps", "64", "--num-envs", "2", "--num-steps", "32"]
+    ppo_cartpole.main([*args, "--num-seeds", "2", "--log-dir", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert "seed 0: " in out and "seed 1: " in out and (tmp_path / "learning_curve.png").exists()
+    ppo_cartpole.main([*args, "--log-dir", "None", "--no-progress"])
+    assert "not saved (log_dir is None)" in capsys.readouterr().out

@@ -1,6 +1,8 @@
 """Seeds as a batch dimension (PPOConfig.num_seeds): seed i of a stack is the run of seed i alone, and no
 gradient crosses from one seed to another."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -355,3 +357,30 @@ def test_a_stacked_seeds_config_names_the_folder_its_metrics_are_in(tmp_path):
 def test_a_solve_threshold_that_is_not_a_number_is_refused():
     with pytest.raises(ValueError, match="PPOConfig.solve_threshold must be a finite number, got nan"):
         PPOConfig(solve_threshold=float("nan"))
+
+
+@pytest.mark.parametrize("trainer", ["ppo", "a2c", "reinforce_stack"])
+def test_a_run_that_fails_to_start_keeps_the_last_runs_metrics(tmp_path, trainer):
+    """SeedRuns opened each seed's metrics.jsonl (emptying it) before the env and the device were checked, so a
+    misspelt env id or a missing GPU wiped the previous run's log."""
+    from edurl import rl
+
+    config = {
+        "ppo": rl.PPOConfig(env_backend="torch", total_steps=512, num_seeds=2),
+        "a2c": rl.A2CConfig(env_backend="torch", total_steps=512, num_seeds=2),
+        "reinforce_stack": rl.ReinforceConfig(env_backend="torch", max_episodes=16, num_seeds=2),
+    }[trainer]
+    train = {"ppo": rl.train_ppo, "a2c": rl.train_a2c, "reinforce_stack": rl.train_reinforce}[trainer]
+    config = replace(config, log_dir=str(tmp_path), progress=False)
+    train(config)
+    logs = [tmp_path / f"seed{s}" / "metrics.jsonl" for s in (0, 1)]
+    before = [p.read_bytes() for p in logs]
+    assert all(before)
+    bad = [replace(config, device="cuda")] if not torch.cuda.is_available() else []
+    if trainer != "reinforce_stack":
+        bad.append(replace(config, env_backend="gymnasium", env_id="CartPole-v2"))
+    assert bad
+    for broken in bad:
+        with pytest.raises(Exception):  # noqa: B017 (gymnasium's and edurl's errors; what matters is the log)
+            train(broken)
+        assert [p.read_bytes() for p in logs] == before

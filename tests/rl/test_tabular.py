@@ -68,6 +68,12 @@ def test_policy_evaluation_agrees_with_linear_solve_on_frozen_lake(frozen_lake):
     for gamma in (0.5, 0.9, 0.99):
         V, _ = policy_evaluation(pi, frozen_lake, gamma)
         torch.testing.assert_close(V, solve_policy_values(pi, frozen_lake, gamma), atol=1e-8, rtol=0)
+    # a float32 policy, which policy_evaluation takes and the linear solve refused with a dtype RuntimeError
+    pi32 = torch.softmax(torch.randn(pi.shape, generator=torch.Generator().manual_seed(0)), -1)
+    V32, _ = policy_evaluation(pi32, frozen_lake, 0.9)
+    torch.testing.assert_close(
+        solve_policy_values(pi32, frozen_lake, 0.9), V32.to(frozen_lake.P.dtype), atol=1e-6, rtol=0
+    )
 
 
 def test_value_iteration_satisfies_bellman_optimality(frozen_lake):

@@ -223,6 +223,8 @@ def test_bad_requests_are_refused_when_sent_and_leave_the_model_working(training
     )
     with pytest.raises(tinker.BadRequestError, match="does not take"):
         tc.forward_backward([rl], loss_fn="ppo", loss_fn_config={"clip_low": 0.8}).result()
+    with pytest.raises(tinker.BadRequestError, match="needs \\['beta'\\]"):  # dro's beta has no default
+        tc.forward_backward([rl], loss_fn="dro").result()
     with pytest.raises(tinker.BadRequestError, match="no checkpoint"):
         tc.load_state(f"tinker://{tc.model_id}/weights/never-saved").result()
     with pytest.raises(tinker.BadRequestError, match="Adam only"):

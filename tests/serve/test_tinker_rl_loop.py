@@ -36,6 +36,21 @@ def test_the_cookbook_style_loop_runs_against_the_server_on_policy(server_url, t
     assert (trained["optim/logprob_diff_max"] < 1e-4).all(), trained["optim/logprob_diff_max"]
 
 
+def test_the_loop_with_dro_sends_its_beta(server_url, tmp_path):
+    """--loss-fn dro sent no loss_fn_config, and dro's beta has no default: the server's forward_backward failed
+    (now the loop sends {"beta": --dro-beta}, and a request without it is a 400 that names beta)."""
+    log_dir = tmp_path / "dro"
+    args = ["--base-url", server_url, "--max-steps", "2", "--batch-size", "6", "--group-size", "4", "--loss-fn", "dro"]
+    args += ["--dro-beta", "0.1", "--num-eval", "8", "--eval-every", "2", "--log-dir", str(log_dir), "--no-progress"]
+    env = {**os.environ, "TINKER_API_KEY": KEY, "EDURL_MAX_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "edurl.recipes.tinker_rl_loop", *args], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained = load_metrics(log_dir).dropna(subset=["optim/loss"])
+    assert len(trained) >= 1 and all(math.isfinite(v) for v in trained["optim/loss"])
+
+
 def test_a_bad_value_on_the_command_line_is_refused_with_its_reason(server_url):
     env = {**os.environ, "TINKER_API_KEY": KEY}
     proc = subprocess.run(
@@ -49,7 +64,16 @@ def test_a_bad_value_on_the_command_line_is_refused_with_its_reason(server_url):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"batch_size": 0}, "batch_size"), ({"max_steps": 0}, "max_steps"), ({"loss_fn": "cross_entropy"}, "loss_fn")],
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"max_steps": 0}, "max_steps"),
+        ({"loss_fn": "cross_entropy"}, "loss_fn"),
+        # these three were accepted; at temperature 0 every group is uniform and the run trained on nothing
+        ({"temperature": 0.0}, "temperature must be > 0.*uniform"),
+        ({"learning_rate": -1.0}, "learning_rate"),
+        ({"seed": -3}, "seed"),
+        ({"adam_eps": 0.0}, "adam_eps"),
+    ],
 )
 def test_config_refuses_bad_values(kwargs, match):
     from edurl.recipes.tinker_rl_loop import TinkerLoopConfig
