@@ -11,6 +11,7 @@ import json
 import numbers
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,21 @@ def load_metrics(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        top, seeds = path / "metrics.jsonl", sorted(path.glob("seed*/metrics.jsonl"))
+        if seeds and not top.exists():
+            raise FileNotFoundError(
+                f"{path} holds a run of several seeds (num_seeds > 1), one folder each "
+                f"({', '.join(s.parent.name for s in seeds[:3])}{', ...' if len(seeds) > 3 else ''}): load one of "
+                f"them, e.g. load_metrics({str(seeds[0].parent)!r})"
+            )
+        if top.exists() and any(s.stat().st_mtime > top.stat().st_mtime for s in seeds):
+            warnings.warn(
+                f"{top} is older than the seed folders beside it ({seeds[0].parent.name}, ...), which a later run "
+                "with num_seeds > 1 wrote into the same log_dir: this is the earlier run's file. Load a seed's "
+                f"folder for the later run, e.g. load_metrics({str(seeds[0].parent)!r})",
+                stacklevel=2,
+            )
+        path = top
     if not path.exists():
         raise FileNotFoundError(f"no metrics file at {path}; a MetricsLogger writes <log_dir>/metrics.jsonl.")
     with open(path, encoding="utf-8") as f:

@@ -126,3 +126,31 @@ def test_truncate_names_a_line_that_is_not_a_record(tmp_path):
     with pytest.raises(ValueError, match="line 2"):
         truncate_metrics(tmp_path, 1)
     assert (tmp_path / "metrics.jsonl").read_text(encoding="utf-8") == '{"step": 0}\nnot json\n'  # left as it was
+
+
+def test_load_metrics_on_a_folder_of_seeds_says_which_file_it_reads(tmp_path):
+    """A run with num_seeds > 1 writes log_dir/seed{s}/metrics.jsonl; loading log_dir gave a bare 'no metrics file',
+    or, where an earlier one-seed run had left log_dir/metrics.jsonl, that older run without a word."""
+    import os
+
+    import pytest
+
+    for s in (3, 4):
+        with MetricsLogger(tmp_path / f"seed{s}", if_exists="overwrite") as logger:
+            logger.log(0, loss=float(s))
+    with pytest.raises(FileNotFoundError, match="several seeds.*seed3, seed4.*seed3"):
+        load_metrics(tmp_path)
+    assert load_metrics(tmp_path / "seed4")["loss"].tolist() == [4.0]
+    with MetricsLogger(tmp_path, if_exists="overwrite") as logger:
+        logger.log(0, loss=-1.0)
+    old = (tmp_path / "seed3" / "metrics.jsonl").stat().st_mtime - 100
+    os.utime(tmp_path / "metrics.jsonl", (old, old))  # the one-seed run came first
+    with pytest.warns(UserWarning, match="older than the seed folders"):
+        assert load_metrics(tmp_path)["loss"].tolist() == [-1.0]
+    later = old + 1000
+    os.utime(tmp_path / "metrics.jsonl", (later, later))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_metrics(tmp_path)  # newer than the seed folders: no warning
