@@ -193,6 +193,10 @@ class SamplingClient:
         return self.sample(prompt, num_samples, sampling_params)
 
 
+class NoGradientError(RuntimeError):
+    """optim_step with no gradient to apply (no forward_backward since the last step): nothing was changed."""
+
+
 # loss_fn_config values to suggest when a loss's required argument is missing
 _CONFIG_EXAMPLES = {"beta": 0.05}
 
@@ -364,8 +368,21 @@ class TrainingClient:
             )[0]
             for key in keys
         }
+        self._check_input_ids(ids, attn)
         self._check_targets(fields["target_tokens"], datums)
         return ids, attn, fields
+
+    def _check_input_ids(self, ids: torch.Tensor, attn: torch.Tensor) -> None:
+        """Refuse model_input ids outside the model's embedding (an IndexError deep in the model otherwise, and on
+        CUDA a device-side assert). ``ids`` and ``attn`` are a right-padded (B, T) batch of the datums."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        bad = ((ids < 0) | (ids >= vocab)) & attn.bool()
+        if bool(bad.any()):
+            i, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"datums[{i}].model_input token {j} is id {int(ids[i, j])}, outside the model's vocabulary of {vocab} "
+                f"(0 to {vocab - 1}): was it encoded with another tokenizer than the model's?"
+            )
 
     def _check_targets(self, targets: torch.Tensor, datums: Sequence[Datum], row: int = 0) -> None:
         """Refuse target tokens outside the vocabulary: a shared prompt reads its log-probs by a flat index, which
@@ -621,6 +638,7 @@ class TrainingClient:
         _check_loss(loss_fn, loss_fn_config, "sum", None)
         rl = loss_fn != "cross_entropy"
         _check_datums(datums, ("target_tokens", "logprobs", "advantages") if rl else ("target_tokens", "weights"))
+        self._check_input_ids(*pad([d.model_input.tokens for d in datums], 0))
         flat = torch.cat([d.loss_fn_inputs["target_tokens"].reshape(-1) for d in datums])
         try:
             self._check_targets(flat[None], datums)
@@ -649,7 +667,7 @@ class TrainingClient:
         p = adam_params or AdamParams()
         params = self.trainable_parameters()
         if not any(q.grad is not None for q in params):
-            raise RuntimeError("optim_step found no gradients; call forward_backward first")
+            raise NoGradientError("optim_step found no gradients; call forward_backward first")
         targets = self._optimized_parameters()
         master = self._master is not None
         if master:  # fp32 master weights: hand them the gradients in fp32
@@ -828,6 +846,7 @@ class ServiceClient:
 
 __all__ = [
     "AdamParams",
+    "NoGradientError",
     "disable_dropout",
     "frozen_copy",
     "ForwardBackwardOutput",

@@ -40,8 +40,15 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from edurl.llm.clients import LOSS_FN_NAMES, AdamParams, SamplingClient, ServiceClient, TrainingClient
-from edurl.llm.sampling import SamplingParams, sample
+from edurl.llm.clients import (
+    LOSS_FN_NAMES,
+    AdamParams,
+    NoGradientError,
+    SamplingClient,
+    ServiceClient,
+    TrainingClient,
+)
+from edurl.llm.sampling import SamplingParams, check_prompts, sample
 from edurl.serve import wire
 from edurl.serve.models import ModelRegistry
 
@@ -149,6 +156,8 @@ class Backend:
                 return
             for model_id in session.models:
                 self.models.pop(model_id, None)
+                for path in [p for p in self.sampler_weights if p.startswith(f"tinker://{model_id}/")]:
+                    del self.sampler_weights[path]  # a full copy of the model each; samplers made from one keep it
             for sampler_id in session.samplers:
                 self.samplers.pop(sampler_id, None)
             for rid in [r for r, owner in self.future_owner.items() if owner == session_id]:
@@ -214,15 +223,16 @@ class Backend:
     @staticmethod
     def _guard(model: TrainingModel, fn):
         """After a failed operation, the model's later operations fail too (the SDK does the same), except after
-        a refused input (ValueError or TypeError): the training client checks its inputs before it changes any
-        state, so one bad request does not take the model with it."""
+        a refused input or step (ValueError, TypeError, an optim_step with no gradients, or one whose gradient norm
+        is not finite): the training client raises those before it changes any weight, so one bad request does
+        not take the model with it."""
 
         def run():
             if model.broken:
                 raise UserError(f"an earlier operation on {model.model_id} failed: {model.broken}")
             try:
                 return fn()
-            except (ValueError, TypeError):  # a refused input: raised before the client changed anything
+            except (ValueError, TypeError, NoGradientError, FloatingPointError):  # refused before any weight moved
                 raise
             except Exception as exc:
                 model.broken = str(exc)
@@ -499,13 +509,18 @@ class Backend:
         top_k = int(sp.get("top_k", -1))
         if top_k not in (-1, 0):
             raise UserError("top_k is not supported by edurl's sampler; send top_k=-1")
+        max_tokens = sp.get("max_tokens")
         params = SamplingParams(
-            max_tokens=int(sp.get("max_tokens") or 32),
+            max_tokens=32 if max_tokens is None else int(max_tokens),  # 0 is refused, not read as "unset"
             temperature=float(sp.get("temperature", 1.0)),
             top_p=float(sp.get("top_p", 1.0)),
             stop=stops,
             seed=sp.get("seed"),
         )
+        # what would fail inside a batched call fails here, for this request alone (a 400): an empty stop string
+        # (it encodes to no tokens), a prompt id outside the model's vocabulary
+        params.stop_sequences()
+        check_prompts([tokens], s.client.model.get_input_embeddings().num_embeddings)
         job = _SampleJob(
             model=s.client.model,
             pad=tokenizer.pad_token_id,
@@ -547,7 +562,10 @@ class Backend:
             jobs, self.sample_queue = self.sample_queue, []
         groups: dict[tuple, list[_SampleJob]] = {}
         for job in jobs:
-            groups.setdefault(job.batch_key(), []).append(job)
+            try:
+                groups.setdefault(job.batch_key(), []).append(job)
+            except Exception as exc:  # noqa: BLE001 - this job's answer; the drain goes on for the others
+                job.future.set_result({"error": f"{type(exc).__name__}: {exc}", "category": "user"})
         for group in groups.values():
             first = group[0]
             try:

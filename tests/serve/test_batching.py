@@ -109,3 +109,49 @@ def test_a_silent_session_expires_and_takes_its_samplers_with_it(tmp_path):
     fresh = backend.new_session()
     assert old not in backend.sessions and sampler_id not in backend.samplers
     assert fresh in backend.sessions
+
+
+def test_a_bad_request_is_refused_alone_and_the_queue_it_joined_is_served(served):
+    """An empty stop string raised inside the drain, after the queue was taken: every request queued with it
+    waited for ever. A prompt id outside the vocabulary failed the whole batched call, and so every request in it.
+    max_tokens=0 was read as unset (32 tokens). Each is now a 400 for its own request, at submit time."""
+    from edurl.serve.app import UserError
+
+    backend, sampler_id, tokenizer = served
+    gate = threading.Event()
+    backend.worker.submit(gate.wait)  # the good requests queue up behind the bad ones
+    try:
+        good = [request(backend, sampler_id, tokenizer, q) for q in QUESTIONS[:2]]
+        with pytest.raises(ValueError, match="stop sequences must not be empty"):
+            request(backend, sampler_id, tokenizer, QUESTIONS[2], stop="")
+        body = {
+            "sampling_session_id": sampler_id,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 10**6]}]},
+            "sampling_params": {"max_tokens": 4},
+        }
+        with pytest.raises(ValueError, match="token id 1000000"):
+            backend.asample(body)
+        with pytest.raises(ValueError, match="max_tokens"):
+            request(backend, sampler_id, tokenizer, QUESTIONS[2], max_tokens=0)
+    finally:
+        gate.set()  # a failure above must not leave the worker held (pytest would wait for it at exit)
+    assert all(len(completions(backend, rid)) == 2 for rid in good)
+    assert issubclass(UserError, ValueError)  # what the HTTP layer answers with a 400
+
+
+def test_named_sampler_weights_go_with_their_session(tmp_path):
+    """Each save_weights_for_sampler(name) keeps a full copy of the model; finish_session dropped the session's
+    models and samplers but kept these, so a loop that names a save every step grew without bound."""
+    backend = Backend(ModelRegistry(device="cpu", progress=False), tmp_path)
+    session = backend.new_session()
+    rid = backend.create_model({"session_id": session, "base_model": TINY_ARITHMETIC, "lora_config": {"rank": 4}})
+    model_id = backend.futures[rid].result(timeout=120)["model_id"]
+    other = backend.new_session()  # another client's named weights stay
+    rid = backend.create_model({"session_id": other, "base_model": TINY_ARITHMETIC, "lora_config": {"rank": 4}})
+    other_id = backend.futures[rid].result(timeout=120)["model_id"]
+    for i, (mid, seq) in enumerate([(model_id, 1), (model_id, 2), (other_id, 1)]):
+        rid = backend.save_weights_for_sampler({"model_id": mid, "seq_id": seq, "path": f"w{i}"})
+        assert backend.futures[rid].result(timeout=120)["path"].startswith(f"tinker://{mid}/")
+    assert len(backend.sampler_weights) == 3
+    backend.finish_session(session)
+    assert list(backend.sampler_weights) == [f"tinker://{other_id}/sampler_weights/w2"]

@@ -235,6 +235,39 @@ def test_bad_requests_are_refused_when_sent_and_leave_the_model_working(training
     assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60) is not None
 
 
+def test_a_refused_step_leaves_the_model_working(training):
+    """An optim_step with no gradients, and one whose gradient norm is nan (nan advantages: (r - mean) / std on a
+    group of equal rewards), change no weight, but they marked the model broken: every later operation failed,
+    save_state too. A model_input id outside the vocabulary reached the embedding (IndexError) and broke it as
+    well; now it is a 400."""
+    _, tc = training
+    good = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    with pytest.raises(Exception, match="found no gradients"):
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+    nan = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={
+            "target_tokens": [2, 3, 4],
+            "logprobs": [0.0, -1.0, -1.0],
+            "advantages": [0.0, float("nan"), float("nan")],
+        },
+    )
+    tc.forward_backward([nan], loss_fn="importance_sampling").result(timeout=60)
+    with pytest.raises(Exception, match="gradient norm is nan"):
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60)
+    outside = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 5000, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    with pytest.raises(tinker.BadRequestError, match="model_input token 1 is id 5000"):
+        tc.forward_backward([outside], loss_fn="cross_entropy").result(timeout=60)
+    tc.forward_backward([good], loss_fn="cross_entropy").result(timeout=60)
+    assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60) is not None
+
+
 def test_forward_gives_forward_backwards_loss(training):
     _, tc = training  # forward's loss was once reported as 0.0
     datum = types.Datum(
