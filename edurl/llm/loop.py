@@ -162,10 +162,16 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
         return []
     if not checkpoints:
         if logged:
+            partial = sorted(p.parent.name for p in (log_dir / "checkpoints").glob("*/*.tmp"))
+            why = (
+                f"its only checkpoint was cut off while being written ({partial[-1]}: a .tmp file, no state.pt)"
+                if partial
+                else "that run saved none (save_every=0, or it stopped before its first save)"
+            )
             raise ValueError(
                 f"resume=True, but log_dir {str(log_dir)!r} holds no checkpoint to resume from, only an earlier "
-                f"run's metrics.jsonl ({logged} steps), which a fresh start would overwrite: that run saved none "
-                "(save_every=0). Start again without resume in another log_dir, or delete the folder first."
+                f"run's metrics.jsonl ({logged} steps), which a fresh start would overwrite: {why}. Start again "
+                "without resume in another log_dir, or delete the folder first."
             )
         return []  # nothing there yet: resume=True starts the run (a job that may be restarted can always pass it)
     saved_file = log_dir / "config.json"

@@ -396,6 +396,12 @@ def test_a_resume_with_nothing_to_resume_from_keeps_the_metrics(tmp_path):
     ):
         train_grpo(replace(config, resume=True, max_steps=1))
     assert len(load_metrics(tmp_path / "run")) == 4
+    # a run killed while it wrote its first checkpoint: the message said it saved none (save_every=0)
+    cut = tmp_path / "run" / "checkpoints" / "step_000004"
+    cut.mkdir(parents=True)
+    (cut / "state.pt.tmp").write_bytes(b"half")
+    with pytest.raises(ValueError, match=r"cut off while being written \(step_000004"):
+        train_grpo(replace(config, resume=True, max_steps=1))
     fresh = train_grpo(replace(config, resume=True, max_steps=1, log_dir=str(tmp_path / "new")))  # an empty folder
     assert fresh.start is not None and len(fresh.metrics) == 1
 
