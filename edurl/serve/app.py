@@ -72,6 +72,7 @@ class TrainingModel:
     pending: dict[int, tuple[concurrent.futures.Future, Any]] = field(default_factory=dict)
     submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> request_id, to recognise a resend
     broken: str | None = None
+    saving: set[str] = field(default_factory=set)  # checkpoint names whose save_state is queued, not yet written
 
 
 @dataclass
@@ -374,15 +375,24 @@ class Backend:
         def prepare():
             if name != given:  # 'run/1', 'run_1' and 'run:1' would all be 'run_1'
                 raise UserError(f"checkpoint name {given!r}: use letters, digits, '-', '_' and '.' only")
-            if (m.client._state_path(name) / "state.pt").exists() and not body.get("overwrite"):
-                raise UserError(
-                    f"a checkpoint named {given!r} exists on this model; pick another name or overwrite=True"
-                )
+            with self.lock:
+                if int(body["seq_id"]) in m.submitted:  # a resend of this very save: submit_ordered answers it
+                    return  # a save of the same name still queued counts as existing (both would get one path)
+                taken = (m.client._state_path(name) / "state.pt").exists() or name in m.saving
+                if taken and not body.get("overwrite"):
+                    raise UserError(
+                        f"a checkpoint named {given!r} exists on this model; pick another name or overwrite=True"
+                    )
+                m.saving.add(name)
 
         self.validate_ordered(m, int(body["seq_id"]), prepare)
 
         def run():
-            m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
+            try:
+                m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
+            finally:
+                with self.lock:
+                    m.saving.discard(name)
             return {"path": path, "type": "save_weights"}
 
         return self.submit_ordered(m, int(body["seq_id"]), run)

@@ -155,3 +155,26 @@ def test_named_sampler_weights_go_with_their_session(tmp_path):
     assert len(backend.sampler_weights) == 3
     backend.finish_session(session)
     assert list(backend.sampler_weights) == [f"tinker://{other_id}/sampler_weights/w2"]
+
+
+def test_two_saves_of_one_name_queued_together_are_not_both_accepted(tmp_path):
+    """The 'exists' check ran at submit time and the write later, so a second save_state of the same name, sent
+    before the first ran, was accepted and silently replaced it."""
+    from edurl.serve.app import UserError
+
+    backend = Backend(ModelRegistry(device="cpu", progress=False), tmp_path)
+    session = backend.new_session()
+    rid = backend.create_model({"session_id": session, "base_model": TINY_ARITHMETIC, "lora_config": {"rank": 4}})
+    model_id = backend.futures[rid].result(timeout=120)["model_id"]
+    gate = threading.Event()
+    backend.worker.submit(gate.wait)  # the first save waits in the queue
+    try:
+        first = backend.save_weights({"model_id": model_id, "seq_id": 1, "path": "twice"})
+        assert backend.save_weights({"model_id": model_id, "seq_id": 1, "path": "twice"}) == first  # a resend
+        with pytest.raises(UserError, match="exists"):
+            backend.save_weights({"model_id": model_id, "seq_id": 2, "path": "twice"})
+    finally:
+        gate.set()
+    assert backend.futures[first].result(timeout=120)["path"].endswith("/weights/twice")
+    third = backend.save_weights({"model_id": model_id, "seq_id": 3, "path": "twice", "overwrite": True})
+    assert backend.futures[third].result(timeout=120)["path"].endswith("/weights/twice")
