@@ -12,9 +12,10 @@ Run ``python benchmarks/multiturn_games.py`` (both games, seeds 0,1,2, 2 threads
 JSON row per run. Wall times are of this process alone; run nothing else beside it. Each row also records the share
 of RL groups with mixed rewards in the second half of the run (the only groups with a nonzero advantage);
 ``--show-failures N`` prints N lost held-out episodes after RL, ``--rl-temperature`` changes RL's sampling, and
-``--rl-set FIELD=VALUE`` any other field of the RL config (``--rl-set kl_coef=0 --rl-set relative=false`` is
-guess-the-number's recipe without the KL leash and the relative reward), and ``--sft-set FIELD=VALUE`` any field of
-the warm start's (``--sft-set learning_rate=0.003`` is the calculator's earlier recipe).
+``--rl-set FIELD=VALUE`` any other field of the RL config (``--rl-set kl_coef=0 --rl-set relative=false --rl-set
+scratchpad_bonus=0`` is guess-the-number's recipe without the KL leash, the relative reward and the scratchpad
+bonus), and ``--sft-set FIELD=VALUE`` any field of the warm start's (``--sft-set learning_rate=0.003`` is the
+calculator's earlier recipe).
 """
 
 from __future__ import annotations
