@@ -49,7 +49,7 @@ from edurl.llm import losses as L
 from edurl.llm.datum import Datum, ModelInput
 from edurl.llm.padding import pad
 from edurl.llm.policy import LoraSettings, load_policy, refuse_prompt_learning, wrap_lora
-from edurl.llm.sampling import PrefixCache, SamplingParams, sample
+from edurl.llm.sampling import PrefixCache, SamplingParams, embedding_rows, sample
 from edurl.llm.shared_prefix import token_logprobs
 
 T = TypeVar("T")
@@ -375,7 +375,9 @@ class TrainingClient:
     def _check_input_ids(self, ids: torch.Tensor, attn: torch.Tensor) -> None:
         """Refuse model_input ids outside the model's embedding (an IndexError deep in the model otherwise, and on
         CUDA a device-side assert). ``ids`` and ``attn`` are a right-padded (B, T) batch of the datums."""
-        vocab = self.model.get_input_embeddings().num_embeddings
+        vocab = embedding_rows(self.model)
+        if vocab is None:
+            return
         bad = ((ids < 0) | (ids >= vocab)) & attn.bool()
         if bool(bad.any()):
             i, j = (int(x) for x in bad.nonzero()[0])

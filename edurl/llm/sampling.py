@@ -160,6 +160,14 @@ def _seed_cache(model: PreTrainedModel, rows: list[list[tuple[torch.Tensor, torc
     return cache, mask
 
 
+def embedding_rows(model) -> int | None:
+    """The number of token ids ``model`` can embed: its input embedding's rows (a Hugging Face checkpoint may have
+    more than its tokenizer's ids), read from the weight, which peft's wrappers of an adapted embedding keep too;
+    None if the model shows no such weight."""
+    weight = getattr(model.get_input_embeddings(), "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.ndim == 2 else None
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None = None) -> list[list[int]]:
     """Validate a batch of token-id prompts and return them as lists; with ``vocab_size`` (the model's embedding
     rows), also that every id is one the model has."""
@@ -249,7 +257,7 @@ def sample(
     """
     refuse_prompt_learning(model, "sample")
     params = params or SamplingParams()
-    prompts = check_prompts(prompts, model.get_input_embeddings().num_embeddings)
+    prompts = check_prompts(prompts, embedding_rows(model))
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     stops = params.stop_sequences()

@@ -48,7 +48,7 @@ from edurl.llm.clients import (
     ServiceClient,
     TrainingClient,
 )
-from edurl.llm.sampling import SamplingParams, check_prompts, sample
+from edurl.llm.sampling import SamplingParams, check_prompts, embedding_rows, sample
 from edurl.serve import wire
 from edurl.serve.models import ModelRegistry
 
@@ -385,8 +385,6 @@ class Backend:
                     )
                 m.saving.add(name)
 
-        self.validate_ordered(m, int(body["seq_id"]), prepare)
-
         def run():
             try:
                 m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
@@ -395,7 +393,16 @@ class Backend:
                     m.saving.discard(name)
             return {"path": path, "type": "save_weights"}
 
-        return self.submit_ordered(m, int(body["seq_id"]), run)
+        seq_id = int(body["seq_id"])
+        with self.lock:  # the name's check and the save's registration as one step: a resend sees one or the other
+            resend = seq_id in m.submitted
+            self.validate_ordered(m, seq_id, prepare)
+            try:
+                return self.submit_ordered(m, seq_id, run)
+            except Exception:
+                if not resend:
+                    m.saving.discard(name)  # never queued: the name is free again
+                raise
 
     def _checkpoint_dir(self, path: str) -> Path:
         """The folder that ``save_state`` wrote for a ``tinker://<model>/weights/<name>`` path."""
@@ -464,9 +471,14 @@ class Backend:
         session = self.session(body["session_id"])
         model_path, base_model = body.get("model_path"), body.get("base_model")
         if model_path:
-            if model_path not in self.sampler_weights:
-                raise UserError(f"no sampler weights at {model_path!r}; save them with save_weights_for_sampler(name)")
-            base, client = self.sampler_weights[model_path]
+            with self.lock:
+                entry = self.sampler_weights.get(model_path)
+            if entry is None:
+                raise UserError(
+                    f"no sampler weights at {model_path!r}; save them with save_weights_for_sampler(name) (named "
+                    "weights last as long as the session that saved them)"
+                )
+            base, client = entry
         elif base_model:
             model, tokenizer, _ = self.models_registry.load(base_model)
             base, client = base_model, SamplingClient(model, tokenizer, name=base_model)
@@ -530,7 +542,7 @@ class Backend:
         # what would fail inside a batched call fails here, for this request alone (a 400): an empty stop string
         # (it encodes to no tokens), a prompt id outside the model's vocabulary
         params.stop_sequences()
-        check_prompts([tokens], s.client.model.get_input_embeddings().num_embeddings)
+        check_prompts([tokens], embedding_rows(s.client.model))
         job = _SampleJob(
             model=s.client.model,
             pad=tokenizer.pad_token_id,

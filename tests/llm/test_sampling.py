@@ -275,3 +275,27 @@ def test_a_vanishing_temperature_is_refused_in_favour_of_greedy():
     with pytest.raises(ValueError, match="temperature=0 for greedy"):
         SamplingParams(temperature=1e-39)
     SamplingParams(temperature=1e-3)
+
+
+def test_an_adapted_embedding_still_samples_and_trains(small_model, char_tokenizer):
+    """peft's LoRA on embed_tokens wraps the embedding in a module without num_embeddings; the vocabulary checks
+    read it from there, and both sample and forward_backward failed with an AttributeError."""
+    import copy
+
+    pytest.importorskip("peft")
+    from edurl.llm.clients import TrainingClient
+    from edurl.llm.datum import build_datum
+    from edurl.llm.policy import LoraSettings, wrap_lora
+    from edurl.llm.sampling import embedding_rows
+
+    model = wrap_lora(copy.deepcopy(small_model), LoraSettings(rank=4, target_modules=("embed_tokens", "q_proj")))
+    assert not hasattr(model.get_input_embeddings(), "num_embeddings")  # what the checks first read
+    vocab = small_model.get_input_embeddings().num_embeddings
+    assert embedding_rows(model) == vocab
+    prompt = _prompts(char_tokenizer)[0]
+    (c,) = sample(model, [prompt], 1, SamplingParams(max_tokens=4, seed=0), eos_token_id=[])
+    with pytest.raises(ValueError, match=f"token id {vocab}"):
+        sample(model, [prompt + [vocab]], 1, SamplingParams(max_tokens=2))
+    trainer = TrainingClient(model, char_tokenizer)
+    out = trainer.forward_backward([build_datum(prompt, c.tokens, c.logprobs, 1.0)], "importance_sampling").result()
+    assert out.loss == out.loss  # finite, not an AttributeError

@@ -379,7 +379,8 @@ def test_a_run_that_fails_to_start_keeps_the_last_runs_metrics(tmp_path, trainer
     bad = [replace(config, device="cuda")] if not torch.cuda.is_available() else []
     if trainer != "reinforce_stack":
         bad.append(replace(config, env_backend="gymnasium", env_id="CartPole-v2"))
-    assert bad
+    if not bad:
+        pytest.skip("REINFORCE's stack has no Gymnasium path to misspell, and this machine has CUDA")
     for broken in bad:
         with pytest.raises(Exception):  # noqa: B017 (gymnasium's and edurl's errors; what matters is the log)
             train(broken)
