@@ -79,7 +79,7 @@ class TorchCartPole:
         """Fresh start states for every env. ``seed`` is an int, or a list of G ints: then the envs form G
         equal blocks, block g with its own generator seeded ``seed[g]``, so block g behaves exactly as a
         ``TorchCartPole(num_envs // G)`` reset with ``seed[g]`` (how PPO runs several seeds in one env)."""
-        if isinstance(seed, (str, bytes)) or isinstance(seed, bool) or isinstance(seed, float):
+        if isinstance(seed, (str, bytes, bool, float)):
             raise TypeError(f"seed must be an int, a list of ints or None, got {type(seed).__name__} {seed!r}")
         if isinstance(seed, torch.Tensor):
             seed = seed.tolist()  # a 0-d tensor gives an int, a 1-d one a list

@@ -207,15 +207,7 @@ def _check_loss(loss_fn: str, loss_fn_config: dict[str, Any] | None, aggregation
     aggregation without its token budget."""
     if loss_fn not in LOSS_FN_NAMES:
         raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
-    if aggregation not in L.AGGREGATION_MODES:
-        raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {list(L.AGGREGATION_MODES)}")
-    if aggregation == "seq_mean_token_sum_norm" and (
-        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise ValueError(
-            f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by a fixed generation budget, so it needs "
-            f"max_tokens, a positive int: pass the sampler's max_tokens (got {max_tokens!r})"
-        )
+    L.check_aggregation(aggregation, max_tokens)
     if loss_fn == "cross_entropy":
         return
     # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)

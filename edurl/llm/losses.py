@@ -40,6 +40,7 @@ __all__ = [
     "KL_PENALTIES",
     "LOSS_FNS",
     "aggregate",
+    "check_aggregation",
     "cispo",
     "clip_bounds",
     "clip_fraction",
@@ -305,6 +306,20 @@ def clip_bounds(
 AGGREGATION_MODES = ("sum", "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 
 
+def check_aggregation(mode: str, max_tokens: int | None = None) -> None:
+    """Refuse an unknown aggregation ``mode``, and Dr. GRPO's without its generation budget ``max_tokens``."""
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; known modes: {', '.join(AGGREGATION_MODES)}.")
+    if mode == "seq_mean_token_sum_norm" and (
+        max_tokens is None or not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise ValueError(
+            f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by number of sequences x a fixed "
+            f"generation budget, so it needs max_tokens, a positive int (got {max_tokens!r}). Pass the "
+            "sampler's max_tokens, e.g. aggregate(loss, mask, 'seq_mean_token_sum_norm', max_tokens=16)."
+        )
+
+
 def aggregate(
     per_token_loss: torch.Tensor, mask: torch.Tensor, mode: str, max_tokens: int | None = None
 ) -> torch.Tensor:
@@ -329,16 +344,7 @@ def aggregate(
     """
     check_tensor(per_token_loss, "per_token_loss", ndim=(2,), floating=True)
     check_same_shape(per_token_loss, mask, "per_token_loss", "mask")
-    if mode not in AGGREGATION_MODES:
-        raise ValueError(f"unknown aggregation mode {mode!r}; known modes: {', '.join(AGGREGATION_MODES)}.")
-    if mode == "seq_mean_token_sum_norm" and (
-        max_tokens is None or not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
-        raise ValueError(
-            f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by number of sequences x a fixed "
-            f"generation budget, so it needs max_tokens, a positive int (got {max_tokens!r}). Pass the "
-            "sampler's max_tokens, e.g. aggregate(loss, mask, 'seq_mean_token_sum_norm', max_tokens=16)."
-        )
+    check_aggregation(mode, max_tokens)
     keep = mask != 0  # (B, T)
     # where, not only a product, so a NaN or inf at a padding position cannot leak into the sum
     masked = torch.where(keep, per_token_loss, torch.zeros_like(per_token_loss))  # (B, T)

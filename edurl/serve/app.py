@@ -371,19 +371,19 @@ class Backend:
         given = str(body.get("path") or f"step-{body.get('seq_id')}")
         name = _safe(given)
         path = f"tinker://{m.model_id}/weights/{name}"
+        seq_id = int(body["seq_id"])
 
         def prepare():
             if name != given:  # 'run/1', 'run_1' and 'run:1' would all be 'run_1'
                 raise UserError(f"checkpoint name {given!r}: use letters, digits, '-', '_' and '.' only")
-            with self.lock:
-                if int(body["seq_id"]) in m.submitted:  # a resend of this very save: submit_ordered answers it
-                    return  # a save of the same name still queued counts as existing (both would get one path)
-                taken = (m.client._state_path(name) / "state.pt").exists() or name in m.saving
-                if taken and not body.get("overwrite"):
-                    raise UserError(
-                        f"a checkpoint named {given!r} exists on this model; pick another name or overwrite=True"
-                    )
-                m.saving.add(name)
+            if resend:  # a resend of this very save: submit_ordered answers it
+                return
+            # a save of the same name still queued counts as existing (both would get one path)
+            if ((m.client._state_path(name) / "state.pt").exists() or name in m.saving) and not body.get("overwrite"):
+                raise UserError(
+                    f"a checkpoint named {given!r} exists on this model; pick another name or overwrite=True"
+                )
+            m.saving.add(name)
 
         def run():
             try:
@@ -393,7 +393,6 @@ class Backend:
                     m.saving.discard(name)
             return {"path": path, "type": "save_weights"}
 
-        seq_id = int(body["seq_id"])
         with self.lock:  # the name's check and the save's registration as one step: a resend sees one or the other
             resend = seq_id in m.submitted
             self.validate_ordered(m, seq_id, prepare)

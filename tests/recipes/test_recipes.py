@@ -210,5 +210,6 @@ def test_a_recipe_whose_seed_finished_no_episode_still_reports(tmp_path, capsys)
     ppo_cartpole.main([*args, "--num-seeds", "2", "--log-dir", str(tmp_path), "--no-progress"])
     out = capsys.readouterr().out
     assert "seed 0: " in out and "seed 1: " in out and (tmp_path / "learning_curve.png").exists()
+    assert "not solved: no episode finished" in out  # the seed whose curve was empty
     ppo_cartpole.main([*args, "--log-dir", "None", "--no-progress"])
     assert "not saved (log_dir is None)" in capsys.readouterr().out
