@@ -179,8 +179,9 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
             data = m[["step", key]].dropna()
             if key.startswith("test/"):
                 ax.plot(data["step"], data[key], marker="o", label=label or None)
-            else:
-                ax.plot(data["step"], data[key].rolling(smooth, min_periods=1).mean(), label=label or None)
+            else:  # a run of one step is one point, which a line without a marker does not show
+                ax.plot(data["step"], data[key].rolling(smooth, min_periods=1).mean(), label=label or None,
+                        marker="o" if len(data) == 1 else None)  # fmt: skip
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("GRPO step")
     for ax in list(axes.flat)[len(panels) :]:

@@ -97,3 +97,22 @@ def test_staleness_schedule_by_hand():
     assert plot_staleness_timeline(one).get_title().startswith("4 steps in 9.0 s")
     with pytest.raises(ValueError, match="int >= 0"):
         staleness_schedule(-1)
+
+
+def test_plot_grpo_metrics_smooths_training_metrics_and_marks_a_one_step_run():
+    from edurl.plotting import plot_grpo_metrics
+
+    panels = (("env/all/reward/total", "reward"), ("test/env/all/reward/total", "held-out"))
+    long = pd.DataFrame({"step": [0, 1, 2], "env/all/reward/total": [0.0, 1.0, 2.0]})
+    long["test/env/all/reward/total"] = [0.5, np.nan, 0.7]
+    one = pd.DataFrame({"step": [0], "env/all/reward/total": [0.25], "test/env/all/reward/total": [0.5]})
+    fig = plot_grpo_metrics({"long": long, "one": one}, panels=panels, smooth=2)
+    train, test = fig.axes[0], fig.axes[1]
+    (l_long, l_one), (t_long, t_one) = train.lines, test.lines
+    assert np.allclose(l_long.get_ydata(), [0.0, 0.5, 1.5])  # rolling mean of 2, min_periods=1
+    assert l_long.get_marker() in ("None", None, "")  # a curve of several steps is a line
+    assert l_one.get_marker() == "o" and list(l_one.get_ydata()) == [0.25]  # one step: a visible point
+    assert (
+        list(t_long.get_xdata()) == [0, 2] and t_long.get_marker() == t_one.get_marker() == "o"
+    )  # evaluations: points
+    plt.close(fig)

@@ -35,6 +35,7 @@ prefilled whole, as without the cache, so the cache never conditions on tokens t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -192,6 +193,20 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int | None = Non
     return out
 
 
+def warn_past_positions(model, length: int, what: str) -> None:
+    """Warn when a sequence of ``length`` tokens reaches past the model's ``max_position_embeddings``: rotary
+    positions compute past it without an error, but the model never trained there, so what it writes or scores
+    there means little. The text names no length, so a loop of varying prompts warns once, not every step."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and length > limit:
+        warnings.warn(
+            f"{what} can reach past the model's max_position_embeddings ({limit}): positions past it were never "
+            "trained. Shorten the prompts, lower max_tokens, or build the model with a larger "
+            "max_position_embeddings (TinyLMConfig(max_position_embeddings=...)).",
+            stacklevel=3,
+        )
+
+
 def _draw(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (tokens (B,), their log-probs (B,))."""
     logits = at_least_float32(logits)
@@ -260,6 +275,9 @@ def sample(
     prompts = check_prompts(prompts, embedding_rows(model))
     if not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    warn_past_positions(
+        model, max(map(len, prompts)) + params.max_tokens, f"a prompt plus max_tokens={params.max_tokens}"
+    )
     stops = params.stop_sequences()
     eos = (
         model_eos_ids(model)

@@ -7,17 +7,39 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import sys
 import textwrap
 from pathlib import Path
 
 import tyro
 
+from edurl.utils import device as _pick_device
+
 
 def parse_config(cls, argv: list[str] | None = None, **defaults):
     """Build ``cls`` from the command line (``sys.argv[1:]`` when ``argv`` is None); ``defaults`` override the
     class's own defaults (e.g. a recipe's ``log_dir``). Unknown or malformed flags exit with tyro's message;
-    a value the config itself refuses raises its ``ValueError``."""
-    return tyro.cli(cls, args=argv, default=cls(**defaults) if defaults else None)
+    a value the config itself refuses exits with tyro's message too. A ``device`` field (at any depth) that names
+    hardware this machine lacks (``--device cuda`` without CUDA) exits with :func:`edurl.utils.device`'s message
+    before anything is built or trained."""
+    config = tyro.cli(cls, args=argv, default=cls(**defaults) if defaults else None)
+    for flag, name in _device_fields(config):
+        try:
+            _pick_device(name)
+        except ValueError as err:
+            print(f"error: {flag} {name}: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+    return config
+
+
+def _device_fields(config, prefix: str = "--"):
+    """(flag, value) for every string ``device`` field of a dataclass config and of the dataclasses nested in it."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "device" and isinstance(value, str):
+            yield prefix + "device", value
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from _device_fields(value, f"{prefix}{f.name.replace('_', '-')}.")
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -270,6 +270,27 @@ def test_a_prompt_id_outside_the_models_vocabulary_is_named(small_model, char_to
         sample(small_model, [[-1] + good], 1, SamplingParams(max_tokens=2))
 
 
+def test_a_sample_past_the_models_positions_warns_once_per_setting(small_model, char_tokenizer):
+    """Rotary positions compute past max_position_embeddings without an error, so a prompt plus max_tokens longer
+    than the model ever trained on sampled silently."""
+    import warnings
+
+    limit = small_model.config.max_position_embeddings
+    fits, past = [1] * (limit - 4), [1] * (limit - 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sample(small_model, [fits], 1, SamplingParams(max_tokens=4, seed=0))  # ends at the last trained position
+    with pytest.warns(
+        UserWarning, match=rf"max_tokens=4 can reach past the model's max_position_embeddings \({limit}\)"
+    ):
+        sample(small_model, [fits, past], 1, SamplingParams(max_tokens=4, seed=0))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")  # Python's own: once per text and line
+        for n in (3, 2, 1):  # prompts of other lengths in a loop: the same text, so one warning
+            sample(small_model, [[1] * (limit - n)], 1, SamplingParams(max_tokens=4, seed=0))
+    assert len(seen) == 1 and "TinyLMConfig(max_position_embeddings=...)" in str(seen[0].message)
+
+
 def test_a_vanishing_temperature_is_refused_in_favour_of_greedy():
     """Below ~1e-36, logits / temperature overflowed and torch.multinomial failed on NaN probabilities."""
     with pytest.raises(ValueError, match="temperature=0 for greedy"):

@@ -68,6 +68,24 @@ def test_a_value_the_config_refuses_is_reported_with_its_reason(capsys):
     assert "group_size must be >= 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "cls, argv, flag",
+    [
+        (PPOConfig, ["--device", "cuda:99"], "--device cuda:99"),
+        (GRPOConfig, ["--sft.device", "cuda:99"], "--sft.device cuda:99"),
+        (GRPOConfig, ["--device", "tpu"], "--device tpu"),
+    ],
+)
+def test_a_device_this_machine_lacks_exits_with_the_reason_before_training(cls, argv, flag, capsys):
+    # cuda:99 is refused on every machine: without CUDA, or past its device count
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(cls, argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag}: ") and ("cuda" in err or "unknown device" in err)
+    assert "Traceback" not in err
+
+
 def test_grpo_recipe_help_runs_as_a_module():
     out = subprocess.run(
         [sys.executable, "-m", "edurl.recipes.grpo_arithmetic", "--help"], capture_output=True, text=True
