@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import sysconfig
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -139,7 +140,7 @@ def format_value(x: Any) -> str:
         return f"tensor(shape={tuple(x.shape)}, dtype={str(x.dtype).replace('torch.', '')})\n{body}"
     if isinstance(x, float):
         return f"{x:.6g}"
-    if isinstance(x, tuple) and any(isinstance(v, torch.Tensor) for v in x):
+    if isinstance(x, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in x):
         return "\n".join(f"[{i}] {format_value(v)}" for i, v in enumerate(x))
     return repr(x)
 
@@ -148,16 +149,26 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
 
 
+def _installed(filename: str) -> bool:
+    """Whether ``filename`` belongs to an installed package or the standard library, not to the learner."""
+    path = Path(filename).resolve()
+    if "site-packages" in path.parts or "dist-packages" in path.parts:
+        return True
+    return any(path.is_relative_to(Path(sysconfig.get_paths()[key]).resolve()) for key in ("stdlib", "platstdlib"))
+
+
 def _where_it_raised(err: BaseException) -> str:
-    """The last frame of the traceback outside the edurl package, i.e. the learner's own line (a learner's code that
-    calls into the library, e.g. a client, raises from the library's frames: the line shown is still theirs)."""
+    """The learner's own line: the last frame of the traceback outside the edurl package and outside installed
+    packages and the standard library (a learner's call to ``F.mse_loss`` with mismatched shapes raises inside
+    torch; a learner's code that calls into the library, e.g. a client, raises from the library's frames: the line
+    shown is still theirs). If every such frame is in a package, the last frame outside edurl."""
     package = str(Path(__file__).resolve().parents[1])
     frames = [
         f for f in traceback.extract_tb(err.__traceback__) if not str(Path(f.filename).resolve()).startswith(package)
     ]
     if not frames:
         return ""
-    f = frames[-1]
+    f = next((f for f in reversed(frames) if not _installed(f.filename)), frames[-1])
     code = (f.line or "").strip()
     return f" (at line {f.lineno}: `{code}`)" if code else f" (at line {f.lineno})"
 
@@ -213,12 +224,13 @@ def compare_tensors(got: Any, expected: torch.Tensor, *, rtol: float = 1e-5, ato
 
 
 def compare_outputs(names: Sequence[str], **tolerances) -> Callable[[Any, Any], str | None]:
-    """A ``compare`` for functions that return a tuple of tensors, naming the element that is wrong."""
+    """A ``compare`` for functions that return a tuple of tensors, naming the element that is wrong. A list of the
+    same length is accepted too: every caller unpacks the result (``advantages, returns = gae(...)``)."""
 
     def compare(got: Any, expected: tuple) -> str | None:
-        if not isinstance(got, tuple) or len(got) != len(expected):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
             return f"expected a tuple of {len(expected)} tensors ({', '.join(names)}), got {type(got).__name__}" + (
-                f" of length {len(got)}." if isinstance(got, tuple) else "."
+                f" of length {len(got)}." if isinstance(got, (tuple, list)) else "."
             )
         for name, g, e in zip(names, got, expected):
             problem = compare_tensors(g, e, **tolerances)

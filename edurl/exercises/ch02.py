@@ -176,6 +176,38 @@ def _setup(seed: int = 0):
     return policy, torch.optim.Adam(policy.parameters(), lr=0.01), [gym.make("CartPole-v1") for _ in range(_ENVS)]
 
 
+def _seeds(k: int) -> list[int]:
+    """The env seeds of update ``k``."""
+    return [100 * k + i for i in range(_ENVS)]
+
+
+class _NoZeroGrad:
+    """An optimizer whose ``zero_grad()`` does nothing, for the update that forgets to zero the gradients."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.inner = optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _params_without_zero_grad(updates: int) -> list[torch.Tensor]:
+    """The parameters after ``updates`` updates of the library's update, from the check's start, with the gradients
+    never zeroed: the realistic mistake, replayed to recognise it by its parameters."""
+    policy, optimizer, envs = _setup()
+    for k in range(updates):
+        torch.manual_seed(1000 + k)
+        _library_update(policy, _NoZeroGrad(optimizer), envs, _seeds(k), _GAMMA, torch.device("cpu"))
+    return _params(policy)
+
+
+def _same_params(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(a, b))
+
+
 _HINTS_REINFORCE_UPDATE = Hints(
     idea=(
         "Four steps, each one a function you have already met: play one fresh episode per env with the current "
@@ -209,7 +241,7 @@ def _check_update(fn) -> Verdict:
     ref_policy, ref_opt, ref_envs = _setup()
     policy, opt, envs = _setup()
     for k in range(_UPDATES):
-        seeds = [100 * k + i for i in range(_ENVS)]
+        seeds = _seeds(k)
         before = copy.deepcopy(ref_policy)
         start = _params(policy)
         torch.manual_seed(1000 + k)  # the same sampling noise for both
@@ -276,12 +308,17 @@ def _check_update(fn) -> Verdict:
                 f"{where}: the loss is right but the parameters did not change: take the step.",
                 _library_update,
             )
-        if not all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(now, _params(ref_policy))):
-            why = (
-                "the gradients of the earlier updates were added to this one's: zero them before backward()."
-                if k > 0
-                else "one update is one optimizer step on this loss's gradient."
-            )
+        if not _same_params(now, _params(ref_policy)):
+            if k > 0 and _same_params(now, _params_without_zero_grad(k + 1)):
+                why = "the gradients of the earlier updates were added to this one's: zero them before backward()."
+            elif not opt.state:  # Adam keeps a state per parameter once it has stepped
+                why = (
+                    "the parameters changed, but the optimizer passed to your function never took a step: use the "
+                    "optimizer you were given, not a new one. A new Adam takes the same first step, but loses the "
+                    "running averages of the gradients that the given one carries from one update to the next."
+                )
+            else:
+                why = "one update is one step of the given optimizer on this loss's gradient alone."
             return Verdict(
                 name,
                 FAILED,

@@ -110,14 +110,28 @@ def _check(table, reference) -> Verdict:
                 reference,
                 case=str(key),
             )
+        if not isinstance(got["gradient is zero"], bool):
+            return Verdict(
+                name,
+                FAILED,
+                f"row {key}: 'gradient is zero' is {got['gradient is zero']!r}; write True or False.",
+                reference,
+                case=str(key),
+            )
         adv, ratio = CLIP_TABLE_CASES[key]
         if picks != expected["min picks"]:
+            if expected["min picks"] == "both":
+                why = "are equal, so min() takes either: write 'both'."
+            elif picks == "both":
+                why = "are not equal, so 'both' is not right: min() takes one of them."
+            else:
+                why = "so min() takes the other one."
             return Verdict(
                 name,
                 FAILED,
                 f"row {key}: min picks {got['min picks']!r}, but at A = {adv:+.0f}, r = {ratio}, eps = "
                 f"{CLIP_EPS}: r*A = {ratio * adv:.2f} and clip(r)*A = "
-                f"{min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv:.2f}, so min() takes the other one. "
+                f"{min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv:.2f} {why} "
                 "Hint: min() takes the *smaller* (more pessimistic) value, also when both are negative.",
                 reference,
                 case=str(key),
@@ -171,6 +185,11 @@ def _close(a, b) -> bool:
     return isinstance(a, (int, float)) and not isinstance(a, bool) and abs(a - b) <= 1e-6 + 1e-6 * abs(b)
 
 
+def _number(x):
+    """A 0-dim (or one-element) tensor, as computed with torch, is the number it holds; anything else is as given."""
+    return x.item() if isinstance(x, torch.Tensor) and x.numel() == 1 else x
+
+
 @with_hints(_HINTS_CLIP_VALUES)
 def check_clip_values(table, *, verbose: bool = True) -> Verdict:
     """Check a learner's ``{(A, r): (r * A, clip(r) * A, objective)}`` for the pairs of ``CLIP_VALUE_CASES``."""
@@ -183,14 +202,24 @@ def _check_values(table, reference) -> Verdict:
     if not isinstance(table, dict):
         return Verdict(name, FAILED, f"expected a dict keyed by (A, r), got {type(table).__name__}.", reference)
     rows = [table.get(key) for key in reference]
-    if all(row is None or (isinstance(row, tuple) and all(v is None for v in row)) for row in rows):
+    if all(row is None or (isinstance(row, (tuple, list)) and all(v is None for v in row)) for row in rows):
         return Verdict(name, NOT_ATTEMPTED, "Fill in the three numbers of each row and run this cell again.", reference)
     for (adv, ratio), (unclipped, clipped, objective) in reference.items():
         got = table.get((adv, ratio))
         where = f"row A = {adv:+g}, r = {ratio:g}"
-        if not (isinstance(got, tuple) and len(got) == 3):
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return Verdict(name, FAILED, f"{where}: expected a tuple of three numbers, got {got!r}.", reference)
-        g_unclipped, g_clipped, g_objective = got
+        g_unclipped, g_clipped, g_objective = (_number(x) for x in got)
+        if not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in (g_unclipped, g_clipped, g_objective)
+        ):
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: expected three numbers, got {got!r}; write each as a plain number (a float, not a tensor or a "
+                "string).",
+                reference,
+            )
         if not _close(g_unclipped, unclipped):
             return Verdict(
                 name,
@@ -417,18 +446,26 @@ def _check_update(fn) -> Verdict:
         )
     expected_steps = config.update_epochs * config.num_minibatches
     if not got.steps:
-        return Verdict(
-            name,
-            FAILED,
-            "the weights were never updated: take one optimizer step per minibatch.",
-            _library_update,
-        )
+        before = [*policy.parameters(), *value.parameters()]
+        if _same_step([*new_policy.parameters(), *new_value.parameters()], before):
+            text = "the weights were never updated: take one optimizer step per minibatch."
+        else:
+            text = (
+                "the weights changed, but the optimizer passed to your function never took a step: use the optimizer "
+                "you were given, not one of your own. train_ppo makes one Adam for the whole run, and its running "
+                "averages of the gradients carry over from one update to the next."
+            )
+        return Verdict(name, FAILED, text, _library_update)
     agreed = _steps_in_agreement(got.steps, ref.steps)
     first_bad = agreed if agreed < min(len(got.steps), len(ref.steps)) else None
     if first_bad is None and len(got.steps) != expected_steps:
         why = ""
         if len(got.steps) == config.num_minibatches:
-            why = " the likely mistake: one pass over the batch; PPO makes config.update_epochs passes."
+            why = (
+                " the likely mistake: one pass over the batch; PPO makes config.update_epochs passes. Or the "
+                "minibatches were drawn once, before the epochs: batch.minibatches(...) is a generator, used up after "
+                "one epoch, so call it inside the epoch loop."
+            )
         return Verdict(
             name,
             FAILED,

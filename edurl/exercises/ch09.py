@@ -230,8 +230,9 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
             )
         ob = nxt
     raise _Problem(
-        f"the episode did not end within {max_turns} turns of random replies; end it (episode_done=True) after a "
-        "fixed number of tries"
+        f"the episode did not end within {max_turns} turns of random replies (the checker plays at most "
+        f"max_turns={max_turns}); end it (episode_done=True) after a fixed number of tries. If your environment "
+        "allows more tries on purpose, check it with check_env(make_env, max_turns=...) above that number"
     )
 
 

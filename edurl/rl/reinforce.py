@@ -231,7 +231,7 @@ def _train(config: ReinforceConfig, loss_fn, update_fn) -> TrainResult:
                     **{
                         "episodes": len(log),
                         "env/episode_return_mean": float(batch.episode_returns.mean()),
-                        "optim/policy_loss": float(loss.detach()),
+                        "optim/policy_loss": float(loss),
                         "optim/entropy": _entropy_after(policy, batch),
                         "time/total": log.elapsed(),
                     },
@@ -337,7 +337,7 @@ def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
                 else reinforce_loss(logprobs, weights, config.normalize_advantages)
             )
             total = total + loss + value_loss
-            rows.append({"optim/policy_loss": float(loss.detach())})
+            rows.append({"optim/policy_loss": float(loss)})
         optimizer.zero_grad()
         total.backward()  # d(sum)/d(row s) = d(loss_s)/d(row s): seeds never mix
         optimizer.step()

@@ -167,3 +167,19 @@ def test_show_solution_prints_source(capsys):
     assert "def discounted_returns" in source and "def discounted_returns" in capsys.readouterr().out
     with pytest.raises(KeyError, match="bellman_backup"):
         exercises.show_solution("bellman")
+
+
+def test_exercise_1_2_text_asks_for_the_dtype_of_v():
+    """The checker feeds float64 values and demands their dtype back; a loop from torch.zeros(S) failed with "expected
+    dtype torch.float64" that the exercise's text never asked for (1.1 and 7.1 say it)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cells = json.loads((root / "notebooks/01_rl_fundamentals.ipynb").read_text())["cells"]
+    (text,) = ["".join(c["source"]) for c in cells if "".join(c["source"]).startswith("### Exercise 1.2")]
+    (item,) = [
+        line for line in (root / "chapters/01_rl_fundamentals.md").read_text().splitlines() if "**One Bellman" in line
+    ]
+    for where in (text, item):
+        assert "same dtype as `V`" in where and "torch.zeros_like(V)" in where, where

@@ -186,7 +186,12 @@ def gae_as_lambda_returns(r, v, nv, term, trunc, gamma, lam):
     return returns - v, returns
 
 
-@pytest.mark.parametrize("fn", [gae, ch04.gae, gae_as_lambda_returns])
+def gae_as_a_list(r, v, nv, term, trunc, gamma, lam):
+    """[advantages, returns]: every caller unpacks it, and it was once rejected with "expected a tuple"."""
+    return list(ch04.gae(r, v, nv, term, trunc, gamma, lam))
+
+
+@pytest.mark.parametrize("fn", [gae, ch04.gae, gae_as_lambda_returns, gae_as_a_list])
 def test_gae_checker_passes(fn):
     assert exercises.check_gae(fn, verbose=False).status == PASSED
 

@@ -79,6 +79,21 @@ def test_reinforce_update_checker_rejects(buggy, message):
     assert verdict.implementation is reinforce_update
 
 
+def test_reinforce_update_checker_names_an_optimizer_of_ones_own():
+    """A new Adam each update takes the same first step but forgets its running averages; it was once told to zero
+    the gradients, though it does. The zero_grad hint stays for the update that really skips zero_grad."""
+
+    def own_adam(policy, optimizer, envs, seeds, gamma, device):
+        return reinforce_update(policy, torch.optim.Adam(policy.parameters(), lr=0.01), envs, seeds, gamma, device)
+
+    verdict = assert_rejected(exercises.check_reinforce_update, own_adam, "use the optimizer you were given")
+    assert "zero them" not in verdict.message
+    verdict = assert_rejected(
+        exercises.check_reinforce_update, _update(reward_to_go, zero_grad=False), "zero them before backward()"
+    )
+    assert "optimizer you were given" not in verdict.message
+
+
 def test_reinforce_update_stub_and_crash():
     def stub(*args):
         raise NotImplementedError

@@ -45,6 +45,11 @@ def _with(changes):
         (_with({(("A > 0", "r < 1 - eps"), "gradient is zero"): True}), "autograd says the gradient is not zero"),
         # believing the clipped term is used inside the range, with zero gradient
         (_with({(("A > 0", "inside"), "min picks"): "clipped"}), "min picks 'clipped'"),
+        # inside the range the two terms are equal: "clipped" was once told that min() takes "the other one"
+        (_with({(("A < 0", "inside"), "min picks"): "unclipped"}), "are equal, so min() takes either: write 'both'"),
+        (_with({(("A > 0", "r > 1 + eps"), "min picks"): "both"}), "are not equal, so 'both' is not right"),
+        # a word for the gradient was once told "autograd says the gradient is zero there"
+        (_with({(("A > 0", "r > 1 + eps"), "gradient is zero"): "yes"}), "'gradient is zero' is 'yes'; write True"),
     ],
 )
 def test_wrong_tables_are_rejected(table, message):

@@ -29,6 +29,15 @@ def test_clip_values_reference_by_hand():
 
 def test_clip_values_passes_and_blank_is_not_attempted():
     assert exercises.check_clip_values(ch05.clip_values(), verbose=False).status == PASSED
+    # rows as lists, or numbers as 0-dim tensors (computed with torch), were once rejected as "not a tuple" and
+    # "tensor(3.) is not" the unclipped term
+    as_lists = {key: list(row) for key, row in ch05.clip_values().items()}
+    as_tensors = {key: tuple(map(torch.tensor, row)) for key, row in ch05.clip_values().items()}
+    for table in (as_lists, as_tensors):
+        verdict = exercises.check_clip_values(table, verbose=False)
+        assert verdict.status == PASSED, verdict.message
+    blank_lists = {key: [None, None, None] for key in CLIP_VALUE_CASES}
+    assert exercises.check_clip_values(blank_lists, verbose=False).status == NOT_ATTEMPTED
     blank = {key: (None, None, None) for key in CLIP_VALUE_CASES}
     assert exercises.check_clip_values(blank, verbose=False).status == NOT_ATTEMPTED
 
@@ -52,7 +61,8 @@ def _values(**rows):
         # forgetting that r = 0.5 is outside the range
         ({**ch05.clip_values(), (-1.0, 0.5): (-0.5, -0.5, -0.5)}, "outside [0.8, 1.2]"),
         ({**ch05.clip_values(), (1.0, 1.1): (1.0, 1.1, 1.1)}, "the unclipped term is the ratio times the advantage"),
-        ({**ch05.clip_values(), (1.0, 1.1): [1.1, 1.1, 1.1]}, "expected a tuple of three numbers"),
+        ({**ch05.clip_values(), (1.0, 1.1): [1.1, 1.1]}, "expected a tuple of three numbers"),
+        ({**ch05.clip_values(), (2.0, 0.5): (1.0, 1.6, torch.tensor([1.0, 1.0]))}, "write each as a plain number"),
     ],
 )
 def test_clip_values_rejects(table, message):
@@ -101,14 +111,15 @@ def test_ppo_update_checker_names_each_bug(bug, message):
     assert verdict.implementation is ppo_update
 
 
-def _update_with(eps=1e-8, ent_scale=1.0, ratio_dtype=torch.float64):
+def _update_with(eps=1e-8, ent_scale=1.0, ratio_dtype=torch.float64, draw_once=False):
     """The solution's update with one constant or one precision changed: eps in the standardisation, the entropy
-    bonus scaled, or the ratio rounded through another dtype."""
+    bonus scaled, or the ratio rounded through another dtype; or the minibatches drawn once, before the epochs."""
 
     def update(policy, value, optimizer, batch, config, clip_eps):
         params = [p for group in optimizer.param_groups for p in group["params"]]
+        drawn = batch.minibatches(config.num_minibatches)  # a generator: used up after one epoch
         for _ in range(config.update_epochs):
-            for idx in batch.minibatches(config.num_minibatches):
+            for idx in drawn if draw_once else batch.minibatches(config.num_minibatches):
                 lp, ent = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
                 adv = batch.advantages[idx]
                 adv = (adv - adv.mean()) / (adv.std() + eps)
@@ -168,3 +179,21 @@ def test_ppo_update_checker_catches_weights_changed_outside_the_optimizer():
 
     verdict = assert_rejected(exercises.check_ppo_update, nudged, "the final weights differ")
     assert "float32" not in verdict.message  # a 1 % nudge is not rounding
+
+
+def test_ppo_update_checker_names_minibatches_drawn_once_before_the_epochs():
+    """batch.minibatches(...) called once, before the epoch loop: its generator is spent after the first epoch, so
+    only 4 steps are taken; the message once said "one pass over the batch" to a learner who loops over epochs."""
+    assert_rejected(exercises.check_ppo_update, _update_with(draw_once=True), "inside the epoch loop")
+
+
+def test_ppo_update_checker_names_an_optimizer_of_ones_own():
+    """An update that builds its own Adam changes the weights but never steps the given optimizer: it was once told
+    "the weights were never updated"."""
+
+    def own_adam(policy, value, optimizer, batch, config, clip_eps):
+        mine = torch.optim.Adam([*policy.parameters(), *value.parameters()], lr=0.03, eps=1e-5)
+        ch05.ppo_update(policy, value, mine, batch, config, clip_eps)
+
+    verdict = assert_rejected(exercises.check_ppo_update, own_adam, "use the optimizer you were given")
+    assert "never updated" not in verdict.message

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 
 from edurl import exercises
 from edurl.exercises import FAILED, NOT_ATTEMPTED, PASSED
@@ -53,6 +54,33 @@ def mask_per_token(observations, actions):
 
 def test_episode_mask_passes_the_solution():
     assert exercises.check_episode_mask(ch09.episode_mask, verbose=False).status == PASSED
+
+
+def test_a_mask_the_checker_passes_also_passes_the_notebooks_next_cell():
+    """A tensor or a tuple of the right floats passes 9.1; the notebook's next cell once compared it with a list by ==
+    and failed right after the "passed"."""
+    import json
+    from pathlib import Path
+
+    from edurl.llm.envs import Trajectory, Transition, merged_datum
+    from edurl.llm.envs.base import TokensWithLogprobs
+
+    notebook = Path(__file__).resolve().parents[2] / "notebooks/09_multiturn_tools.ipynb"
+    sources = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    (cell,) = [source for source in sources if "v_mask.implementation" in source]
+    obs, acts = [[1, 2], [1, 2, 7, 3, 4]], [[7], [8, 9]]
+    transitions = [
+        Transition(ModelInput.from_ints(o), TokensWithLogprobs(a, [0.0] * len(a)), 0.0, False)
+        for o, a in zip(obs, acts)
+    ]
+    episode = Trajectory(transitions, ModelInput.from_ints([]))
+    f = merged_datum(episode, 1.0).loss_fn_inputs
+    for as_returned in (torch.tensor, tuple, list):
+        v_mask = exercises.check_episode_mask(
+            lambda o, a, as_returned=as_returned: as_returned(ch09.episode_mask(o, a)), verbose=False
+        )
+        assert v_mask.status == PASSED, v_mask.message
+        exec(cell, {"v_mask": v_mask, "episode": episode, "f": f})
 
 
 def test_episode_mask_stub_is_not_attempted():
@@ -185,6 +213,16 @@ def test_check_env_rejects_broken_environments_by_name(make_env, hint):
     verdict = exercises.check_env(make_env, verbose=False)
     assert verdict.status == FAILED and hint in verdict.message, verdict.message
     assert isinstance(verdict.implementation(), ch09.ReverseWordEnv)  # the notebook goes on with the reference
+
+
+def test_check_env_names_its_turn_limit_and_how_to_raise_it():
+    """A valid environment with more tries than the checker plays was once told to end "after a fixed number of
+    tries", which it does."""
+    many_tries = lambda: ch09.ReverseWordEnv("stop", R, tries=25)  # noqa: E731
+    verdict = exercises.check_env(many_tries, verbose=False)
+    assert verdict.status == FAILED and "max_turns=20" in verdict.message, verdict.message
+    assert "check_env(make_env, max_turns=" in verdict.message, verdict.message
+    assert exercises.check_env(many_tries, max_turns=30, verbose=False).status == PASSED
 
 
 def test_check_env_stub_is_not_attempted():

@@ -48,6 +48,22 @@ def test_exception_is_reported_with_the_learners_line():
     assert verdict.implementation is double
 
 
+def test_an_error_raised_inside_torch_or_the_standard_library_names_the_learners_line():
+    """A shape mismatch raises deep inside torch: the message once quoted torch's own line
+    (`_VF.broadcast_tensors(...)`) instead of the learner's call; the same for the standard library's json."""
+    import json
+
+    def broadcast(x):
+        return torch.broadcast_tensors(x, torch.zeros(3))
+
+    def parse(x):
+        return json.loads("not json") * x
+
+    for fn, line in ((broadcast, "torch.broadcast_tensors(x, torch.zeros(3))"), (parse, 'json.loads("not json")')):
+        verdict = check(fn)
+        assert verdict.status == FAILED and f"`return {line}" in verdict.message, verdict.message
+
+
 def test_wrong_type_shape_dtype_and_none():
     assert "got ndarray" in check(lambda x: (2 * x).numpy()).message
     assert "forget the `return`" in check(lambda x: None).message
@@ -138,3 +154,28 @@ def test_every_exercise_has_three_levels_of_help():
         assert checker.hints.solution is solution, name
         assert len(checker.hints.idea) > 40 and checker.hints.formula, name
         assert exercises.hint(name, 3).endswith(exercises.show_solution(name)), name
+
+
+def test_compare_outputs_takes_a_list_as_well_as_a_tuple():
+    """gae returned as [advantages, returns] was once "expected a tuple" though every caller unpacks it."""
+    from edurl.exercises._core import compare_outputs
+
+    compare = compare_outputs(["a", "b"])
+    expected = (torch.tensor([1.0]), torch.tensor([2.0]))
+    assert compare(list(expected), expected) is None
+    assert "b: values differ" in compare([expected[0], expected[0]], expected)
+    assert "got list of length 3" in compare([*expected, expected[0]], expected)
+    assert "got Tensor." in compare(expected[0], expected)
+
+
+def test_every_solution_named_in_a_solutions_docstring_is_registered():
+    """The solutions of Chapter 9 once named show_solution("reverse_word_env"), a KeyError: its name is "env"."""
+    import importlib
+    import re
+
+    from edurl import exercises
+
+    for chapter in range(1, 11):
+        module = importlib.import_module(f"edurl.exercises.solutions.ch{chapter:02d}")
+        for name in re.findall(r'"(\w+)"', module.__doc__):
+            assert name in exercises.EXERCISES, f"{module.__name__}'s docstring names {name!r}, not an exercise"

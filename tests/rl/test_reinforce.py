@@ -120,3 +120,18 @@ def test_a_reinforce_stack_runs_on_cuda():
         ReinforceConfig(env_backend="torch", num_seeds=2, max_episodes=16, device="cuda", progress=False)
     )
     assert [next(r.policy.parameters()).device.type for r in results] == ["cuda", "cuda"]
+
+
+def test_an_update_fn_that_returns_the_loss_as_a_float_still_logs(tmp_path):
+    """Exercise 2.2's text says reinforce_update returns (batch, loss), and its checker accepts loss.item(); the
+    trainer's logging then failed on float.detach()."""
+    from edurl.exercises.solutions.ch02 import reinforce_update
+
+    def update_with_a_float_loss(*args):
+        batch, loss = reinforce_update(*args)
+        return batch, loss.item()
+
+    config = ReinforceConfig(max_episodes=16, log_dir=str(tmp_path / "run"), progress=False)
+    result = train_reinforce(config, update_fn=update_with_a_float_loss)
+    assert len(result.episodes) >= 16
+    assert load_metrics(tmp_path / "run")["optim/policy_loss"].notna().all()

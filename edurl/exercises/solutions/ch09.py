@@ -1,5 +1,5 @@
 """Worked solutions for Chapter 9. Open them with ``edurl.exercises.show_solution(name)``, name one of
-"episode_mask" and "reverse_word_env"."""
+"episode_mask" and "env" (the environment of exercise 9.2, ReverseWordEnv)."""
 
 from edurl.llm.envs import MessageEnv
 
