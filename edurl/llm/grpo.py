@@ -175,6 +175,11 @@ class GRPOConfig:
             )
         if not self.kl_coef >= 0:
             raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
+        if not (isinstance(self.dro_beta, (int, float)) and math.isfinite(self.dro_beta) and self.dro_beta >= 0):
+            raise ValueError(
+                f"dro_beta must be a finite number >= 0 (the dro loss's quadratic penalty, e.g. 0.05), got "
+                f"{self.dro_beta!r}: a negative one fails in the loss at the first step, and inf makes every loss NaN"
+            )
         if not self.temperature > 0:
             raise ValueError(
                 f"temperature must be > 0, got {self.temperature!r}: GRPO samples G completions of each problem and "

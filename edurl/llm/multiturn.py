@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -265,9 +266,10 @@ class MultiTurnConfig:
     """beta of the dro loss (as GRPOConfig.dro_beta)."""
     aggregation: str = "seq_mean_token_mean"
     """How per-token losses become one number (see edurl.llm.losses.aggregate): sum, seq_mean_token_mean or
-    token_mean. The default averages within each episode first, so a long episode (a lost game uses every guess)
-    weighs no more in total than a short one; token_mean would let the longer losing games' negative advantages
-    outweigh the winners' on the tokens every reply shares. Dr. GRPO's seq_mean_token_sum_norm is refused: it
+    token_mean. The default averages within each datum first, which is each episode when the renderer keeps the
+    prefix property (env/all/merged_fraction = 1; with per-turn datums it is each turn, and the step warns), so a
+    long episode (a lost game uses every guess) weighs no more in total than a short one; token_mean would let the
+    longer losing games' negative advantages outweigh the winners' on the tokens every reply shares. Dr. GRPO's seq_mean_token_sum_norm is refused: it
     divides by a fixed token budget per sequence, and an episode's budget is not one turn's max_tokens."""
     temperature: float = 1.0
     """Sampling temperature of every turn."""
@@ -294,7 +296,9 @@ class MultiTurnConfig:
     kl_coef: float = 0.0
     """Tinker's KL penalty to the warm start, put into each action token's advantage (edurl.llm.grpo.
     kl_into_advantages); 0: none. It holds the tokens the reward does not look at, such as guess-the-number's
-    scratchpad, where the warm start put them: without it, noise in the advantages moves them freely."""
+    scratchpad, where the warm start put them: without it, noise in the advantages moves them freely. Unlike
+    GRPOConfig, which keeps uniform groups by default, groups whose episodes all scored the same give no datums
+    here (groups_to_datums), so the penalty acts only on the episodes of groups that differ."""
     tool_cost: float = 0.0
     """calculator: reward lost per tool call."""
     prefix_cache: bool = True
@@ -344,6 +348,31 @@ class MultiTurnConfig:
             )
         if self.aggregation not in L.AGGREGATION_MODES:
             raise ValueError(f"aggregation must be one of {L.AGGREGATION_MODES}, got {self.aggregation!r}")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0, got {self.temperature!r}: GRPO plays G episodes of each game and learns "
+                "from how they differ, and greedy sampling (0) makes them all the same, so every group is uniform "
+                "and nothing is learned. Held-out evaluation is greedy already."
+            )
+        if not 0 <= self.discount <= 1:
+            raise ValueError(f"discount must be in [0, 1], got {self.discount!r}")
+        if self.discount != 1 and not self.per_turn_credit:
+            raise ValueError(
+                f"discount={self.discount!r} weighs later turns' rewards in per-turn credit, and per_turn_credit is "
+                "False (every turn gets its episode's total): set per_turn_credit=True, or leave discount at 1"
+            )
+        other_game = (
+            {"tool_cost": 0.0}
+            if self.sft.game == "guess_number"
+            else {"guess_penalty": 0.0, "shaped": False, "win_bonus": 0.0, "relative": False, "scratchpad_bonus": 0.0}
+        )
+        unused = [name for name, default in other_game.items() if getattr(self, name) != default]
+        if unused:
+            raise ValueError(
+                f"{unused} belong to the other game and do nothing in {self.sft.game!r}; leave them at their defaults "
+                f"({', '.join(f'{n}={other_game[n]!r}' for n in unused)}), or set sft=GameSFTConfig(game=...) to "
+                "the game they are for"
+            )
         if self.win_bonus and not self.shaped:
             raise ValueError("win_bonus is added to the shaped reward; set shaped=True, or leave win_bonus at 0")
         if self.relative and not self.shaped:
@@ -389,6 +418,14 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
     groups = E.do_group_rollouts(builders, sampler, params, prefix_cache=config.prefix_cache)
     t1 = time.perf_counter()
     datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit, config.discount)
+    if config.aggregation == "seq_mean_token_mean" and datum_row["env/all/merged_fraction"] < 1:
+        warnings.warn(
+            "some episodes were not prefix-consistent and became one datum per turn, and aggregation "
+            "'seq_mean_token_mean' averages over datums: such an episode weighs as many sequences as it has turns, "
+            "where a merged one weighs one. aggregation='token_mean' or 'sum' gives both layouts the same gradient; "
+            "env/all/merged_fraction logs the share that merged.",
+            stacklevel=2,
+        )
     row = {**E.rollout_metrics(groups), **datum_row}
     if datums and config.kl_coef > 0:
         datums, row["env/all/kl_sample_ref"] = kl_into_advantages(trainer, datums, config.kl_coef, config.temperature)

@@ -21,6 +21,7 @@ Kimi k1.5 report, 2025) does it with two pieces, both here:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,8 @@ class RolloutBuffer:
             raise ValueError(f"the buffer's lists have different lengths (one entry per group each): {counts}")
         for i in range(len(self)) if groups is None else groups:
             comps, logps, rewards, correct = self.completions[i], self.logprobs[i], self.rewards[i], self.correct[i]
+            if not comps:
+                raise ValueError(f"the buffer's group {i} has no completions: a group needs at least one (GRPO: two)")
             if not len(comps) == len(logps) == len(rewards) == len(correct):
                 raise ValueError(
                     f"the buffer's group {i} has {len(comps)} completions but {len(logps)} lists of log-probs, "
@@ -93,11 +96,20 @@ class RolloutBuffer:
                 f"cannot join buffers sampled at temperatures {temps[0]} and {temps[1]}: their log-probs are of "
                 "different distributions, and training scores every group at one. Collect both at one temperature."
             )
+        if temps.count(None) == 1:
+            warnings.warn(
+                f"joining a buffer sampled at temperature {temps[0] if temps[0] is not None else temps[1]} with one "
+                "of unknown temperature (saved before buffers recorded it): the joined buffer's temperature is "
+                "unknown, so training cannot check that it scores at the temperature the groups were sampled at",
+                stacklevel=2,
+            )
         lists = {k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__ if k != "temperature"}
         return RolloutBuffer(**lists, temperature=None if None in temps else temps[0])
 
     def summary(self) -> pd.DataFrame:
-        """One row per source policy: its groups, mean reward, share correct and completion length."""
+        """One row per source policy: its groups, mean reward, share correct and completion length (no rows for
+        an empty buffer)."""
+        self.check()
         rows = [
             {
                 "source": s,
@@ -109,7 +121,7 @@ class RolloutBuffer:
                 self.source, (sum(r) / len(r) for r in self.rewards), self.correct, self.completions
             )
         ]
-        table = pd.DataFrame(rows).groupby("source", sort=False)
+        table = pd.DataFrame(rows, columns=["source", "reward", "correct", "tokens"]).groupby("source", sort=False)
         return table.agg(
             groups=("reward", "size"), reward=("reward", "mean"), correct=("correct", "mean"), tokens=("tokens", "mean")
         )
@@ -126,7 +138,14 @@ class RolloutBuffer:
     def load(cls, path: str | Path) -> RolloutBuffer:
         if not Path(path).exists():
             raise FileNotFoundError(f"no rollout buffer at {path}; write one with collect_buffer(...).save(path)")
-        return cls(**torch.load(path, weights_only=True))
+        saved = torch.load(path, weights_only=True)
+        unknown = sorted(set(saved) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(
+                f"the rollout buffer at {path} has fields {unknown} that this version of edurl does not know (it "
+                f"knows {sorted(cls.__dataclass_fields__)}): it was saved by a newer edurl; update edurl to read it"
+            )
+        return cls(**saved)
 
 
 def collect_buffer(

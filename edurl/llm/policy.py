@@ -55,7 +55,9 @@ def load_policy(
     Parameters
     ----------
     name_or_path: a folder written by ``save_pretrained``, or a hub id whose files are cached locally.
-    lora: ``None`` for full weights, an int rank, or :class:`LoraSettings`; wraps the model with peft.
+    lora: ``None`` for full weights, an int rank, or :class:`LoraSettings`; wraps the model with peft. On a folder
+        that holds a saved adapter (``adapter_config.json``), the saved adapter is loaded trainable on its base
+        model, and ``lora``'s rank must be its rank (without ``lora`` the adapter is loaded frozen).
     device: defaults to :func:`edurl.device` (CUDA when available).
     dtype: defaults to bfloat16 on CUDA and float32 elsewhere.
     require_chat: raise if the tokenizer has no chat template (a base, non-instruct checkpoint).
@@ -93,9 +95,31 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model.to(dev).eval()
-    if lora is not None:
+    if lora is not None and getattr(model, "_hf_peft_config_loaded", False):
+        # the folder holds a saved LoRA adapter, which transformers loaded onto its base frozen; a fresh adapter
+        # from get_peft_model would replace it with zeros (peft only warns), so train the saved one instead
+        model = _trainable_saved_adapter(source, lora, dtype, dev, local_files_only)
+    elif lora is not None:
         model = wrap_lora(model, lora)
     return model, tokenizer
+
+
+def _trainable_saved_adapter(source: str, lora: LoraSettings | int, dtype, dev, local_files_only: bool):
+    """The base model with the adapter saved at ``source`` on it, trainable; its rank must be ``lora``'s."""
+    from peft import PeftConfig, PeftModel
+
+    saved = PeftConfig.from_pretrained(source)
+    rank = lora if isinstance(lora, int) else lora.rank
+    if getattr(saved, "r", None) != rank:
+        raise ValueError(
+            f"{source!r} holds a saved LoRA adapter of rank {getattr(saved, 'r', None)}, and lora asks for rank "
+            f"{rank}: pass lora={getattr(saved, 'r', None)} to continue training the saved adapter, or load its "
+            "base model to start a new one"
+        )
+    base = AutoModelForCausalLM.from_pretrained(
+        saved.base_model_name_or_path, dtype=dtype, local_files_only=local_files_only
+    )
+    return PeftModel.from_pretrained(base.to(dev), source, is_trainable=True).eval()
 
 
 def refuse_prompt_learning(model, who: str) -> None:

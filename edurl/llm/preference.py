@@ -30,11 +30,13 @@ Shapes: every per-pair tensor is ``(B,)``, one entry per pair.
 from __future__ import annotations
 
 import math
+import numbers
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
@@ -142,6 +144,19 @@ def _check_pairs(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> 
     check_tensor(a, name_a, ndim=(1,), floating=True)
     check_tensor(b, name_b, ndim=(1,), floating=True)
     check_same_shape(a, b, name_a, name_b)
+    if a.numel() == 0:
+        raise ValueError(f"{name_a} and {name_b} are empty: a mean over no pairs is NaN; pass at least one pair")
+
+
+def _check_beta(beta) -> float:
+    """DPO's beta as a float: a finite real number > 0 (NumPy's scalars too)."""
+    if (
+        isinstance(beta, (bool, np.bool_))
+        or not isinstance(beta, numbers.Real)
+        or not (beta > 0 and math.isfinite(beta))
+    ):
+        raise ValueError(f"beta must be a finite number > 0 (DPO's KL strength, e.g. 0.1), got {beta!r}")
+    return float(beta)
 
 
 def _check_rows(prompts, replies) -> None:
@@ -175,8 +190,7 @@ def dpo_loss(
     for name, value in (("policy_rejected_logps", policy_rejected_logps), ("ref_chosen_logps", ref_chosen_logps)):
         _check_pairs(policy_chosen_logps, value, "policy_chosen_logps", name)
     _check_pairs(policy_chosen_logps, ref_rejected_logps, "policy_chosen_logps", "ref_rejected_logps")
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (beta > 0 and math.isfinite(beta)):
-        raise ValueError(f"beta must be a finite number > 0 (DPO's KL strength, e.g. 0.1), got {beta!r}")
+    beta = _check_beta(beta)
     chosen = policy_chosen_logps - ref_chosen_logps  # (B,): log pi/ref of the chosen reply
     rejected = policy_rejected_logps - ref_rejected_logps  # (B,)
     return -F.logsigmoid(beta * (chosen - rejected)).mean()
@@ -185,7 +199,7 @@ def dpo_loss(
 def implicit_rewards(policy_logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -> torch.Tensor:
     """DPO's implicit reward of each reply, ``beta * (log pi - log ref)``: ``(B,)``."""
     _check_pairs(policy_logps, ref_logps, "policy_logps", "ref_logps")
-    return beta * (policy_logps - ref_logps)
+    return _check_beta(beta) * (policy_logps - ref_logps)
 
 
 def kl_shaped_rewards(
@@ -363,12 +377,52 @@ def load_reward_model(path, seed: int = 0):
             model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     finally:
         transformers.logging.set_verbosity(verbosity)
+    if model.config.pad_token_id is None:  # Qwen2.5's config.json has none: its pad is in generation_config.json
+        model.config.pad_token_id = _saved_pad_id(path)
     if model.config.pad_token_id is None:
         raise ValueError(
-            f"the model at {path} has no pad_token_id in its config; the reward model needs it to find each "
-            "sequence's last token. Set config.pad_token_id (e.g. to the tokenizer's pad or eos id) and save again."
+            f"the model at {path} has no pad id in its config, its generation_config or its tokenizer; the reward "
+            "model needs one to find each sequence's last token. Set config.pad_token_id to a token that no reply "
+            "ends with (not <|im_end|>) and save again."
+        )
+    stop = _saved_token_id(path, "<|im_end|>")
+    if stop is not None and model.config.pad_token_id == stop:
+        raise ValueError(
+            f"the model at {path} pads with <|im_end|> (id {stop}), the token every reply ends with: the head reads "
+            "each row's last non-pad token, so it would skip the stop token, and an empty reply would be scored at "
+            "another position with shared prompts than without. Set config.pad_token_id to another token (e.g. "
+            "<|endoftext|>) and save again."
         )
     return model
+
+
+def _saved_pad_id(path) -> int | None:
+    """The pad id of the checkpoint at ``path`` from its generation config, else from its tokenizer."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    try:
+        pad = GenerationConfig.from_pretrained(path).pad_token_id
+    except OSError:  # no generation_config.json
+        pad = None
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    if pad is None:
+        try:
+            pad = AutoTokenizer.from_pretrained(path).pad_token_id
+        except (OSError, ValueError):  # no tokenizer saved beside the weights
+            pad = None
+    return pad
+
+
+def _saved_token_id(path, token: str) -> int | None:
+    """The id of ``token`` in the tokenizer saved at ``path``, or None (no tokenizer, or no such token)."""
+    from transformers import AutoTokenizer
+
+    try:
+        vocab = AutoTokenizer.from_pretrained(path).get_vocab()
+    except (OSError, ValueError):
+        return None
+    return vocab.get(token)
 
 
 def score_sequences(

@@ -34,18 +34,34 @@ def require_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
         )
 
 
+FROM_TEMPLATE = "<the chat template's>"
+"""``ChatMLRenderer``'s default ``default_system``: read it from the tokenizer's chat template."""
+
+
+def template_default_system(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The system message that ``tokenizer``'s chat template inserts into a conversation that has none (Qwen2.5's
+    "You are Qwen, created by Alibaba Cloud. ..."), or None when it inserts none."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tokenize=False)
+    head = "<|im_start|>system\n"
+    end = text.find("<|im_end|>", len(head)) if isinstance(text, str) and text.startswith(head) else -1
+    return text[len(head) : end] if end >= 0 else None
+
+
 class ChatMLRenderer:
     """ChatML prompts and replies as token ids.
 
     Args:
         tokenizer: a tokenizer whose vocabulary has ``<|im_start|>`` and ``<|im_end|>``.
-        default_system: a system message inserted when the conversation has none
-            (Qwen2.5's template does this with "You are Qwen, ..."); None for none.
+        default_system: a system message inserted when the conversation has none; by default the one the
+            tokenizer's chat template inserts (Qwen2.5's "You are Qwen, ...", none for the course's tokenizer), so
+            that prompts match the model's own template; None for none.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, default_system: str | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, default_system: str | None = FROM_TEMPLATE):
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
+        if default_system == FROM_TEMPLATE:
+            default_system = template_default_system(tokenizer)
         self.default_system = default_system
         vocab = tokenizer.get_vocab()
         missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
@@ -55,7 +71,9 @@ class ChatMLRenderer:
         self.im_end = vocab["<|im_end|>"]
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        # split_special_tokens: a "<|im_end|>" written in a message (by a user, a tool or the model spelling it out)
+        # is text, encoded as its characters; it cannot end a turn or open a forged one
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     def _turn(self, message: Message) -> list[int]:
         """``<|im_start|>role\\ncontent<|im_end|>\\n`` as ids."""

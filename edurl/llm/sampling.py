@@ -295,6 +295,15 @@ def sample(
             raise ValueError(
                 f"prefix_cache keeps one conversation per key, so num_samples must be 1, got {num_samples}"
             )
+        config = getattr(model, "config", None)
+        if getattr(config, "use_sliding_window", False) or any(
+            t != "full_attention" for t in getattr(config, "layer_types", None) or ()
+        ):
+            raise ValueError(
+                "prefix_cache keeps each conversation's keys and values whole, and this model has sliding-window "
+                "attention layers, whose cache keeps only the last window: sample without it (prefix_cache=None; "
+                "MultiTurnConfig(prefix_cache=False))"
+            )
     device = next(model.parameters()).device
     if pad_token_id is None:
         pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0

@@ -504,3 +504,55 @@ def test_calculator_episode(char_tokenizer):
     assert run_tool("<calc>1+</calc>").startswith("error: ") and run_tool("<calc>").startswith("error: ")
     many = _play_scripted(CalculatorEnv("1+1=?", "2", r, max_tool_calls=2), r, ["<calc>1+1</calc>"] * 5)
     assert many.num_turns == 3 and many.transitions[-1].metrics["tool_calls"] == 2
+
+
+class _Quiz:
+    """A MessageEnv that keeps asking until it hears an answer: -0.5 for a wrong one, 1 for the right one."""
+
+    @staticmethod
+    def make(renderer, max_turns=2):
+        from edurl.llm.envs.base import MessageEnv
+
+        class Quiz(MessageEnv):
+            def initial_messages(self):
+                return [{"role": "user", "content": "2+2=?"}]
+
+            def reply(self, text):
+                if text.startswith("answer "):
+                    right = text == "answer 4"
+                    return (1.0 if right else -0.5), True, [], {"correct": float(right)}
+                return 0.0, False, [{"role": "user", "content": "go on"}], {}
+
+            def truncated_metrics(self):
+                return {"correct": 0.0}
+
+            def truncated(self, text):
+                return -1.0, self.truncated_metrics()
+
+        env = Quiz(renderer)
+        env.max_turns = max_turns
+        return env
+
+
+def test_running_out_of_turns_is_graded_as_a_cut_off_reply_and_flagged(char_tokenizer):
+    """The max_turns safety net used to end the episode with the last reply's reward (0 here, above a wrong
+    answer's -0.5), no turn_limit flag and none of truncated_metrics' keys."""
+    r = ChatMLRenderer(char_tokenizer)
+    wrong = play_actions(_Quiz.make(r), [_encode(r, "answer 5")])
+    stalled = play_actions(_Quiz.make(r), [_encode(r, "hmm")] * 2)
+    assert wrong.total_reward == -0.5 and stalled.num_turns == 2
+    assert stalled.total_reward == -1.0 < wrong.total_reward  # the env's truncated() grade, added to the reply's 0
+    assert stalled.transitions[-1].episode_done
+    assert stalled.transitions[-1].metrics == {"truncated": 0.0, "turn_limit": 1.0, "correct": 0.0}
+    assert stalled.transitions[0].metrics == {"truncated": 0.0, "turn_limit": 0.0}  # the first turn went on
+    assert wrong.transitions[-1].metrics == {"truncated": 0.0, "turn_limit": 0.0, "correct": 0.0}
+    # a reply that ends the episode on the last allowed turn is the env's own ending, not the safety net's
+    last = play_actions(_Quiz.make(r), [_encode(r, "hmm"), _encode(r, "answer 4")])
+    assert last.total_reward == 1.0 and last.transitions[-1].metrics["turn_limit"] == 0.0
+
+
+def test_too_many_signs_are_not_called_parentheses():
+    with pytest.raises(ToolError, match=r"nested too deep \(parentheses or signs\)"):
+        calculate("-" * 12 + "1")
+    with pytest.raises(ToolError, match="nested too deep"):
+        calculate("(" * 12 + "1" + ")" * 12)

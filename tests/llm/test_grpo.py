@@ -423,3 +423,12 @@ def test_a_log_dir_that_is_a_file_is_refused_before_any_work(tmp_path):
     (tmp_path / "run").write_text("notes", encoding="utf-8")  # it used to fail in mkdir, after the model was loaded
     with pytest.raises(ValueError, match="is a file; pass a folder"):
         train_grpo(tiny(tmp_path, max_steps=1))
+
+
+def test_dro_beta_is_checked_when_the_config_is_built():
+    """-1 and NaN failed only in the loss at the first step, and inf gave NaN losses that optim_step blamed on the
+    log-probs or rewards."""
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="dro_beta must be a finite number >= 0"):
+            GRPOConfig(loss_fn="dro", dro_beta=bad)
+    assert GRPOConfig(loss_fn="dro", dro_beta=0.0).loss_fn_config() == {"beta": 0.0}

@@ -202,3 +202,48 @@ def test_multiturn_config_checks_the_loss_and_hands_dro_its_beta(tmp_path, monke
     row = multiturn_step(config, trainer, ChatMLRenderer(tok), step=0)
     assert calls == [("dro", {"beta": 0.2})], "shaped rewards should leave a mixed group to train on"
     assert "optim/loss" in row
+
+
+def test_per_turn_datums_under_the_default_aggregation_warn(tmp_path, monkeypatch):
+    """With per-turn datums, seq_mean_token_mean weighs an episode as many sequences as it has turns, which changes
+    the gradient (token_mean and sum do not); the step said nothing, and Chapter 9 called the fallback always
+    correct."""
+    import copy
+    import warnings
+
+    from edurl.llm.clients import TrainingClient
+    from edurl.llm.envs import base as E
+    from edurl.llm.multiturn import multiturn_step
+
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path / "cache"))
+    sft = GameSFTConfig(**TINY)
+    model, tok, _, _ = load_or_train_game_sft(sft, progress_bar=False)
+    # every episode falls back, as with a renderer that breaks the prefix property
+    monkeypatch.setattr(E, "trajectory_to_datums", lambda traj, adv: (E.per_turn_datums(traj, adv), False))
+    for aggregation, warns in (("seq_mean_token_mean", True), ("token_mean", False)):
+        config = MultiTurnConfig(
+            sft=sft, group_size=4, batch_size=2, max_tokens=8, shaped=True, aggregation=aggregation
+        )
+        config = replace(config, num_threads=1, progress=False, log_dir=str(tmp_path / aggregation))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            row = multiturn_step(config, TrainingClient(copy.deepcopy(model), tok), ChatMLRenderer(tok), step=0)
+        assert row["env/all/merged_fraction"] == 0
+        said = [str(w.message) for w in seen if "weighs as many sequences as it has turns" in str(w.message)]
+        assert len(said) == warns, (aggregation, said)
+
+
+def test_multiturn_config_refuses_settings_that_would_do_nothing():
+    with pytest.raises(ValueError, match="temperature must be > 0.*greedy"):
+        MultiTurnConfig(temperature=0.0)
+    with pytest.raises(ValueError, match=r"discount must be in \[0, 1\]"):
+        MultiTurnConfig(per_turn_credit=True, discount=5.0)
+    with pytest.raises(ValueError, match="set per_turn_credit=True, or leave discount at 1"):
+        MultiTurnConfig(discount=0.0)
+    calculator = GameSFTConfig(game="calculator")
+    with pytest.raises(ValueError, match=r"\['shaped', 'scratchpad_bonus'\] belong to the other game.*'calculator'"):
+        MultiTurnConfig(sft=calculator, shaped=True, scratchpad_bonus=0.1)
+    with pytest.raises(ValueError, match=r"\['tool_cost'\] belong to the other game.*'guess_number'"):
+        MultiTurnConfig(tool_cost=0.1)
+    assert MultiTurnConfig(sft=calculator, tool_cost=0.1).env_kwargs()["tool_cost"] == 0.1
+    assert MultiTurnConfig(per_turn_credit=True, discount=0.0).discount == 0.0

@@ -175,3 +175,29 @@ def test_a_buffer_whose_groups_do_not_line_up_is_refused(tmp_path):
     with pytest.raises(ValueError, match="3 rewards"):
         filled.save(tmp_path / "bad.pt")
     assert not (tmp_path / "bad.pt").exists()
+
+
+def test_a_buffer_off_the_usual_path_says_what_is_wrong(tmp_path):
+    """summary() of an empty buffer raised KeyError 'source' and a group with no completions ZeroDivisionError; a
+    file with a newer version's field gave a bare TypeError; joining a buffer of known temperature with one of
+    unknown temperature silently turned the temperature check off."""
+    import warnings
+
+    empty = RolloutBuffer(temperature=1.0)
+    assert len(empty.summary()) == 0 and list(empty.summary().columns) == ["groups", "reward", "correct", "tokens"]
+    with pytest.raises(ValueError, match="group 0 has no completions"):
+        RolloutBuffer(prompts=[[1]], completions=[[]], logprobs=[[]], rewards=[[]], correct=[[]], source=["sft"])
+    one = dict(prompts=[[1, 2]], completions=[[[3], [4]]], logprobs=[[[-0.1], [-0.2]]], rewards=[[1.0, 0.0]])
+    buffer = RolloutBuffer(**one, correct=[[1.0, 0.0]], source=["sft"], temperature=1.0)
+    assert buffer.summary().loc["sft", "groups"] == 1
+    saved = torch.load(buffer.save(tmp_path / "b.pt"), weights_only=True)
+    torch.save({**saved, "behaviour_policy": ["sft"]}, tmp_path / "newer.pt")
+    with pytest.raises(ValueError, match=r"fields \['behaviour_policy'\] that this version of edurl does not know"):
+        RolloutBuffer.load(tmp_path / "newer.pt")
+    legacy = RolloutBuffer(**one, correct=[[1.0, 0.0]], source=["old"], temperature=None)
+    with pytest.warns(UserWarning, match="temperature 1.0 with one of unknown temperature"):
+        joined = buffer + legacy
+    assert joined.temperature is None and len(joined) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (buffer + buffer).temperature == 1.0

@@ -121,3 +121,26 @@ def test_prompt_learning_adapters_are_refused_before_they_give_wrong_log_probs(q
     lora, _ = load_policy(qwen_dir, lora=4, device="cpu")
     assert len(sample(lora, [[5, 6, 7]], 2, SamplingParams(max_tokens=3, seed=0))) == 2
     TrainingClient(lora, tok)
+
+
+def test_lora_on_a_saved_adapter_folder_trains_the_saved_adapter(qwen_dir, tmp_path):
+    """transformers loads an adapter folder onto its base; get_peft_model then made a fresh adapter over it, with
+    B = 0, so training "continued" from the base model (peft only warned)."""
+    model, tok = load_policy(qwen_dir, lora=4, device="cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    model.save_pretrained(tmp_path / "adapter")
+    tok.save_pretrained(tmp_path / "adapter")
+
+    again, _ = load_policy(tmp_path / "adapter", lora=4, device="cpu")
+    loaded = {n: p for n, p in again.named_parameters() if "lora_" in n}
+    assert loaded.keys() == saved.keys()
+    assert all(torch.equal(loaded[n], saved[n]) for n in saved)  # not reset to zeros
+    assert all(p.requires_grad for p in loaded.values())
+    assert not any(p.requires_grad for n, p in again.named_parameters() if "lora_" not in n)
+    with pytest.raises(ValueError, match="saved LoRA adapter of rank 4, and lora asks for rank 8: pass lora=4"):
+        load_policy(tmp_path / "adapter", lora=8, device="cpu")

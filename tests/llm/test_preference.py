@@ -417,3 +417,56 @@ def test_one_prompt_per_reply_or_a_clear_error(saved_lm, small_model, share):
         reply_logprobs(small_model, [prompt] * 3, replies, pad_id=0, share_prompts=share)
     with pytest.raises(ValueError, match="ref_logps"):
         implicit_rewards(torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([[-1.5], [-2.5], [-3.5]]), 0.1)
+
+
+def _copy_with_config(src, dst, **changes):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_load_reward_model_takes_the_pad_id_from_where_qwen_keeps_it(saved_lm, char_tokenizer, tmp_path):
+    """Qwen2.5-0.5B-Instruct's config.json has no pad_token_id (its generation_config.json and its tokenizer have
+    one), and load_reward_model refused the checkpoint the chapter says it loads."""
+    from transformers import GenerationConfig
+
+    pad = char_tokenizer.pad_token_id
+    qwen_like = _copy_with_config(saved_lm, tmp_path / "qwen_like", pad_token_id=None)
+    GenerationConfig(pad_token_id=pad, eos_token_id=[char_tokenizer.eos_token_id]).save_pretrained(qwen_like)
+    assert load_reward_model(qwen_like).config.pad_token_id == pad
+    (qwen_like / "generation_config.json").unlink()  # then the tokenizer's
+    assert load_reward_model(qwen_like).config.pad_token_id == pad
+    bare = _copy_with_config(saved_lm, tmp_path / "bare", pad_token_id=None)
+    for f in bare.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            f.unlink()
+    with pytest.raises(ValueError, match="no pad id in its config, its generation_config or its tokenizer"):
+        load_reward_model(bare)
+    im_end = char_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    with pytest.raises(ValueError, match=rf"pads with <\|im_end\|> \(id {im_end}\), the token every reply ends with"):
+        load_reward_model(_copy_with_config(saved_lm, tmp_path / "pads_with_stop", pad_token_id=im_end))
+
+
+def test_beta_and_empty_pairs_are_checked_the_same_way_everywhere():
+    """implicit_rewards took beta = -1 (every reward's sign flipped), 0 and NaN; dpo_loss refused NumPy's float32
+    and int64 betas with a message that called them not numbers; an empty batch gave NaN losses."""
+    import numpy as np
+
+    lp, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0])
+    for bad in (-1.0, 0.0, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="beta must be a finite number > 0"):
+            implicit_rewards(lp, ref, bad)
+        with pytest.raises(ValueError, match="beta must be a finite number > 0"):
+            dpo_loss(lp, ref, ref, lp, bad)
+    for good in (np.float32(0.5), np.int64(1), np.float64(0.5)):
+        assert torch.allclose(implicit_rewards(lp, ref, good), float(good) * (lp - ref))
+        assert dpo_loss(lp, ref, ref, lp, good).item() == pytest.approx(dpo_loss(lp, ref, ref, lp, float(good)).item())
+    empty = torch.zeros(0)
+    for loss in (lambda: bradley_terry_loss(empty, empty), lambda: dpo_loss(empty, empty, empty, empty, 0.1)):
+        with pytest.raises(ValueError, match="empty: a mean over no pairs is NaN"):
+            loss()

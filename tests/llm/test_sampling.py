@@ -319,3 +319,15 @@ def test_an_adapted_embedding_still_samples_and_trains(small_model, char_tokeniz
     trainer = TrainingClient(model, char_tokenizer)
     out = trainer.forward_backward([build_datum(prompt, c.tokens, c.logprobs, 1.0)], "importance_sampling").result()
     assert out.loss == out.loss  # finite, not an AttributeError
+
+
+def test_the_prefix_cache_refuses_a_sliding_window_model_with_the_reason():
+    """Its cache keeps only the last window of keys, and keep_kv masked it with the full-length mask: an IndexError
+    from inside the cache code. Plain sampling of the same model is right, so it still works."""
+    from .conftest import random_llama_family
+
+    model = random_llama_family("qwen2", use_sliding_window=True, sliding_window=6, max_window_layers=0)
+    prompts, params = [[5, 6, 7, 8, 9, 10, 11, 12], [5, 6, 7]], SamplingParams(max_tokens=4, seed=0)
+    with pytest.raises(ValueError, match="sliding-window attention layers.*prefix_cache=None"):
+        sample(model, prompts, 1, params, prefix_cache=PrefixCache(), cache_keys=[0, 1])
+    assert [len(c.tokens) for c in sample(model, prompts, 1, params, eos_token_id=[])] == [4, 4]

@@ -224,6 +224,8 @@ class MessageEnv(Env):
     as the cookbook's renderers do. Whether that extends the previous observation token for token is the
     renderer's business, and :func:`trajectory_to_datums` checks it. A turn cut off by ``max_tokens`` (no stop
     token) ends the episode with ``truncated = 1`` and the reward :meth:`truncated` gives (0 unless overridden).
+    A turn that reaches ``max_turns`` while :meth:`reply` would go on ends it with ``turn_limit = 1``, its reply's
+    reward plus :meth:`truncated`'s, and :meth:`truncated`'s metrics.
     """
 
     max_turns: int = 10
@@ -248,7 +250,8 @@ class MessageEnv(Env):
         return {}
 
     def truncated(self, text: str) -> tuple[float, dict[str, float]]:
-        """The reward and metrics of a reply ``text`` cut off by ``max_tokens``, which ends the episode: 0 and
+        """The reward and metrics of a reply ``text`` cut off by ``max_tokens`` (or, added to its reply's reward,
+        of the turn that reaches ``max_turns`` while :meth:`reply` would go on), which ends the episode: 0 and
         :meth:`truncated_metrics`. An env whose rewards can be negative overrides it, or running out of tokens
         becomes the best way to fail (the calculator grades it as Chapter 7 does)."""
         return 0.0, self.truncated_metrics()
@@ -269,13 +272,17 @@ class MessageEnv(Env):
         self.turns += 1
         if not complete:
             reward, metrics = self.truncated(message["content"])
-            done, new, metrics = True, [], {"truncated": 1.0, **metrics}
+            done, new, metrics = True, [], {"truncated": 1.0, "turn_limit": 0.0, **metrics}
         else:
             reward, done, new, metrics = self.reply(message["content"])
-            metrics = {"truncated": 0.0, **metrics}
+            metrics = {"truncated": 0.0, "turn_limit": 0.0, **metrics}
+            if not done and self.turns >= self.max_turns:
+                # the safety net ends an episode reply() kept going: graded as a cut-off reply, so that running out
+                # of turns is not a better way to fail than a wrong answer, and with the same metric keys
+                cut_reward, cut_metrics = self.truncated(message["content"])
+                reward, done, new = reward + cut_reward, True, []
+                metrics = {**metrics, **cut_metrics, "turn_limit": 1.0}
         self.messages += list(new)
-        if self.turns >= self.max_turns:
-            done = True
         ob = [] if done else self.renderer.build_generation_prompt(self.messages)
         return StepResult(float(reward), bool(done), ModelInput.from_ints(ob), self.stop_condition(), metrics)
 

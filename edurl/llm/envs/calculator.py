@@ -62,7 +62,7 @@ def calculate(expression: str) -> int:
 
     def atom(depth: int) -> int:
         if depth > 10:
-            raise ToolError("parentheses nested too deep")
+            raise ToolError("expression nested too deep (parentheses or signs)")
         tok = peek()
         if tok is None:
             raise ToolError("expression ends too early")
