@@ -14,6 +14,8 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
+
 from edurl.llm.multiturn import GUESS_RL_SETTINGS
 
 OFFSET = 1_000_000
@@ -747,7 +749,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--experiments", default=",".join(EXPERIMENTS))
-    parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9", help="comma-separated study seeds")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2,3,4,5,6,7,8,9", help="comma-separated study seeds")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variant", default="threads=1", help="the name the rows carry")
     parser.add_argument("--out", help="append the runs to this JSON-lines file")
@@ -760,7 +762,7 @@ def main() -> None:
         return
     if not args.out:
         parser.error("--out is required to run experiments (or pass --summary FILES to read earlier runs)")
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in args.seeds:
         for name in args.experiments.split(","):
             try:  # a claim file per (experiment, seed, variant): processes sharing --out never run one twice
                 os.close(os.open(f"{args.out}.{name}.{seed}.{args.variant}.claim", os.O_CREAT | os.O_EXCL))

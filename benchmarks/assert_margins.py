@@ -65,6 +65,7 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 import torch
+from _args import positive_int  # benchmarks/ is on sys.path when a script runs
 from tqdm.auto import tqdm
 
 from edurl import rl
@@ -799,7 +800,7 @@ def _read_runs(path: Path) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notebooks", default="01,02,03,04,05", help="comma-separated, e.g. 02,05")
-    parser.add_argument("--seeds", type=int, default=10, help="study seeds 0 .. N-1 per variant")
+    parser.add_argument("--seeds", type=positive_int, default=10, help="number of study seeds: 0 .. N-1 per variant")
     parser.add_argument("--variants", default="default,generic", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument(
         "--experiments",
@@ -820,9 +821,15 @@ def main():
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one variant, in this process
     args = parser.parse_args()
     notebooks = [n.strip().zfill(2) for n in args.notebooks.split(",")]
+    if unknown := sorted(set(notebooks) - {c.notebook for c in CHECKS}):
+        parser.error(f"no asserts studied for notebooks {unknown}; choose from {sorted({c.notebook for c in CHECKS})}")
     variants = args.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
         parser.error(f"unknown variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    if args.experiments and (unknown := sorted(set(args.experiments.split(",")) - set(EXPERIMENTS))):
+        parser.error(f"unknown experiments {unknown}; choose from {list(EXPERIMENTS)}")
+    if args.load and (missing := [p for p in args.load.split(",") if not Path(p).is_file()]):
+        parser.error(f"--load: no such file {missing}; pass JSONs written by --out")
     if args.worker:
         torch.set_num_threads(1)
         print(f"variant {variants[0]}: torch's CPU kernels at {torch.backends.cpu.get_cpu_capability()}")

@@ -37,6 +37,7 @@ import tempfile
 from dataclasses import replace
 
 import pandas as pd
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm.grpo import GRPOConfig, train_grpo
 
@@ -60,7 +61,7 @@ def run(config: GRPOConfig) -> dict:
 
 def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument(
         "--group-size",
@@ -84,7 +85,7 @@ def main(argv=None) -> pd.DataFrame:
     side = args.async_threads or max(1, args.cores // 2)
     rows = []
     with tempfile.TemporaryDirectory(prefix="edurl-async-") as tmp:
-        for seed in [int(s) for s in args.seeds.split(",")]:
+        for seed in args.seeds:
             base = GRPOConfig(  # 8 completions per problem by default: Chapter 10's measurements (Chapter 7's is 4)
                 seed=seed, group_size=args.group_size, max_steps=args.steps, eval_every=args.steps, progress=False
             )

@@ -20,6 +20,7 @@ import time
 
 import pandas as pd
 import torch
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 from _llm_margins import RLHFSetting  # benchmarks/ is on sys.path when this script runs
 
 from edurl.llm.preference import train_reward_model
@@ -27,12 +28,12 @@ from edurl.llm.preference import train_reward_model
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the study of notebook 08 used 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in args.seeds:
         t0 = time.perf_counter()
         setting = RLHFSetting.make(seed, args.threads)
         rm = train_reward_model(setting.rm_config, setting.data)

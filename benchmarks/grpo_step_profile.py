@@ -28,6 +28,7 @@ the run. One run, one machine: compare pieces within a run.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -131,18 +132,22 @@ def main() -> None:
         shared_prefix.EAGER_ATTENTION_MAX_TOKENS = 0
     if args.plain_decode:  # the sampler asks fast_decoder for its decode step; None means the model's forward
         sampling.fast_decoder = lambda model: None
-    config = GRPOConfig(
-        seed=args.seed,
-        group_size=args.group_size,
-        max_steps=args.steps,
-        eval_every=args.steps,
-        progress=False,
-        score_zero_advantage=args.score_zero_advantage,
-    )
     calls: dict[str, list[float]] = defaultdict(list)
     recorded: list = []
-    with timed_methods(calls, recorded if args.replay_zero_advantage or args.replay_packed else None):
-        result = train_grpo(config)
+    # a folder of its own: the recipe's default (runs/grpo_arithmetic) may hold a learner's run
+    with tempfile.TemporaryDirectory(prefix="grpo-step-profile-") as log_dir:
+        config = GRPOConfig(
+            seed=args.seed,
+            group_size=args.group_size,
+            max_steps=args.steps,
+            eval_every=args.steps,
+            progress=False,
+            score_zero_advantage=args.score_zero_advantage,
+            log_dir=log_dir,
+            save_every=0,
+        )
+        with timed_methods(calls, recorded if args.replay_zero_advantage or args.replay_packed else None):
+            result = train_grpo(config)
     m = result.metrics.dropna(subset=["time/sample"]).reset_index(drop=True)
     steps = len(m)
     per_step = {name: np.array(times) for name, times in calls.items()}

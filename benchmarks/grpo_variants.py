@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
+
 VARIANTS = {
     "default": {},
     "g8": {"group_size": 8},
@@ -229,7 +231,7 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
-    parser.add_argument("--seeds", default="0,1,2,3")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2,3", help="comma-separated seeds")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", help="append each run to this JSON-lines file")
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    for seed in [int(s) for s in args.seeds.split(",")]:
+    for seed in args.seeds:
         for variant in variants:
             if not claim(args.out, variant, seed, args.steps, args.threads):
                 continue

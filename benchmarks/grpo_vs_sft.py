@@ -33,6 +33,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from _args import positive_int, seed_list  # benchmarks/ is on sys.path when a script runs
 from grpo_variants import gains_within, learning_curve  # noqa: E402  (benchmarks/ is on sys.path)
 
 from edurl.llm.grpo import GRPOConfig, train_grpo  # noqa: E402
@@ -87,10 +88,21 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    ap.add_argument("--steps", type=int, default=GRPOConfig.max_steps, help="optimizer steps per arm")
-    ap.add_argument("--out", default="runs/grpo_vs_sft", help="metrics of every run and grpo_vs_sft.png go here")
-    ap.add_argument("--smoke", action="store_true", help="3 steps, seed 0: a quick end-to-end check")
+    ap.add_argument("--seeds", type=seed_list, default=None, help="comma-separated seeds (default 0,1,2)")
+    ap.add_argument(
+        "--steps", type=positive_int, default=None, help=f"optimizer steps per arm (default {GRPOConfig.max_steps})"
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="metrics of every run and grpo_vs_sft.png go here (default runs/grpo_vs_sft; runs/grpo_vs_sft_smoke with "
+        "--smoke, so that a smoke run never replaces a full one)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="3 steps, seed 0: a quick end-to-end check (no --seeds, --steps or --check)",
+    )
     ap.add_argument(
         "--grpo-only", action="store_true", help="run the GRPO arm alone (the learning target, no baseline)"
     )
@@ -100,9 +112,14 @@ def main() -> None:
         help=f"exit 1 unless GRPO gains >= {TARGET_GAIN * 100:.0f} points within {TARGET_SECONDS} s of training in every seed",
     )
     args = ap.parse_args()
-    seeds = [0] if args.smoke else [int(s) for s in args.seeds.split(",")]
-    steps = 3 if args.smoke else args.steps
-    out = Path(args.out)
+    if args.smoke and (args.check or args.seeds is not None or args.steps is not None):
+        ap.error(
+            "--smoke runs 3 steps of seed 0 to see that the script runs end to end; it takes no --seeds or --steps, "
+            "and 3 steps cannot meet --check's target"
+        )
+    seeds = [0] if args.smoke else args.seeds or [0, 1, 2]
+    steps = 3 if args.smoke else args.steps or GRPOConfig.max_steps
+    out = Path(args.out or ("runs/grpo_vs_sft_smoke" if args.smoke else "runs/grpo_vs_sft"))
 
     rows, curves = [], []
     for seed in seeds:

@@ -74,6 +74,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 import transformers
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl import llm
 from edurl.llm.clients import AdamParams
@@ -311,13 +312,13 @@ def warm_up(config: GRPOConfig, sft_path: Path, test: list[llm.Problem], threads
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="GRPO steps per library")
-    ap.add_argument("--seeds", default="0", help="comma-separated seeds, e.g. 0,1,2")
+    ap.add_argument("--seeds", type=seed_list, default="0", help="comma-separated seeds, e.g. 0,1,2")
     ap.add_argument("--lr", type=float, default=GRPOConfig.learning_rate, help="constant Adam learning rate")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads for both libraries")
     ap.add_argument("--smoke", action="store_true", help="3 steps each: a quick end-to-end check")
     args = ap.parse_args()
     steps = 3 if args.smoke else args.steps
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = args.seeds
     torch.set_num_threads(args.threads)
     transformers.logging.disable_progress_bar()  # "Loading weights" bars
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # TRL's call

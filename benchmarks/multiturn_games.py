@@ -26,6 +26,7 @@ import statistics
 import time
 
 import torch
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm import ChatMLRenderer, SamplingClient, SamplingParams
 from edurl.llm.envs import do_group_rollouts
@@ -240,7 +241,7 @@ def _overrides(parser: argparse.ArgumentParser, flag: str, items: list[str], con
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--games", default="guess_number,calculator")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="append one JSON row per run to this file")
     parser.add_argument("--load", default=None, help="report the rows of an earlier --out file instead of running")
@@ -273,7 +274,7 @@ def main() -> None:
         return
     rows = []
     for game in args.games.split(","):
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in args.seeds:
             rows.append(
                 measure(
                     game,

@@ -62,6 +62,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import torch
 import transformers
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm.clients import disable_dropout
 from edurl.llm.preference import (
@@ -277,7 +278,7 @@ RUNS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", choices=("length", "gold"), default="length")
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds")
+    parser.add_argument("--seeds", type=seed_list, default="0", help="comma-separated seeds")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rm-lr", type=float, default=1e-3)
     parser.add_argument("--dpo-lr", type=float, default=1e-3)
@@ -293,7 +294,7 @@ def main() -> None:
 
     datasets.disable_progress_bars()  # TRL's dataset preparation bars
     rows = []
-    for seed in (int(x) for x in args.seeds.split(",")):
+    for seed in args.seeds:
         s = Settings(args.epochs, args.rm_lr, args.dpo_lr, args.beta, seed, args.threads)
         data = make_pairs(args.pairs, seed, args.train_pairs, 256)
         warm = Settings(1, args.rm_lr, args.dpo_lr, args.beta, seed, args.threads, max_steps=2)

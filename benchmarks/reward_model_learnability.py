@@ -30,6 +30,7 @@ import time
 from dataclasses import replace
 
 import pandas as pd
+from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm.preference import (
     RewardModelConfig,
@@ -51,7 +52,7 @@ SETTINGS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=str, default="0,1,2", help="comma-separated seeds")
+    parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training pairs")
     parser.add_argument("--train-problems", type=int, default=1024, help="training problems (about one pair each)")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
@@ -64,7 +65,7 @@ def main() -> None:
     rows = []
     for name in chosen:
         base = SETTINGS[name]
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in args.seeds:
             config = replace(
                 base,
                 seed=seed,

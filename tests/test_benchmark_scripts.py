@@ -352,3 +352,35 @@ def test_every_benchmark_script_shows_its_help(script):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "usage:" in proc.stdout
+
+
+def test_seed_lists_and_counts_are_checked_by_argparse():
+    """A typo reached int() or pandas inside the run (--seeds a, --seeds 0,1,...,12 as Chapter 7 once wrote it,
+    --seeds 0 for a count), sometimes after a saved study had been emptied."""
+    import argparse
+
+    args = _benchmark("_args")
+    assert args.seed_list("0,1,2") == [0, 1, 2] and args.seed_list("7") == [7]
+    for bad in ("", "a", "0,1,...,12", "0, -1", "1,1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            args.seed_list(bad)
+    assert args.positive_int("3") == 3
+    for bad in ("0", "-2", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            args.positive_int(bad)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["benchmarks/grpo_vs_sft.py", "--smoke", "--check"], "--smoke runs 3 steps of seed 0"),
+        (["benchmarks/grpo_vs_sft.py", "--seeds", "a"], "is not a list of seeds"),
+        (["benchmarks/assert_margins.py", "--seeds", "0"], "must be at least 1"),
+        (["benchmarks/assert_margins.py", "--notebooks", "11"], "no asserts studied for notebooks ['11']"),
+        (["benchmarks/assert_margins.py", "--load", "no_such_file.json"], "--load: no such file"),
+        (["benchmarks/cartpole.py", "--seeds", "0,1,2"], "is not an int"),
+    ],
+)
+def test_a_bad_benchmark_flag_is_one_line_before_any_work(argv, message, tmp_path):
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1500:]

@@ -27,6 +27,7 @@ adds it to the loss instead, as TRL does.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -154,6 +155,10 @@ class GRPOConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+        if self.num_threads is not None and (
+            isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int) or self.num_threads < 1
+        ):
+            raise ValueError(f"num_threads must be a positive int or None, got {self.num_threads!r}")
         if self.resume and self.overwrite:
             raise ValueError("resume=True continues the run in log_dir and overwrite=True deletes it: set one of them")
         if self.batch_size * self.group_size % self.num_substeps:
@@ -175,7 +180,9 @@ class GRPOConfig:
             )
         if not self.kl_coef >= 0:
             raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
-        if not (isinstance(self.dro_beta, (int, float)) and math.isfinite(self.dro_beta) and self.dro_beta >= 0):
+        if isinstance(self.dro_beta, bool) or not (
+            isinstance(self.dro_beta, numbers.Real) and math.isfinite(self.dro_beta) and self.dro_beta >= 0
+        ):
             raise ValueError(
                 f"dro_beta must be a finite number >= 0 (the dro loss's quadratic penalty, e.g. 0.05), got "
                 f"{self.dro_beta!r}: a negative one fails in the loss at the first step, and inf makes every loss NaN"

@@ -129,6 +129,19 @@ def _config_json(config, desc: str) -> str:
     return json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
 
 
+def _delete_earlier_run(log_dir: Path) -> None:
+    """``overwrite=True``: delete the earlier run's checkpoints and metrics in ``log_dir``. Called after the run's
+    setup has succeeded, so that a bad flag beside ``--overwrite`` fails with the earlier run still there."""
+    checkpoints = _checkpoints(log_dir)
+    metrics = log_dir / "metrics.jsonl"
+    logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
+    if checkpoints or logged:
+        shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
+        metrics.unlink(missing_ok=True)
+        print(f"overwrite=True: deleted the earlier run in {log_dir} ({logged} logged steps, "
+              f"{len(checkpoints)} checkpoints)")  # fmt: skip
+
+
 def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = True) -> list[Path]:
     """The checkpoints to resume from, after refusing what would mix two runs or lose one: a fresh run into a
     folder with an earlier run's checkpoints (a later resume would load them), a resume with nothing to resume
@@ -141,12 +154,7 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
     logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
     if not config.resume:
         if config.overwrite:
-            if main and (checkpoints or logged):  # rank 0 alone deletes; the others find nothing to resume either way
-                shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
-                metrics.unlink(missing_ok=True)
-                print(f"overwrite=True: deleted the earlier run in {log_dir} ({logged} logged steps, "
-                      f"{len(checkpoints)} checkpoints)")  # fmt: skip
-            return []
+            return []  # deleted by _delete_earlier_run once the model, threads and device are known to work
         if checkpoints:
             raise ValueError(
                 f"log_dir {str(log_dir)!r} holds an earlier run's checkpoints (newest: {checkpoints[-1].name}), "
@@ -231,6 +239,8 @@ def run_training_loop(
         if main:
             world.barrier()
             warn_if_replies_do_not_fit(config.max_tokens, renderer, task, config.seed)
+            if config.overwrite and not config.resume:  # rank 0 alone deletes; the others find nothing to resume
+                _delete_earlier_run(log_dir)
         world.broadcast_parameters(trainer.model)  # every copy starts from rank 0's weights
         test = task.sample(config.num_eval, split="test", seed=config.seed)
         start_step, start_eval, logger = 0, None, None

@@ -90,7 +90,10 @@ class RolloutBuffer:
         return len(self.prompts)
 
     def __add__(self, other: RolloutBuffer) -> RolloutBuffer:
-        temps = (self.temperature, other.temperature)
+        if not len(self) or not len(other):  # an empty accumulator (sum(buffers, RolloutBuffer())) has no samples
+            temps = (self.temperature if len(self) else other.temperature,) * 2
+        else:
+            temps = (self.temperature, other.temperature)
         if None not in temps and temps[0] != temps[1]:
             raise ValueError(
                 f"cannot join buffers sampled at temperatures {temps[0]} and {temps[1]}: their log-probs are of "

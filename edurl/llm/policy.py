@@ -55,13 +55,15 @@ def load_policy(
     Parameters
     ----------
     name_or_path: a folder written by ``save_pretrained``, or a hub id whose files are cached locally.
-    lora: ``None`` for full weights, an int rank, or :class:`LoraSettings`; wraps the model with peft. On a folder
-        that holds a saved adapter (``adapter_config.json``), the saved adapter is loaded trainable on its base
-        model, and ``lora``'s rank must be its rank (without ``lora`` the adapter is loaded frozen).
+    lora: ``None`` for full weights, an int rank, or :class:`LoraSettings`; wraps the model with peft (see below).
     device: defaults to :func:`edurl.device` (CUDA when available).
     dtype: defaults to bfloat16 on CUDA and float32 elsewhere.
     require_chat: raise if the tokenizer has no chat template (a base, non-instruct checkpoint).
     local_files_only: never try the network for a hub id (``HF_HUB_OFFLINE=1`` does the same).
+
+    On a folder that holds a saved LoRA adapter (``adapter_config.json``), ``lora`` continues training the saved
+    adapter on its base model, with the adapter's own alpha and target modules, and its rank must be the saved
+    one; without ``lora`` the adapter is loaded frozen.
     """
     name = str(name_or_path)
     path = Path(name).expanduser()
@@ -98,6 +100,7 @@ def load_policy(
     if lora is not None and getattr(model, "_hf_peft_config_loaded", False):
         # the folder holds a saved LoRA adapter, which transformers loaded onto its base frozen; a fresh adapter
         # from get_peft_model would replace it with zeros (peft only warns), so train the saved one instead
+        del model  # the copy with the frozen adapter: free it before the base loads again
         model = _trainable_saved_adapter(source, lora, dtype, dev, local_files_only)
     elif lora is not None:
         model = wrap_lora(model, lora)
@@ -105,10 +108,16 @@ def load_policy(
 
 
 def _trainable_saved_adapter(source: str, lora: LoraSettings | int, dtype, dev, local_files_only: bool):
-    """The base model with the adapter saved at ``source`` on it, trainable; its rank must be ``lora``'s."""
+    """The base model with the adapter saved at ``source`` on it, trainable; its rank must be ``lora``'s (its alpha,
+    dropout and target modules are the saved adapter's)."""
     from peft import PeftConfig, PeftModel
 
-    saved = PeftConfig.from_pretrained(source)
+    saved = PeftConfig.from_pretrained(source, local_files_only=local_files_only)
+    if getattr(saved, "peft_type", None) != "LORA":
+        raise ValueError(
+            f"{source!r} holds a saved {getattr(saved, 'peft_type', '?')} adapter, not LoRA: load it without lora= "
+            "(frozen), or load its base model to train a LoRA adapter"
+        )
     rank = lora if isinstance(lora, int) else lora.rank
     if getattr(saved, "r", None) != rank:
         raise ValueError(
@@ -119,7 +128,7 @@ def _trainable_saved_adapter(source: str, lora: LoraSettings | int, dtype, dev, 
     base = AutoModelForCausalLM.from_pretrained(
         saved.base_model_name_or_path, dtype=dtype, local_files_only=local_files_only
     )
-    return PeftModel.from_pretrained(base.to(dev), source, is_trainable=True).eval()
+    return PeftModel.from_pretrained(base.to(dev), source, is_trainable=True, local_files_only=local_files_only).eval()
 
 
 def refuse_prompt_learning(model, who: str) -> None:

@@ -35,6 +35,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -406,23 +407,22 @@ def _saved_pad_id(path) -> int | None:
         pad = None
     if isinstance(pad, list):
         pad = pad[0] if pad else None
-    if pad is None:
-        try:
-            pad = AutoTokenizer.from_pretrained(path).pad_token_id
-        except (OSError, ValueError):  # no tokenizer saved beside the weights
-            pad = None
+    if pad is None and _has_tokenizer_files(path):  # else transformers may build a default, unrelated tokenizer
+        pad = AutoTokenizer.from_pretrained(path).pad_token_id
     return pad
+
+
+def _has_tokenizer_files(path) -> bool:
+    return any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
 
 
 def _saved_token_id(path, token: str) -> int | None:
     """The id of ``token`` in the tokenizer saved at ``path``, or None (no tokenizer, or no such token)."""
     from transformers import AutoTokenizer
 
-    try:
-        vocab = AutoTokenizer.from_pretrained(path).get_vocab()
-    except (OSError, ValueError):
+    if not _has_tokenizer_files(path):
         return None
-    return vocab.get(token)
+    return AutoTokenizer.from_pretrained(path).get_vocab().get(token)
 
 
 def score_sequences(

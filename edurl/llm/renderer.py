@@ -42,6 +42,9 @@ def template_default_system(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The system message that ``tokenizer``'s chat template inserts into a conversation that has none (Qwen2.5's
     "You are Qwen, created by Alibaba Cloud. ..."), or None when it inserts none."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tokenize=False)
+    bos = getattr(tokenizer, "bos_token", None)
+    if isinstance(text, str) and bos and text.startswith(bos):  # a template that opens with BOS
+        text = text[len(bos) :]
     head = "<|im_start|>system\n"
     end = text.find("<|im_end|>", len(head)) if isinstance(text, str) and text.startswith(head) else -1
     return text[len(head) : end] if end >= 0 else None
@@ -60,26 +63,28 @@ class ChatMLRenderer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, default_system: str | None = FROM_TEMPLATE):
         require_chat_template(tokenizer)
         self.tokenizer = tokenizer
-        if default_system == FROM_TEMPLATE:
-            default_system = template_default_system(tokenizer)
-        self.default_system = default_system
         vocab = tokenizer.get_vocab()
         missing = [t for t in ("<|im_start|>", "<|im_end|>") if t not in vocab]
         if missing:
             raise ValueError(f"ChatMLRenderer needs the special tokens {missing} in the tokenizer's vocabulary")
         self.im_start = vocab["<|im_start|>"]
         self.im_end = vocab["<|im_end|>"]
+        if default_system == FROM_TEMPLATE:
+            default_system = template_default_system(tokenizer)
+        self.default_system = default_system
 
-    def _encode(self, text: str) -> list[int]:
-        # split_special_tokens: a "<|im_end|>" written in a message (by a user, a tool or the model spelling it out)
-        # is text, encoded as its characters; it cannot end a turn or open a forged one
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    def _encode(self, text: str, split_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=split_special_tokens)
 
     def _turn(self, message: Message) -> list[int]:
         """``<|im_start|>role\\ncontent<|im_end|>\\n`` as ids."""
+        # split_special_tokens for every role but the model's: a "<|im_end|>" written in a user's, a tool's or the
+        # system's text is text, encoded as its characters, so it cannot end a turn or open a forged one. The
+        # assistant's text was decoded from the model's own ids, special ones included, and re-encodes to them
+        # (the prefix property of Chapter 9)
         return [
             self.im_start,
-            *self._encode(message["role"] + "\n" + message["content"]),
+            *self._encode(message["role"] + "\n" + message["content"], message["role"] != "assistant"),
             self.im_end,
             *self._encode("\n"),
         ]

@@ -296,8 +296,11 @@ def sample(
                 f"prefix_cache keeps one conversation per key, so num_samples must be 1, got {num_samples}"
             )
         config = getattr(model, "config", None)
-        if getattr(config, "use_sliding_window", False) or any(
-            t != "full_attention" for t in getattr(config, "layer_types", None) or ()
+        layer_types = getattr(config, "layer_types", None)
+        if (
+            getattr(config, "use_sliding_window", False)
+            or any(t != "full_attention" for t in layer_types or ())
+            or (layer_types is None and getattr(config, "sliding_window", None) is not None)  # Mistral's configs
         ):
             raise ValueError(
                 "prefix_cache keeps each conversation's keys and values whole, and this model has sliding-window "

@@ -20,16 +20,24 @@ def parse_config(cls, argv: list[str] | None = None, **defaults):
     """Build ``cls`` from the command line (``sys.argv[1:]`` when ``argv`` is None); ``defaults`` override the
     class's own defaults (e.g. a recipe's ``log_dir``). Unknown or malformed flags exit with tyro's message;
     a value the config itself refuses exits with tyro's message too. A ``device`` field (at any depth) that names
-    hardware this machine lacks (``--device cuda`` without CUDA) exits with :func:`edurl.utils.device`'s message
-    before anything is built or trained."""
+    hardware this machine lacks (``--device cuda`` without CUDA), and a ``log_dir`` that is a file, exit with the
+    reason before anything is built or trained."""
     config = tyro.cli(cls, args=argv, default=cls(**defaults) if defaults else None)
     for flag, name in _device_fields(config):
         try:
             _pick_device(name)
         except ValueError as err:
-            print(f"error: {flag} {name}: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
+            refuse(f"{flag} {name}: {err}")
+    log_dir = getattr(config, "log_dir", None)
+    if isinstance(log_dir, str) and Path(log_dir).exists() and not Path(log_dir).is_dir():
+        refuse(f"--log-dir {log_dir}: that is a file; pass a folder (it is made if missing)")
     return config
+
+
+def refuse(message: str) -> None:
+    """End a recipe before any work with ``error: message`` and exit status 2, as tyro does for a bad flag."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def _device_fields(config, prefix: str = "--"):

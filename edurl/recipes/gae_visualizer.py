@@ -9,6 +9,7 @@ critic is a real, imperfect one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from edurl._checks import check_fields, check_gamma
 from edurl.recipes._cli import parse_config
@@ -25,13 +26,17 @@ class GAEVisualizerConfig:
     seed: int = 0
     """Seed for training and for the episode drawn."""
     out: str = "gae_visualizer.png"
-    """Where to write the PNG."""
+    """Where to write the PNG (".png" is added to a name without an extension; missing folders are made)."""
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
         check_fields(self, positive_int=("train_episodes",), nonneg_int=("seed",))
         if not self.lams or not all(isinstance(lam, (int, float)) and 0 <= lam <= 1 for lam in self.lams):
             raise ValueError(f"GAEVisualizerConfig.lams must be one or more numbers in [0, 1], got {self.lams!r}.")
+        if Path(self.out).is_dir():
+            raise ValueError(f"GAEVisualizerConfig.out {self.out!r} is a folder; name the PNG, e.g. {self.out}/gae.png")
+        if not Path(self.out).suffix:  # matplotlib would add .png itself, and the path printed would be wrong
+            self.out = f"{self.out}.png"
 
 
 def main(argv=None):
@@ -51,6 +56,7 @@ def main(argv=None):
     )
     traj = sample_trajectory(trained.policy, trained.value, seed=config.seed)
     ax = plot_gae(traj, config.gamma, config.lams)
+    Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     ax.figure.savefig(config.out, dpi=120, bbox_inches="tight")
     plt.close(ax.figure)
     print(f"episode of {len(traj['rewards'])} steps; wrote {config.out}")

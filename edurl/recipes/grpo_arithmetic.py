@@ -21,12 +21,20 @@ import torch
 
 from edurl.llm.distributed import init_world
 from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.llm.loop import _check_log_dir
 from edurl.plotting import plot_grpo_metrics
-from edurl.recipes._cli import parse_config
+from edurl.recipes._cli import parse_config, refuse
 
 
 def main(argv=None):
     config = parse_config(GRPOConfig, argv, save_every=50)
+    # a fresh run into an earlier run's checkpoints ends with the reason, not a traceback; a resume is checked by
+    # train_grpo, against the config it runs (under torchrun it samples per problem)
+    if not config.resume:
+        try:
+            _check_log_dir(config, Path(config.log_dir), "GRPO", main=False)
+        except ValueError as err:
+            refuse(str(err))
     result = train_grpo(config)
     world = init_world(config.device)
     if world.size > 1:

@@ -377,6 +377,26 @@ def test_a_fresh_run_into_an_earlier_runs_checkpoints_is_refused(tmp_path):
         train_grpo(replace(config, max_steps=1, save_every=0))
 
 
+def test_overwrite_beside_a_bad_setting_fails_with_the_earlier_run_still_there(tmp_path):
+    """--overwrite deleted the earlier run's checkpoints and metrics first, so a misspelt device, a missing base
+    model or zero threads beside it lost that run and then failed anyway."""
+    config = _earlier_run(tmp_path)
+    before = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8")
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        train_grpo(replace(config, overwrite=True, device="gpu"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train_grpo(replace(config, overwrite=True, base_model=str(tmp_path / "no_such_model")))
+    with pytest.raises(ValueError, match="num_threads must be a positive int or None, got 0"):
+        replace(config, overwrite=True, num_threads=0)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8") == before
+    assert (
+        sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+        == saved
+        == ["step_000002", "step_000004"]
+    )
+
+
 def test_a_resume_whose_config_computes_something_else_is_refused(tmp_path):
     config = _earlier_run(tmp_path)
     with pytest.raises(ValueError, match=r"2 field\(s\).*loss_fn: 'importance_sampling' -> 'ppo'.*seed: 0 -> 7"):

@@ -31,3 +31,32 @@ def test_grpo_step_profile_replays_forward_backward_in_each_zero_advantage_mode(
     assert {round(s, 4) for *_, s in seen} == {round(weights[0].sum().item(), 4)}
     out = capsys.readouterr().out
     assert all(name in out for name in profile.MODES) and "1.00x" in out
+
+
+def test_grpo_step_profile_trains_in_a_folder_of_its_own(monkeypatch):
+    """It trained in the recipe's default log_dir, runs/grpo_arithmetic: it replaced a learner's metrics there, or
+    failed on the learner's checkpoints with advice (--resume, --overwrite) that the script has no flags for."""
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    from ..test_benchmark_scripts import _benchmark
+
+    profile = _benchmark("grpo_step_profile")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(config):
+        seen.append(config)
+        raise Stop
+
+    monkeypatch.setattr(profile, "train_grpo", fake_train)
+    monkeypatch.setattr(sys, "argv", ["grpo_step_profile.py", "--steps", "2"])
+    with pytest.raises(Stop):
+        profile.main()
+    (config,) = seen
+    assert Path(config.log_dir).name.startswith("grpo-step-profile-") and config.save_every == 0
+    assert not Path(config.log_dir).exists()  # a temporary folder, gone afterwards

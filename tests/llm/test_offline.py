@@ -128,7 +128,8 @@ def test_the_buffer_keeps_its_temperature_and_the_trainer_must_match_it(setup):
     torch.save(old, root / "old.pt")
     legacy = RolloutBuffer.load(root / "old.pt")
     assert legacy.temperature is None
-    assert (legacy + warm).temperature is None  # a join with an unknown part is unknown
+    with pytest.warns(UserWarning, match="one of unknown temperature"):
+        assert (legacy + warm).temperature is None  # a join with an unknown part is unknown
     assert "optim/loss" in offline_step(replace(config, temperature=0.7), trainer, legacy, 0)
 
 
@@ -201,3 +202,6 @@ def test_a_buffer_off_the_usual_path_says_what_is_wrong(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert (buffer + buffer).temperature == 1.0
+        # an empty accumulator is not a legacy buffer: it keeps the other's temperature, without a warning
+        assert (RolloutBuffer() + buffer).temperature == 1.0 and (buffer + RolloutBuffer()).temperature == 1.0
+        assert sum([buffer, buffer], RolloutBuffer()).temperature == 1.0

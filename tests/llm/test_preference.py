@@ -447,6 +447,11 @@ def test_load_reward_model_takes_the_pad_id_from_where_qwen_keeps_it(saved_lm, c
             f.unlink()
     with pytest.raises(ValueError, match="no pad id in its config, its generation_config or its tokenizer"):
         load_reward_model(bare)
+    # a Qwen2 folder without tokenizer files: AutoTokenizer builds a default Qwen2Tokenizer whose <|endoftext|> is
+    # id 0, an id with another meaning in the model's own vocabulary; it must not be taken for the pad
+    bare_qwen = _copy_with_config(bare, tmp_path / "bare_qwen", model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    with pytest.raises(ValueError, match="no pad id in its config, its generation_config or its tokenizer"):
+        load_reward_model(bare_qwen)
     im_end = char_tokenizer.convert_tokens_to_ids("<|im_end|>")
     with pytest.raises(ValueError, match=rf"pads with <\|im_end\|> \(id {im_end}\), the token every reply ends with"):
         load_reward_model(_copy_with_config(saved_lm, tmp_path / "pads_with_stop", pad_token_id=im_end))

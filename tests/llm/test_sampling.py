@@ -331,3 +331,14 @@ def test_the_prefix_cache_refuses_a_sliding_window_model_with_the_reason():
     with pytest.raises(ValueError, match="sliding-window attention layers.*prefix_cache=None"):
         sample(model, prompts, 1, params, prefix_cache=PrefixCache(), cache_keys=[0, 1])
     assert [len(c.tokens) for c in sample(model, prompts, 1, params, eos_token_id=[])] == [4, 4]
+    # Mistral's configs say it with sliding_window alone (no layer_types, no use_sliding_window)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    mistral = MistralForCausalLM(
+        MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=64, sliding_window=6, pad_token_id=0)
+    ).eval()  # fmt: skip
+    if getattr(mistral.config, "layer_types", None) is None:
+        with pytest.raises(ValueError, match="sliding-window attention layers"):
+            sample(mistral, prompts, 1, params, prefix_cache=PrefixCache(), cache_keys=[0, 1])

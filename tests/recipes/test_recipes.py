@@ -86,6 +86,27 @@ def test_a_device_this_machine_lacks_exits_with_the_reason_before_training(cls, 
     assert "Traceback" not in err
 
 
+def test_a_log_dir_a_recipe_cannot_use_is_one_line_before_any_work(tmp_path, capsys):
+    """A file as --log-dir was a FileExistsError from inside the logger (CartPole recipes); GRPO's own refusals
+    (an earlier run's checkpoints, a resume of nothing) came under a traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for recipe in (ppo_cartpole, reinforce_cartpole, a2c_cartpole):
+        with pytest.raises(SystemExit) as exit_:
+            recipe.main(["--log-dir", str(afile)])
+        assert exit_.value.code == 2 and "that is a file" in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
+    from edurl.recipes import grpo_arithmetic
+
+    run = tmp_path / "grpo"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "state.pt").write_bytes(b"")
+    with pytest.raises(SystemExit) as exit_:
+        grpo_arithmetic.main(["--log-dir", str(run), "--max-steps", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: log_dir") and "--resume" in err and "Traceback" not in err
+
+
 def test_grpo_recipe_help_runs_as_a_module():
     out = subprocess.run(
         [sys.executable, "-m", "edurl.recipes.grpo_arithmetic", "--help"], capture_output=True, text=True
@@ -144,6 +165,17 @@ def test_gae_visualizer_writes_png(tmp_path):
     png = tmp_path / "gae.png"
     gae_visualizer.main(["--train-episodes", "8", "--out", str(png)])
     assert png.stat().st_size > 1000
+
+
+def test_gae_visualizer_writes_where_it_says(tmp_path, capsys):
+    """--out NAME wrote NAME.png and printed NAME; a folder wrote FOLDER.png beside it; a missing parent folder
+    failed after training."""
+    written = gae_visualizer.main(["--train-episodes", "2", "--out", str(tmp_path / "new dir" / "plot")])
+    assert written == str(tmp_path / "new dir" / "plot.png") and (tmp_path / "new dir" / "plot.png").is_file()
+    assert capsys.readouterr().out.rstrip().endswith(f"wrote {written}")
+    with pytest.raises(SystemExit):
+        parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", str(tmp_path)])
+    assert "is a folder" in capsys.readouterr().err
 
 
 def test_ppo_recipe_on_the_torch_env(tmp_path):

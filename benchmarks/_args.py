@@ -1,0 +1,30 @@
+"""Argument types for the benchmarks' command lines: a bad value is argparse's one-line error (what was wrong, with
+the script's usage), not a traceback from inside the run, and it comes before any work."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds 0,1,2``: comma-separated seeds, each an int >= 0, at least one, none twice."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of seeds: write ints >= 0 separated by commas, e.g. 0,1,2 (no spaces, no '...')"
+        )
+    seeds = [int(p) for p in parts]
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} names a seed twice; each seed runs once")
+    return seeds
+
+
+def positive_int(text: str) -> int:
+    """A count that must be at least 1 (steps, seeds, repeats, cores)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
