@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 
+from _args import positive_int  # benchmarks/ is on sys.path when a script runs
+
 from edurl.llm import grpo
 from edurl.llm.grpo import GRPOConfig, train_grpo
 from edurl.utils import torch_threads
@@ -165,9 +167,9 @@ def beside_process(fn, other: str, at: int, cores: int, reps: int, threads: int,
 
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="CPU cores the run may use")
+    parser.add_argument("--cores", type=positive_int, default=os.cpu_count() or 2, help="CPU cores the run may use")
     parser.add_argument("--at", type=int, default=5, help="the recipe step whose batch is timed")
-    parser.add_argument("--reps", type=int, default=7, help="timed calls per measurement (median)")
+    parser.add_argument("--reps", type=positive_int, default=7, help="timed calls per measurement (median)")
     parser.add_argument(
         "--processes", action="store_true", help="also time each half beside the other running in a second process"
     )

@@ -26,7 +26,7 @@ import statistics
 import time
 
 import torch
-from _args import seed_list  # benchmarks/ is on sys.path when a script runs
+from _args import positive_int, seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm import ChatMLRenderer, SamplingClient, SamplingParams
 from edurl.llm.envs import do_group_rollouts
@@ -238,16 +238,26 @@ def _overrides(parser: argparse.ArgumentParser, flag: str, items: list[str], con
     return out
 
 
+def game_list(text: str) -> list[str]:
+    """``--games guess_number,calculator``: checked before the first game's run of about 15 minutes."""
+    games = [g.strip() for g in text.split(",")]
+    if unknown := [g for g in games if g not in RECIPES]:
+        raise argparse.ArgumentTypeError(f"unknown games {unknown}; choose from {list(RECIPES)}")
+    return games
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--games", default="guess_number,calculator")
+    parser.add_argument(
+        "--games", type=game_list, default="guess_number,calculator", help=f"comma-separated, of {list(RECIPES)}"
+    )
     parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--out", default=None, help="append one JSON row per run to this file")
     parser.add_argument("--load", default=None, help="report the rows of an earlier --out file instead of running")
     parser.add_argument("--progress", action="store_true")
-    parser.add_argument("--sft-steps", type=int, default=None, help="override the recipes' warm-start steps")
-    parser.add_argument("--rl-steps", type=int, default=None, help="override the recipes' RL steps")
+    parser.add_argument("--sft-steps", type=positive_int, default=None, help="override the recipes' warm-start steps")
+    parser.add_argument("--rl-steps", type=positive_int, default=None, help="override the recipes' RL steps")
     parser.add_argument("--rl-temperature", type=float, default=None, help="RL's sampling temperature (default 1)")
     parser.add_argument("--show-failures", type=int, default=0, help="print this many lost held-out episodes")
     parser.add_argument(
@@ -273,7 +283,7 @@ def main() -> None:
         report([json.loads(line) for line in open(args.load)])
         return
     rows = []
-    for game in args.games.split(","):
+    for game in args.games:
         for seed in args.seeds:
             rows.append(
                 measure(

@@ -25,6 +25,7 @@ import time
 from dataclasses import replace
 
 import torch
+from _args import positive_int  # benchmarks/ is on sys.path when a script runs
 
 from edurl.envs import TorchCartPole
 from edurl.objectives import clipped_surrogate
@@ -177,9 +178,9 @@ def env_step(num_envs: int, steps: int, warmup: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=positive_int, default=2000)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--seeds", default="1,8", help="seed-stack sizes to time (comma-separated; empty: none)")
     parser.add_argument("--envs", default="8", help="TorchCartPole sizes whose step to time (comma-separated)")
     parser.add_argument(

@@ -21,6 +21,7 @@ import statistics
 import time
 
 import torch
+from _args import positive_int  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm import ChatMLRenderer
 from edurl.llm.clients import AdamParams, ServiceClient
@@ -98,10 +99,10 @@ def http_step(tc, renderer, problems, group: int, max_tokens: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--problems", type=int, default=32)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--steps", type=positive_int, default=6)
+    parser.add_argument("--problems", type=positive_int, default=32)
+    parser.add_argument("--group", type=positive_int, default=8)
+    parser.add_argument("--max-tokens", type=positive_int, default=16)
     args = parser.parse_args()
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     import tinker

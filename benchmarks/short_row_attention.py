@@ -23,6 +23,7 @@ import argparse
 import time
 
 import torch
+from _args import positive_int  # benchmarks/ is on sys.path when a script runs
 from tqdm.auto import tqdm
 
 from edurl.llm import shared_prefix
@@ -73,7 +74,9 @@ def seconds(model, batch, eager: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds per arm; the best one is kept")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=3, help="alternating rounds per arm; the best one is kept"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads:

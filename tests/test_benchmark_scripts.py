@@ -379,6 +379,10 @@ def test_seed_lists_and_counts_are_checked_by_argparse():
         (["benchmarks/assert_margins.py", "--notebooks", "11"], "no asserts studied for notebooks ['11']"),
         (["benchmarks/assert_margins.py", "--load", "no_such_file.json"], "--load: no such file"),
         (["benchmarks/cartpole.py", "--seeds", "0,1,2"], "is not an int"),
+        (["benchmarks/multiturn_games.py", "--games", "guess_number,calc"], "unknown games ['calc']"),
+        (["benchmarks/multiturn_games.py", "--rl-steps", "0"], "must be at least 1"),
+        (["benchmarks/ppo_update_profile.py", "--steps", "0"], "must be at least 1"),
+        (["benchmarks/short_row_attention.py", "--repeats", "0"], "must be at least 1"),
     ],
 )
 def test_a_bad_benchmark_flag_is_one_line_before_any_work(argv, message, tmp_path):

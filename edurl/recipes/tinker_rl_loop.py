@@ -39,7 +39,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sft import SFTConfig
 from edurl.metrics import MetricsLogger, load_metrics
-from edurl.recipes._cli import parse_config
+from edurl.recipes._cli import parse_config, refuse
 
 RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro")
 
@@ -144,9 +144,31 @@ def main(argv: list[str] | None = None) -> Path:
             "this recipe drives the official tinker SDK: pip install -e '.[tinker]' (Python >= 3.11)"
         ) from None
     os.environ.setdefault("TINKER_TELEMETRY", "0")
+    if not os.environ.get("TINKER_API_KEY"):
+        refuse(
+            "set TINKER_API_KEY to the server's key (for a local one: python -m edurl.serve --api-key tml-local-key)"
+        )
+    if config.base_url is not None:
+        _check_server(config.base_url)
     service = tinker.ServiceClient(base_url=config.base_url)  # the key comes from TINKER_API_KEY
     with service:  # the session is finished when the run ends, however it ends, and the server lets it go
         return _training_loop(config, service, types)
+
+
+def _check_server(base_url: str) -> None:
+    """End with the reason when nothing answers at ``base_url``: the SDK retries for about five minutes, silently."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(base_url, timeout=5)
+    except urllib.error.HTTPError:  # a server answered, if only to say no
+        return
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        refuse(
+            f"--base-url {base_url}: no server answers ({getattr(err, 'reason', err)}). Start one first, e.g. "
+            "python -m edurl.serve --port 8000 --api-key tml-local-key, and pass its address"
+        )
 
 
 def _training_loop(config: TinkerLoopConfig, service, types) -> Path:

@@ -62,6 +62,29 @@ def test_a_bad_value_on_the_command_line_is_refused_with_its_reason(server_url):
     assert proc.returncode != 0 and "group_size must be >= 2" in proc.stderr
 
 
+def test_no_server_or_no_key_is_one_line_at_once(tmp_path, monkeypatch, capsys):
+    """Without a server the SDK retried for about five minutes in silence, then printed a long traceback; without
+    TINKER_API_KEY it raised from inside the SDK."""
+    import socket
+    import time
+
+    from edurl.recipes import tinker_rl_loop
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("TINKER_API_KEY", KEY)
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_:
+        tinker_rl_loop.main(["--base-url", f"http://127.0.0.1:{port}", "--log-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and time.perf_counter() - t0 < 30
+    assert "no server answers" in capsys.readouterr().err
+    monkeypatch.delenv("TINKER_API_KEY")
+    with pytest.raises(SystemExit) as exit_:
+        tinker_rl_loop.main(["--base-url", f"http://127.0.0.1:{port}", "--log-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and "set TINKER_API_KEY" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
