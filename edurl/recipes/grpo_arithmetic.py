@@ -15,6 +15,7 @@ Writes ``<log_dir>/metrics.jsonl``, ``<log_dir>/config.json``, checkpoints under
 and ``<log_dir>/learning_curves.png``.
 """
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,7 +33,9 @@ def main(argv=None):
     # train_grpo, against the config it runs (under torchrun it samples per problem)
     if not config.resume:
         try:
-            _check_log_dir(config, Path(config.log_dir), "GRPO", main=False)
+            with warnings.catch_warnings():  # train_grpo gives the same warnings (an earlier run's metrics) once
+                warnings.simplefilter("ignore")
+                _check_log_dir(config, Path(config.log_dir), "GRPO", main=False)
         except ValueError as err:
             refuse(str(err))
     result = train_grpo(config)

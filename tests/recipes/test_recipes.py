@@ -265,3 +265,25 @@ def test_a_recipe_whose_seed_finished_no_episode_still_reports(tmp_path, capsys)
     assert "not solved: no episode finished" in out  # the seed whose curve was empty
     ppo_cartpole.main([*args, "--log-dir", "None", "--no-progress"])
     assert "not saved (log_dir is None)" in capsys.readouterr().out
+
+
+def test_the_grpo_recipe_warns_once_about_an_earlier_runs_metrics(tmp_path, monkeypatch):
+    """The recipe's early look at log_dir (for its one-line refusals) gave train_grpo's warning a second time."""
+    import warnings
+
+    from edurl.recipes import grpo_arithmetic
+
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    tiny = (
+        "--sft.model.hidden-size 16 --sft.model.num-layers 1 --sft.model.num-heads 2 --sft.model.intermediate-size 32 "
+        "--sft.max-steps 2 --sft.extra-steps 0 --sft.batch-size 8 --sft.warmup-steps 1 --sft.num-threads 1 "
+        "--group-size 2 --batch-size 2 --max-tokens 12 --eval-every 1 --num-eval 2 --num-threads 1 --no-progress "
+        "--save-every 0 --max-steps 1"
+    ).split()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        grpo_arithmetic.main([*tiny, "--log-dir", str(run)])
+    assert sum("holds an earlier run's metrics.jsonl" in str(w.message) for w in seen) == 1
