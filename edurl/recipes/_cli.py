@@ -146,6 +146,6 @@ def report(result, png: Path | None) -> None:
         elif len(r.episodes) == 0:
             print(f"{who}not solved: no episode finished (train longer: total_steps)")
         else:
-            tail = r.episodes["episode_return"].tail(r.config.solve_window).mean()
-            print(f"{who}not solved: last {r.config.solve_window}-episode mean return {tail:.1f}")
+            last = r.episodes["episode_return"].tail(r.config.solve_window)  # fewer in a short run
+            print(f"{who}not solved: last {len(last)}-episode mean return {last.mean():.1f}")
     print(f"learning curve: {png}" if png is not None else "learning curve: not saved (log_dir is None)")

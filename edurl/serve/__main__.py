@@ -38,10 +38,37 @@ def resolve_key(host: str, api_key: str | None) -> tuple[str, bool]:
     return "tml-" + secrets.token_urlsafe(24), True
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {port}")
+    return port
+
+
+def _check_free(host: str, port: int) -> None:
+    """Exit (status 3, as uvicorn does) with the reason when ``host:port`` cannot be bound, e.g. a server already
+    listens there; a bind that uvicorn's own options (SO_REUSEADDR) allow passes."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            print(
+                f"edurl.serve: cannot listen on {host}:{port} ({err.strerror or err}); is another server running "
+                "there? Pick another --port, or stop that one.",
+                file=sys.stderr,
+            )
+            raise SystemExit(3) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m edurl.serve", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port to listen on (1 to 65535; default 8000)")
     parser.add_argument("--api-key", default=None, help="the key clients must send (tml-...); or EDURL_SERVE_API_KEY")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: edurl.device())")
     parser.add_argument("--state-dir", default=None, help="where save_state writes checkpoints (default: a temp dir)")
@@ -56,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     key, generated = resolve_key(args.host, args.api_key)
+    _check_free(args.host, args.port)  # before any model loads, and before "serving" is printed
     try:
         import uvicorn
 

@@ -263,6 +263,10 @@ def test_a_recipe_whose_seed_finished_no_episode_still_reports(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "seed 0: " in out and "seed 1: " in out and (tmp_path / "learning_curve.png").exists()
     assert "not solved: no episode finished" in out  # the seed whose curve was empty
+    # a short run's report counts the episodes it averages (it said "last 100-episode mean" over 3 episodes)
+    (line,) = [x for x in out.splitlines() if "episode mean return" in x]
+    n = int(line.split("last ")[1].split("-episode")[0])
+    assert 1 <= n < 100
     ppo_cartpole.main([*args, "--log-dir", "None", "--no-progress"])
     assert "not saved (log_dir is None)" in capsys.readouterr().out
 

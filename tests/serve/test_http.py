@@ -112,3 +112,26 @@ def test_a_server_without_a_state_dir_removes_its_own_when_it_exits(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     folder = out.stdout.strip().splitlines()[-1]
     assert "edurl-serve-" in folder and not Path(folder).exists()
+
+
+def test_a_port_in_use_or_out_of_range_is_refused_before_serving(capsys):
+    """The server printed "serving the Tinker API on ..." and then failed to bind; --port -1 was an OverflowError
+    traceback."""
+    import socket
+
+    import pytest
+
+    from edurl.serve.__main__ import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["--port", str(port), "--api-key", "tml-local-key"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 3 and f"cannot listen on 127.0.0.1:{port}" in err and "serving" not in err
+    for bad in ("-1", "70000", "http"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--port", bad, "--api-key", "tml-local-key"])
+        assert exit_.value.code == 2 and "--port" in capsys.readouterr().err
