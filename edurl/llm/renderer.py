@@ -69,6 +69,10 @@ class ChatMLRenderer:
             raise ValueError(f"ChatMLRenderer needs the special tokens {missing} in the tokenizer's vocabulary")
         self.im_start = vocab["<|im_start|>"]
         self.im_end = vocab["<|im_end|>"]
+        # the model's own end-of-sequence ids, which sample() stops on as well (a base Qwen2.5 ends a reply with
+        # <|endoftext|>, its tokenizer's EOS; Qwen2.5-Instruct's generation config lists both)
+        eos = [tokenizer.eos_token_id, vocab.get("<|endoftext|>")]
+        self.eos_ids = frozenset(int(e) for e in eos if e is not None and e != self.im_end)
         if default_system == FROM_TEMPLATE:
             default_system = template_default_system(tokenizer)
         self.default_system = default_system
@@ -122,10 +126,14 @@ class ChatMLRenderer:
         return [self.im_end]
 
     def parse_response(self, tokens: Sequence[int]) -> tuple[Message, bool]:
-        """Sampled tokens -> (assistant message, ok). ``ok`` is False when no
-        ``<|im_end|>`` was produced, i.e. the reply was truncated."""
+        """Sampled tokens -> (assistant message, ok). ``ok`` is True when the reply ended: at its first
+        ``<|im_end|>``, or on a last token that is the model's end of sequence (``eos_ids``: the tokenizer's EOS and
+        ``<|endoftext|>``, on which :func:`~edurl.llm.sampling.sample` stops too). A reply cut off by ``max_tokens``
+        is not ``ok``. The end token is not part of the message."""
         tokens = list(tokens)
         ok = self.im_end in tokens
         if ok:
             tokens = tokens[: tokens.index(self.im_end)]
+        elif tokens and tokens[-1] in self.eos_ids:
+            tokens, ok = tokens[:-1], True
         return {"role": "assistant", "content": self.tokenizer.decode(tokens)}, ok
