@@ -129,15 +129,20 @@ def _config_json(config, desc: str) -> str:
     return json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
 
 
+def _earlier_run(log_dir: Path) -> tuple[list[Path], int]:
+    """An earlier run in ``log_dir``: its checkpoints, oldest first, and how many steps its metrics.jsonl logged."""
+    metrics = log_dir / "metrics.jsonl"
+    logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
+    return _checkpoints(log_dir), logged
+
+
 def _delete_earlier_run(log_dir: Path) -> None:
     """``overwrite=True``: delete the earlier run's checkpoints and metrics in ``log_dir``. Called after the run's
     setup has succeeded, so that a bad flag beside ``--overwrite`` fails with the earlier run still there."""
-    checkpoints = _checkpoints(log_dir)
-    metrics = log_dir / "metrics.jsonl"
-    logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
+    checkpoints, logged = _earlier_run(log_dir)
     if checkpoints or logged:
         shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
-        metrics.unlink(missing_ok=True)
+        (log_dir / "metrics.jsonl").unlink(missing_ok=True)
         print(f"overwrite=True: deleted the earlier run in {log_dir} ({logged} logged steps, "
               f"{len(checkpoints)} checkpoints)")  # fmt: skip
 
@@ -149,9 +154,7 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
     else than the run it continues."""
     if log_dir.exists() and not log_dir.is_dir():
         raise ValueError(f"log_dir {str(log_dir)!r} is a file; pass a folder (it is made if missing)")
-    checkpoints = _checkpoints(log_dir)
-    metrics = log_dir / "metrics.jsonl"
-    logged = sum(1 for line in metrics.open(encoding="utf-8") if line.strip()) if metrics.is_file() else 0
+    checkpoints, logged = _earlier_run(log_dir)
     if not config.resume:
         if config.overwrite:
             return []  # deleted by _delete_earlier_run once the model, threads and device are known to work

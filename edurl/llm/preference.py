@@ -368,7 +368,7 @@ def load_reward_model(path, seed: int = 0):
     scalar head ``score`` is new (initialised from ``seed``). Works for the course's SFT checkpoint and for any
     local Hugging Face folder, e.g. Qwen2.5-0.5B-Instruct's."""
     import transformers
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # the load report lists the new head, which is expected
@@ -378,15 +378,18 @@ def load_reward_model(path, seed: int = 0):
             model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     finally:
         transformers.logging.set_verbosity(verbosity)
+    # a tokenizer only when the folder has one: else transformers may build a default, unrelated one
+    has_tokenizer = any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+    tokenizer = AutoTokenizer.from_pretrained(path) if has_tokenizer else None
     if model.config.pad_token_id is None:  # Qwen2.5's config.json has none: its pad is in generation_config.json
-        model.config.pad_token_id = _saved_pad_id(path)
+        model.config.pad_token_id = _saved_pad_id(path, tokenizer)
     if model.config.pad_token_id is None:
         raise ValueError(
             f"the model at {path} has no pad id in its config, its generation_config or its tokenizer; the reward "
             "model needs one to find each sequence's last token. Set config.pad_token_id to a token that no reply "
             "ends with (not <|im_end|>) and save again."
         )
-    stop = _saved_token_id(path, "<|im_end|>")
+    stop = tokenizer.get_vocab().get("<|im_end|>") if tokenizer is not None else None
     if stop is not None and model.config.pad_token_id == stop:
         raise ValueError(
             f"the model at {path} pads with <|im_end|> (id {stop}), the token every reply ends with: the head reads "
@@ -397,9 +400,9 @@ def load_reward_model(path, seed: int = 0):
     return model
 
 
-def _saved_pad_id(path) -> int | None:
-    """The pad id of the checkpoint at ``path`` from its generation config, else from its tokenizer."""
-    from transformers import AutoTokenizer, GenerationConfig
+def _saved_pad_id(path, tokenizer) -> int | None:
+    """The pad id of the checkpoint at ``path`` from its generation config, else from its tokenizer (if any)."""
+    from transformers import GenerationConfig
 
     try:
         pad = GenerationConfig.from_pretrained(path).pad_token_id
@@ -407,22 +410,9 @@ def _saved_pad_id(path) -> int | None:
         pad = None
     if isinstance(pad, list):
         pad = pad[0] if pad else None
-    if pad is None and _has_tokenizer_files(path):  # else transformers may build a default, unrelated tokenizer
-        pad = AutoTokenizer.from_pretrained(path).pad_token_id
+    if pad is None and tokenizer is not None:
+        pad = tokenizer.pad_token_id
     return pad
-
-
-def _has_tokenizer_files(path) -> bool:
-    return any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
-
-
-def _saved_token_id(path, token: str) -> int | None:
-    """The id of ``token`` in the tokenizer saved at ``path``, or None (no tokenizer, or no such token)."""
-    from transformers import AutoTokenizer
-
-    if not _has_tokenizer_files(path):
-        return None
-    return AutoTokenizer.from_pretrained(path).get_vocab().get(token)
 
 
 def score_sequences(

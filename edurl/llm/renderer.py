@@ -42,11 +42,13 @@ def template_default_system(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The system message that ``tokenizer``'s chat template inserts into a conversation that has none (Qwen2.5's
     "You are Qwen, created by Alibaba Cloud. ..."), or None when it inserts none."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tokenize=False)
+    if not isinstance(text, str):
+        return None
     bos = getattr(tokenizer, "bos_token", None)
-    if isinstance(text, str) and bos and text.startswith(bos):  # a template that opens with BOS
+    if bos and text.startswith(bos):  # a template that opens with BOS
         text = text[len(bos) :]
     head = "<|im_start|>system\n"
-    end = text.find("<|im_end|>", len(head)) if isinstance(text, str) and text.startswith(head) else -1
+    end = text.find("<|im_end|>", len(head)) if text.startswith(head) else -1
     return text[len(head) : end] if end >= 0 else None
 
 
