@@ -4,6 +4,7 @@ import platform
 import random
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -68,6 +69,26 @@ def test_seed_everything_repeats_python_numpy_and_torch():
     assert draw() == first
     edurl.seed_everything(124)
     assert draw() != first
+
+
+def test_deterministic_seeding_after_cuda_started_says_cublas_may_not_listen(monkeypatch):
+    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it starts: set later, the promise of repeatable GPU runs is empty."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        with pytest.warns(UserWarning, match="CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python"):
+            edurl.seed_everything(0, deterministic=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            edurl.seed_everything(0, deterministic=True)  # now set: nothing to say
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            edurl.seed_everything(0, deterministic=True)  # before CUDA starts: in time
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.mark.parametrize(

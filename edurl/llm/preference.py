@@ -362,11 +362,15 @@ def length_pairs(renderer, problems: Sequence, rater: Rater, seed: int = 0, max_
 # ---------------------------------------------------------------- the reward model
 
 
-def load_reward_model(path, seed: int = 0):
+def load_reward_model(path, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A sequence-classification model with one scalar output (``AutoModelForSequenceClassification``,
     ``num_labels=1``) on the weights of the causal LM at ``path``: its transformer is the LM's, and only the
     scalar head ``score`` is new (initialised from ``seed``). Works for the course's SFT checkpoint and for any
-    local Hugging Face folder, e.g. Qwen2.5-0.5B-Instruct's."""
+    local Hugging Face folder, e.g. Qwen2.5-0.5B-Instruct's.
+
+    ``dtype`` is float32 whatever the checkpoint stores (Qwen2.5 stores bfloat16): the reward model is trained
+    with AdamW on its own weights, and in bfloat16 a step smaller than half the gap between neighbouring values
+    is rounded away (:func:`train_on_pairs` refuses 16-bit weights)."""
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -375,7 +379,7 @@ def load_reward_model(path, seed: int = 0):
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=dtype)
     finally:
         transformers.logging.set_verbosity(verbosity)
     # a tokenizer only when the folder has one: else transformers may build a default, unrelated one
@@ -574,6 +578,14 @@ def train_on_pairs(
     (seconds spent in training steps so far, evaluations excluded) and ``evaluate()``'s keys."""
     batch_size = config.batch_size
     params = [p for p in model.parameters() if p.requires_grad]
+    low = sorted({str(p.dtype).removeprefix("torch.") for p in params if p.dtype in (torch.bfloat16, torch.float16)})
+    if low:
+        raise ValueError(
+            f"the model's trainable weights are stored in {' and '.join(low)}, where AdamW's small steps round away "
+            "(a step under half the gap between neighbouring values changes nothing). Load it in float32: "
+            "load_reward_model(path) does by default, or from_pretrained(path, dtype=torch.float32), or "
+            "model.float()."
+        )
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
     generator = torch.Generator().manual_seed(config.seed)
     total = config.epochs * math.ceil(len(pairs) / batch_size)
@@ -887,8 +899,10 @@ def train_dpo(data: PreferenceData, config: DPOConfig | None = None) -> DPOResul
     pad_id = data.tokenizer.pad_token_id
     dev = pick_device(config.device)
     with torch_threads(config.num_threads, config.device):
-        policy = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path).to(dev))
-        reference = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path).to(dev)).eval()
+        # float32 whatever the checkpoint stores: AdamW's small steps round away in bfloat16 (train_on_pairs)
+        policy = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path, dtype=torch.float32).to(dev))
+        reference = disable_dropout(AutoModelForCausalLM.from_pretrained(data.path, dtype=torch.float32).to(dev))
+        reference.eval()
         reference.requires_grad_(False)
 
         def loss_on(batch: list[PreferencePair]) -> torch.Tensor:

@@ -364,16 +364,17 @@ def sample(
             kv = [tuple(x[:, real] for x in layer) for layer in row_kv(r)]
             prefix_cache.entries[cache_keys[b]] = (prompts[b] + out_tokens[b, :t].tolist(), kv)
 
+    stop_ids = [torch.tensor(seq, device=device) for seq in stops]  # once: a copy to the GPU waits for it
     for t in range(T):
         tokens, logp = _draw(logits, params, generator)  # (A,), (A,)
         out_tokens[active, t] = tokens
         out_logprobs[active, t] = logp
         done = torch.zeros_like(tokens, dtype=torch.bool)
-        for seq in stops:
+        for seq in stop_ids:
             k = len(seq)
             if t + 1 >= k:
                 tail = out_tokens[active, t + 1 - k : t + 1]  # (A, k)
-                done |= (tail == torch.tensor(seq, device=device)).all(-1)
+                done |= (tail == seq).all(-1)
         if done.any():
             if prefix_cache is not None:
                 keep_kv(done.nonzero().squeeze(-1), t)

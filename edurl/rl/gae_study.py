@@ -66,10 +66,10 @@ def plot_gae(traj: Trajectory, gamma: float = 0.99, lams=DEFAULT_LAMS, *, ax=Non
     args = (traj["rewards"], traj["values"], traj["next_values"], traj["terminated"])
     deltas = td_errors(*args, gamma)[:, 0]
     t = np.arange(len(deltas))
-    ax.bar(t, deltas.numpy(), color="lightgray", label="TD error $\\delta_t$")
+    ax.bar(t, deltas.cpu().numpy(), color="lightgray", label="TD error $\\delta_t$")
     for lam in lams:
         adv, _ = gae_fn(*args, traj["truncated"], gamma, lam)
-        ax.plot(t, adv[:, 0].numpy(), label=f"GAE, $\\lambda$ = {lam:g}")
+        ax.plot(t, adv[:, 0].cpu().numpy(), label=f"GAE, $\\lambda$ = {lam:g}")
     ax.axhline(0, color="black", lw=0.5)
     ax.set(xlabel="t", ylabel="advantage", title=f"TD errors and GAE advantages, $\\gamma$ = {gamma:g}")
     ax.legend(fontsize=8, ncol=2)

@@ -1,3 +1,4 @@
+import copy
 import math
 import random
 
@@ -240,6 +241,22 @@ def test_fit_reward_model_learns_a_learnable_rater(saved_lm, char_tokenizer):
     assert last["test/expected_accuracy"] > first["test/expected_accuracy"] + 0.2
     assert last["test/expected_accuracy"] >= 0.9 * last["test/ceiling"]
     assert last["test/margin"] > 0 and last["train/loss"] < math.log(2)
+
+
+def test_a_bf16_checkpoint_trains_in_float32_or_is_refused(small_model, char_tokenizer, tmp_path):
+    """Qwen2.5 stores bfloat16, and from_pretrained keeps the checkpoint's dtype: AdamW then stepped bf16 weights,
+    where a step under half the gap between neighbouring values (3e-4 against a norm weight of 1) changes nothing."""
+    path = tmp_path / "bf16"
+    copy.deepcopy(small_model).to(torch.bfloat16).save_pretrained(path)
+    char_tokenizer.save_pretrained(path)
+    rm = load_reward_model(path)
+    assert {p.dtype for p in rm.parameters()} == {torch.float32}
+    pairs = _length_pairs(char_tokenizer, 8)
+    before = rm.model.norm.weight.detach().clone()
+    fit_reward_model(rm, pairs[:4], pairs[4:], batch_size=4, epochs=1, learning_rate=3e-4, progress=False)
+    assert not torch.equal(rm.model.norm.weight, before)  # in bf16, 1 - 3e-4 rounds back to 1
+    with pytest.raises(ValueError, match=r"stored in bfloat16.*load_reward_model\(path\) does by default"):
+        fit_reward_model(rm.to(torch.bfloat16), pairs[:4], pairs[4:], batch_size=4, epochs=1, progress=False)
 
 
 def test_sample_pairs_labels_distinct_replies(small_model, char_tokenizer):

@@ -124,6 +124,8 @@ def test_the_study_runs_where_a_gpu_trained_policy_is():
     policy, value = (net.cuda() for net in _nets())
     traj = sample_trajectory(policy, value, seed=0, max_steps=50)
     assert traj["states"].device.type == "cuda"
+    assert len(plot_gae(traj, 0.99, (0.0, 1.0)).get_lines()) == 3  # .numpy() on CUDA tensors raised
+    plt.close("all")
     df = gae_bias_variance(
         policy, value, traj["states"][:2].cpu(), traj["actions"][:2].cpu(), lams=[0.0, 1.0],
         num_truth=32, num_samples=16, horizon=20, progress=False,
