@@ -246,56 +246,61 @@ def run_training_loop(
                 _delete_earlier_run(log_dir)
         world.broadcast_parameters(trainer.model)  # every copy starts from rank 0's weights
         test = task.sample(config.num_eval, split="test", seed=config.seed)
-        start_step, start_eval, logger = 0, None, None
-        checkpoints = world.broadcast_object(found)
-        if checkpoints:
-            checkpoint = checkpoints[-1]
-            extra = trainer.load_state(checkpoint)
-            if on_resume is not None:
-                on_resume(trainer, checkpoint, extra)
-            start_step = extra["step"]
-            if main:
-                truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
-                logger = MetricsLogger(log_dir, if_exists="append")
-        else:
-            if main:
-                logger = MetricsLogger(log_dir, if_exists="overwrite")
-                (log_dir / "config.json").write_text(_config_json(config, desc), encoding="utf-8")
-                start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-            start_eval = world.broadcast_object(start_eval)
-        if on_start is not None:  # after the first evaluation, so that no step's work overlaps it
-            on_start(trainer, renderer, task, start_step)
-        bar = progress(
-            range(start_step, config.max_steps),
-            desc=desc,
-            disable=not (config.progress and main),
-            initial=start_step,
-            total=config.max_steps,
-        )
-        for step in bar:
-            t0 = time.perf_counter()
-            row = step_fn(trainer, renderer, task, step)
-            row["time/step"] = time.perf_counter() - t0  # the step's wall time, evaluation excluded
-            if not main:  # the other ranks wait for rank 0's evaluation at the next step's first exchange
-                continue
-            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
-                ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
-                row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
-                shown = {postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}"} if postfix in row else {}
-                bar.set_postfix({**shown, "test": f"{ev.pass_at_1:.2f}"}, refresh=False)
-            if step == 0 and start_eval is not None:
-                row.update({"test/start_pass_at_1": start_eval.pass_at_1})
-            logger.log(step, **row)
-            if config.save_every and (step + 1) % config.save_every == 0:
-                trainer.save_state(
-                    f"step_{step + 1:06d}",
-                    extra={"step": step + 1, **(extra_to_save(step + 1) if extra_to_save is not None else {})},
-                    sampler=sampler_to_save() if sampler_to_save is not None else None,
-                )
-        bar.close()
+        start_step, start_eval, logger, bar = 0, None, None, None
+        try:
+            checkpoints = world.broadcast_object(found)
+            if checkpoints:
+                checkpoint = checkpoints[-1]
+                extra = trainer.load_state(checkpoint)
+                if on_resume is not None:
+                    on_resume(trainer, checkpoint, extra)
+                start_step = extra["step"]
+                if main:
+                    truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
+                    logger = MetricsLogger(log_dir, if_exists="append")
+            else:
+                if main:
+                    logger = MetricsLogger(log_dir, if_exists="overwrite")
+                    (log_dir / "config.json").write_text(_config_json(config, desc), encoding="utf-8")
+                    start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+                start_eval = world.broadcast_object(start_eval)
+            if on_start is not None:  # after the first evaluation, so that no step's work overlaps it
+                on_start(trainer, renderer, task, start_step)
+            bar = progress(
+                range(start_step, config.max_steps),
+                desc=desc,
+                disable=not (config.progress and main),
+                initial=start_step,
+                total=config.max_steps,
+            )
+            for step in bar:
+                t0 = time.perf_counter()
+                row = step_fn(trainer, renderer, task, step)
+                row["time/step"] = time.perf_counter() - t0  # the step's wall time, evaluation excluded
+                if not main:  # the other ranks wait for rank 0's evaluation at the next step's first exchange
+                    continue
+                if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
+                    ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+                    row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
+                    shown = {postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}"} if postfix in row else {}
+                    bar.set_postfix({**shown, "test": f"{ev.pass_at_1:.2f}"}, refresh=False)
+                if step == 0 and start_eval is not None:
+                    row.update({"test/start_pass_at_1": start_eval.pass_at_1})
+                logger.log(step, **row)
+                if config.save_every and (step + 1) % config.save_every == 0:
+                    trainer.save_state(
+                        f"step_{step + 1:06d}",
+                        extra={"step": step + 1, **(extra_to_save(step + 1) if extra_to_save is not None else {})},
+                        sampler=sampler_to_save() if sampler_to_save is not None else None,
+                    )
+        finally:  # also when a step raises or the learner stops the cell: an open metrics.jsonl cannot be
+            # replaced or deleted on Windows, so the next resume or overwrite in the same kernel would fail
+            if bar is not None:
+                bar.close()
+            if logger is not None:
+                logger.close()
         final = None
         if main:
-            logger.close()
             final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
         final = world.broadcast_object(final)  # also waits for rank 0's metrics.jsonl to be complete
     return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)

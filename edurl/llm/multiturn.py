@@ -460,20 +460,22 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
             return evaluate_game(trainer.model, tokenizer, game, config.num_eval, config.seed, config.max_tokens)
 
         start = evaluate()
-        logger = MetricsLogger(log_dir, if_exists="overwrite")
-        (log_dir / "config.json").write_text(json.dumps({"run": "multiturn", **asdict(config)}, indent=1, default=str))
-        headline = "win" if game == "guess_number" else "correct"
-        bar = progress(range(config.max_steps), desc=f"GRPO ({game})", disable=not config.progress)
-        for step in bar:
-            row = multiturn_step(config, trainer, renderer, step)
-            if step == 0:
-                row.update({f"test/start_{k}": v for k, v in start.items()})
-            if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
-                row.update({f"test/{k}": v for k, v in evaluate().items()})
-                bar.set_postfix({"test": f"{row[f'test/{headline}']:.2f}"}, refresh=False)
-            logger.log(step, **row)
-        bar.close()
-        logger.close()
+        # closed also when a step raises or the cell is stopped: Windows cannot replace an open file
+        with MetricsLogger(log_dir, if_exists="overwrite") as logger:
+            (log_dir / "config.json").write_text(
+                json.dumps({"run": "multiturn", **asdict(config)}, indent=1, default=str)
+            )
+            headline = "win" if game == "guess_number" else "correct"
+            bar = progress(range(config.max_steps), desc=f"GRPO ({game})", disable=not config.progress)
+            for step in bar:
+                row = multiturn_step(config, trainer, renderer, step)
+                if step == 0:
+                    row.update({f"test/start_{k}": v for k, v in start.items()})
+                if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
+                    row.update({f"test/{k}": v for k, v in evaluate().items()})
+                    bar.set_postfix({"test": f"{row[f'test/{headline}']:.2f}"}, refresh=False)
+                logger.log(step, **row)
+            bar.close()
         final = {k.removeprefix("test/"): v for k, v in row.items() if k.startswith("test/") and "start" not in k}
     return MultiTurnResult(config, load_metrics(log_dir), trainer, start, final)
 

@@ -265,6 +265,9 @@ def cached_checkpoint(key: str, config, train, device: str | None = None, retrai
     path = cache_dir() / "sft" / key
     if path.is_dir() and not retrain:
         model = AutoModelForCausalLM.from_pretrained(path).to(pick_device(device)).eval()
+        with torch.no_grad():  # off the file: weights read from a memory map keep it open, and Windows then
+            for tensor in [*model.parameters(), *model.buffers()]:  # refuses to replace the folder (retrain=True)
+                tensor.data = tensor.data.clone()
         tokenizer = AutoTokenizer.from_pretrained(path)
         probe = "<|im_start|>user\n12 + 34=?<|im_end|>\n"
         if tokenizer.encode(probe) != build_char_tokenizer().encode(probe):
@@ -281,12 +284,27 @@ def cached_checkpoint(key: str, config, train, device: str | None = None, retrai
     tokenizer.save_pretrained(tmp)
     (tmp / "history.json").write_text(json.dumps(history))
     (tmp / "config.json.edurl").write_text(json.dumps(asdict(config), indent=1))
+    earlier = None
     if retrain and path.is_dir():
-        shutil.rmtree(path)
+        # moved aside whole, then deleted: deleting in place could stop halfway (a file that Windows will not
+        # delete while a process has it open) and leave a checkpoint that no longer loads
+        earlier = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-earlier-")) / path.name
+        try:
+            os.replace(path, earlier)
+        except OSError as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(earlier.parent, ignore_errors=True)
+            raise RuntimeError(
+                f"retrain=True could not move the cached checkpoint {path} aside to replace it ({error}); it is "
+                "unchanged. A process that has it open (another notebook's kernel, on Windows) holds it: close "
+                "that process, or restart this kernel, and retrain again."
+            ) from error
     try:
         os.replace(tmp, path)
     except OSError:  # another process cached the same config first; theirs is identical
         shutil.rmtree(tmp, ignore_errors=True)
+    if earlier is not None:
+        shutil.rmtree(earlier.parent, ignore_errors=True)
     return model, tokenizer, history, path
 
 

@@ -184,79 +184,81 @@ def _training_loop(config: TinkerLoopConfig, service, types) -> Path:
         learning_rate=config.learning_rate, eps=config.adam_eps, grad_clip_norm=config.grad_clip_norm
     )
     log_dir = Path(config.log_dir)
-    logger = MetricsLogger(log_dir, if_exists="overwrite")
-    (log_dir / "config.json").write_text(json.dumps(asdict(config), indent=1))
+    with MetricsLogger(log_dir, if_exists="overwrite") as logger:  # closed also when a step raises
+        (log_dir / "config.json").write_text(json.dumps(asdict(config), indent=1))
 
-    sampler = training.save_weights_and_get_sampling_client(name="step_0").result()
-    fresh = True  # does the sampler hold the current weights?
-    start = evaluate(sampler, renderer, test, config)
-    bar = tqdm(range(config.max_steps), desc="GRPO via tinker", disable=not config.progress)
-    P, G = config.batch_size, config.group_size
-    for step in bar:
-        if not fresh:
-            sampler = training.save_weights_and_get_sampling_client(name=f"step_{step}").result()
-            fresh = True
-        # sample: one request per problem, each seeded as train_grpo(sample_per_problem=True) seeds it
-        seed = problem_seed(config.seed, step)
-        problems = task.sample(P, split="train", seed=seed)
-        prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
-        futures = [
-            sampler.sample(
-                types.ModelInput.from_ints(prompt),
-                G,
-                types.SamplingParams(
-                    max_tokens=config.max_tokens, temperature=config.temperature, stop=stop, seed=group_seed(seed, i)
-                ),
-            )
-            for i, prompt in enumerate(prompts)
-        ]
-        groups = [f.result().sequences for f in futures]
-        # grade, centre per group, and keep the groups whose rewards differ (the others have advantage 0)
-        datums, sampled, rewards, correct, formats = [], [], [], [], []
-        for problem, prompt, group in zip(problems, prompts, groups):
-            grades = []
-            for seq in group:
-                message, complete = renderer.parse_response(list(seq.tokens))
-                grades.append(grade(message["content"], problem.answer, complete=complete))
-            row = [g.reward for g in grades]
-            rewards += row
-            correct += [g.correct for g in grades]
-            formats += [g.format for g in grades]
-            if max(row) == min(row):
-                continue
-            mean = sum(row) / len(row)
-            for seq, r in zip(group, row):
-                datums.append(make_datum(prompt, list(seq.tokens), list(seq.logprobs), r - mean))
-                sampled.append((len(prompt) - 1, list(seq.logprobs)))
-        metrics = {
-            "env/all/reward/total": sum(rewards) / len(rewards),
-            "env/all/correct": sum(correct) / len(correct),
-            "env/all/format": sum(formats) / len(formats),
-            "env/all/by_group/frac_mixed": len(datums) / (P * G),
-        }
-        if datums:
-            loss_fn_config = {"beta": config.dro_beta} if config.loss_fn == "dro" else None
-            backward = training.forward_backward(datums, loss_fn=config.loss_fn, loss_fn_config=loss_fn_config)
-            update = training.optim_step(adam)  # submitted behind it: the server runs them in order
-            out = backward.result()
-            update.result()
-            fresh = False
-            metrics["optim/loss"] = out.metrics["loss:sum"]
-            metrics["optim/logprob_diff_max"] = max(
-                float((o["logprobs"].to_torch()[n:] - torch.tensor(lp)).abs().max())
-                for o, (n, lp) in zip(out.loss_fn_outputs, sampled)
-            )
-        last = step + 1 == config.max_steps
-        if (step + 1) % config.eval_every == 0 or last:
+        sampler = training.save_weights_and_get_sampling_client(name="step_0").result()
+        fresh = True  # does the sampler hold the current weights?
+        start = evaluate(sampler, renderer, test, config)
+        bar = tqdm(range(config.max_steps), desc="GRPO via tinker", disable=not config.progress)
+        P, G = config.batch_size, config.group_size
+        for step in bar:
             if not fresh:
-                sampler = training.save_weights_and_get_sampling_client(name=f"step_{step + 1}").result()
+                sampler = training.save_weights_and_get_sampling_client(name=f"step_{step}").result()
                 fresh = True
-            metrics["test/pass_at_1"] = evaluate(sampler, renderer, test, config)
-        if step == 0:
-            metrics["test/start_pass_at_1"] = start
-        logger.log(step=step, **metrics)  # as train_grpo logs: the row of step s, its evaluation after it
-        bar.set_postfix(correct=f"{metrics['env/all/correct']:.2f}", refresh=False)
-    logger.close()
+            # sample: one request per problem, each seeded as train_grpo(sample_per_problem=True) seeds it
+            seed = problem_seed(config.seed, step)
+            problems = task.sample(P, split="train", seed=seed)
+            prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
+            futures = [
+                sampler.sample(
+                    types.ModelInput.from_ints(prompt),
+                    G,
+                    types.SamplingParams(
+                        max_tokens=config.max_tokens,
+                        temperature=config.temperature,
+                        stop=stop,
+                        seed=group_seed(seed, i),
+                    ),
+                )
+                for i, prompt in enumerate(prompts)
+            ]
+            groups = [f.result().sequences for f in futures]
+            # grade, centre per group, and keep the groups whose rewards differ (the others have advantage 0)
+            datums, sampled, rewards, correct, formats = [], [], [], [], []
+            for problem, prompt, group in zip(problems, prompts, groups):
+                grades = []
+                for seq in group:
+                    message, complete = renderer.parse_response(list(seq.tokens))
+                    grades.append(grade(message["content"], problem.answer, complete=complete))
+                row = [g.reward for g in grades]
+                rewards += row
+                correct += [g.correct for g in grades]
+                formats += [g.format for g in grades]
+                if max(row) == min(row):
+                    continue
+                mean = sum(row) / len(row)
+                for seq, r in zip(group, row):
+                    datums.append(make_datum(prompt, list(seq.tokens), list(seq.logprobs), r - mean))
+                    sampled.append((len(prompt) - 1, list(seq.logprobs)))
+            metrics = {
+                "env/all/reward/total": sum(rewards) / len(rewards),
+                "env/all/correct": sum(correct) / len(correct),
+                "env/all/format": sum(formats) / len(formats),
+                "env/all/by_group/frac_mixed": len(datums) / (P * G),
+            }
+            if datums:
+                loss_fn_config = {"beta": config.dro_beta} if config.loss_fn == "dro" else None
+                backward = training.forward_backward(datums, loss_fn=config.loss_fn, loss_fn_config=loss_fn_config)
+                update = training.optim_step(adam)  # submitted behind it: the server runs them in order
+                out = backward.result()
+                update.result()
+                fresh = False
+                metrics["optim/loss"] = out.metrics["loss:sum"]
+                metrics["optim/logprob_diff_max"] = max(
+                    float((o["logprobs"].to_torch()[n:] - torch.tensor(lp)).abs().max())
+                    for o, (n, lp) in zip(out.loss_fn_outputs, sampled)
+                )
+            last = step + 1 == config.max_steps
+            if (step + 1) % config.eval_every == 0 or last:
+                if not fresh:
+                    sampler = training.save_weights_and_get_sampling_client(name=f"step_{step + 1}").result()
+                    fresh = True
+                metrics["test/pass_at_1"] = evaluate(sampler, renderer, test, config)
+            if step == 0:
+                metrics["test/start_pass_at_1"] = start
+            logger.log(step=step, **metrics)  # as train_grpo logs: the row of step s, its evaluation after it
+            bar.set_postfix(correct=f"{metrics['env/all/correct']:.2f}", refresh=False)
     png = save_curves(log_dir)
     print(f"held-out pass@1: {start:.1%} -> {metrics['test/pass_at_1']:.1%} ({config.num_eval} test problems, greedy)")
     print(f"metrics: {log_dir / 'metrics.jsonl'}\nlearning curves: {png}")

@@ -1,5 +1,7 @@
+import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -250,6 +252,27 @@ def test_a_step_fn_replaces_grpo_step(tmp_path):
     for key in ("env/all/correct", "env/all/reward/total", "test/pass_at_1"):
         assert own.metrics[key].tolist() == pytest.approx(library.metrics[key].tolist(), nan_ok=True), key
     assert own.final.pass_at_1 == library.final.pass_at_1
+
+
+def _open_files(folder) -> list[str]:
+    fds = Path("/proc/self/fd")
+    return sorted(t for t in (os.readlink(f) for f in fds.iterdir() if f.exists()) if t.startswith(str(folder)))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads Linux's /proc/self/fd")
+def test_a_run_that_stops_midway_closes_its_metrics_file(tmp_path):
+    """A step that raised (or a stopped notebook cell, whose traceback IPython keeps) left metrics.jsonl open; on
+    Windows the next resume or overwrite in the same kernel then failed to replace or delete it."""
+
+    def fails_at_step_1(config, trainer, renderer, task, step):
+        if step == 1:
+            raise KeyboardInterrupt
+        return {"env/all/correct": 0.5}
+
+    with pytest.raises(KeyboardInterrupt) as stopped:  # kept alive, as IPython keeps sys.last_traceback
+        train_grpo(tiny(tmp_path, max_steps=3), step_fn=fails_at_step_1)
+    assert stopped.traceback and _open_files(tmp_path) == []
+    assert load_metrics(tmp_path / "run")["step"].tolist() == [0]
 
 
 def test_a_step_fn_must_return_a_dict_and_make_its_own_sampler(tmp_path):

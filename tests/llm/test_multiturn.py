@@ -81,6 +81,24 @@ def test_warm_start_caches_and_grpo_runs_end_to_end(tmp_path, monkeypatch):
     kl = leashed.metrics["env/all/kl_sample_ref"]
     assert kl[0] == pytest.approx(0.0, abs=1e-5)  # step 0 samples from the reference itself
     assert kl[1] != pytest.approx(0.0, abs=1e-5)  # one update later, the policy has moved
+    # a run stopped midway closes metrics.jsonl (Windows cannot replace or delete an open file)
+    import edurl.llm.multiturn as multiturn
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(multiturn, "multiturn_step", stopped)
+    with pytest.raises(KeyboardInterrupt) as info:  # kept alive, as IPython keeps sys.last_traceback
+        train_multiturn(replace(config, log_dir=str(tmp_path / "stopped")))
+    assert info.traceback and (tmp_path / "stopped" / "metrics.jsonl").is_file()
+    assert not [f for f in _open_files() if f.startswith(str(tmp_path / "stopped"))]
+
+
+def _open_files() -> list[str]:
+    import os
+    from pathlib import Path
+
+    return [os.readlink(f) for f in Path("/proc/self/fd").iterdir() if f.exists()] if os.path.isdir("/proc") else []
 
 
 def test_multiturn_step_trains_on_the_kl_penalised_advantages(tmp_path, monkeypatch):

@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -48,6 +51,49 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     other = SFTConfig(**{**TINY.__dict__, "seed": 1})
     assert other.key() != TINY.key()
     assert SFTConfig(**{**TINY.__dict__, "styled": True}).key() != TINY.key()
+
+
+def _mapped(folder) -> list[str]:
+    """Files under ``folder`` that this process has memory-mapped (Linux's /proc/self/maps)."""
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        return sorted({line.split()[-1] for line in maps if str(folder) in line})
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_a_cached_checkpoint_is_read_off_its_file(tmp_path, monkeypatch):
+    """A model loaded from safetensors kept the file mapped while it lived, and Windows refuses to delete a mapped
+    file: load_or_train_sft(retrain=True) in a kernel that had loaded it deleted half the folder, then failed."""
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path))
+    model, *_ = load_or_train_sft(TINY, progress=False)
+    again, _, _, path = load_or_train_sft(TINY, progress=False)
+    assert _mapped(path) == []
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_a_retrain_that_cannot_move_the_old_checkpoint_keeps_it(tmp_path, monkeypatch):
+    """retrain=True deleted the old folder in place; a file it could not delete (open elsewhere, on Windows) stopped
+    it halfway, with the tokenizer gone and the new checkpoint in a stray folder. Now the old one is moved aside
+    whole first, and if that fails, nothing is lost."""
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path))
+    model, _, history, path = load_or_train_sft(TINY, progress=False)
+    real_replace = os.replace
+
+    def refuse_to_move_the_checkpoint(src, dst):
+        if Path(src) == path:
+            raise PermissionError(32, "The process cannot access the file because it is being used", str(src))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse_to_move_the_checkpoint)
+    with pytest.raises(RuntimeError, match="could not move the cached checkpoint .* it is unchanged"):
+        load_or_train_sft(TINY, progress=False, retrain=True)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no stray folders
+    kept, _, kept_history, _ = load_or_train_sft(TINY, progress=False)
+    assert kept_history == history
+    retrained, _, _, again = load_or_train_sft(TINY, progress=False, retrain=True)  # and a retrain that can, does
+    assert again == path and [p.name for p in path.parent.iterdir()] == [path.name]
+    loaded, *_ = load_or_train_sft(TINY, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(retrained.state_dict().values(), loaded.state_dict().values()))
 
 
 def test_plain_keys_are_those_of_checkpoints_cached_before_styled_existed(monkeypatch):
