@@ -24,6 +24,7 @@ shard the weights and optimizer; the arithmetic they must get right is the one o
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,7 +83,15 @@ class World:
         many problems)."""
         if self.size == 1:
             return metrics
-        return dict(zip(metrics, (v / self.size for v in self.sum_floats(list(metrics.values())))))
+        keys = sorted(metrics)  # summed by name: two ranks may build the same dict in another order
+        every = self.all_gather_object(keys)
+        if any(k != keys for k in every):  # one rank's extra name would leave the others waiting in the sum
+            raise ValueError(
+                f"the ranks' metrics differ ({'; '.join(f'rank {r}: {k}' for r, k in enumerate(every))}): every rank "
+                "must return the same names (a reward_fn's metrics, for instance), since they are averaged by name"
+            )
+        totals = dict(zip(keys, self.sum_floats([metrics[k] for k in keys])))
+        return {k: totals[k] / self.size for k in metrics}
 
     def token_mean(
         self, metrics: dict[str, float], datums: Sequence, tokens: int | None = None, all_zero_advantage: bool = False
@@ -138,6 +147,14 @@ class World:
                 buf = p.detach().to(self.device)
                 torch.distributed.broadcast(buf, src=0)
                 p.copy_(buf.to(p.device))
+
+    def all_gather_object(self, obj) -> list:
+        """Every rank's ``obj`` (any picklable value), in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        every = [None] * self.size
+        torch.distributed.all_gather_object(every, obj)
+        return every
 
     def broadcast_object(self, obj):
         """Rank 0's ``obj`` (any picklable value) on every rank."""
@@ -265,9 +282,25 @@ def launch(
         raise
     if proc.returncode != 0:
         raise RuntimeError(
-            f"{' '.join(cmd)} exited with status {proc.returncode}; the end of its stderr:\n{err[-3000:]}"
+            f"{' '.join(cmd)} exited with status {proc.returncode}{_first_rank_error(err)}; the end of its "
+            f"stderr:\n{err[-3000:]}"
         )
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+_RANK_ERROR = re.compile(r"^(?:\[rank(\d+)\]:\s*)?(\w+(?:Error|Exception|Interrupt)\b:?.*)$", re.MULTILINE)
+
+
+def _first_rank_error(stderr: str) -> str:
+    """``; rank N raised X: ...`` for the first exception a rank printed, or "" when none did. torchrun's own
+    summary fills the end of stderr, and a rank whose peer died reports only the broken connection, so the
+    cause is the first exception that is not about a closed connection."""
+    found = [(rank, line.strip()) for rank, line in _RANK_ERROR.findall(stderr)]
+    causes = [f for f in found if "Connection closed" not in f[1] and "DistBackendError" not in f[1]] or found
+    if not causes:
+        return ""
+    rank, line = causes[0]
+    return f"; {'rank ' + rank if rank else 'a rank'} raised {line}"
 
 
 def _stop(proc: subprocess.Popen, own_group: bool) -> None:

@@ -11,6 +11,7 @@ write ``metrics.jsonl`` and checkpoints, show a progress bar, and call a step fu
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import warnings
@@ -129,6 +130,35 @@ def _config_json(config, desc: str) -> str:
     return json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
 
 
+def _check_same_config(config: GRPOConfig, desc: str, world: World) -> None:
+    """Under torchrun: every rank must run the same config (a rank with its own log_dir, seed or learning rate
+    would fail at the end or train a copy that silently drifts from the one rank 0 saves); and warn when the
+    ranks' threads outnumber the machine's cores. One all_gather."""
+    if world.size == 1:
+        return
+    every = [json.loads(c) for c in world.all_gather_object(_config_json(config, desc))]
+    first = every[0]
+    differ = sorted({k for c in every for k in {*c, *first} if c.get(k) != first.get(k)})
+    if differ:  # every rank sees it, so every rank refuses
+        shown = "; ".join(
+            f"{k}: " + ", ".join(f"{c.get(k)!r} on rank {r}" for r, c in enumerate(every)) for k in differ
+        )
+        raise ValueError(
+            f"the ranks were given different configs ({shown}): every rank must run the same one, with the same "
+            "log_dir (rank 0 alone writes there). Pass the same arguments to every rank."
+        )
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
+    cores = os.cpu_count() or 1
+    if world.is_main and world.device == "cpu" and config.num_threads * ranks_here > cores:
+        warnings.warn(
+            f"num_threads={config.num_threads} in each of {ranks_here} ranks on this machine is "
+            f"{config.num_threads * ranks_here} threads for {cores} cores: threads that outnumber the cores wait "
+            f"on each other, and a step can take several times as long. Pass num_threads="
+            f"{max(1, cores // ranks_here)} (--num-threads {max(1, cores // ranks_here)}).",
+            stacklevel=3,
+        )
+
+
 def _earlier_run(log_dir: Path) -> tuple[list[Path], int]:
     """An earlier run in ``log_dir``: its checkpoints, oldest first, and how many steps its metrics.jsonl logged."""
     metrics = log_dir / "metrics.jsonl"
@@ -201,6 +231,12 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
                 f"{len(differ)} field(s) that change what it computes: {shown}. Resume with that run's settings "
                 f"(only {', '.join(sorted(RESUME_MAY_CHANGE - {'resume'}))} may change), or start a new run in "
                 "another log_dir."
+                + (
+                    " Under torchrun every rank samples per problem (sample_per_problem=True), so a run made without "
+                    "it resumes only in one process (python -m, not torchrun)."
+                    if differ == ["sample_per_problem"] and saved.get("sample_per_problem") is False
+                    else ""
+                )
             )
     step = int(checkpoints[-1].name.removeprefix("step_"))
     if step > config.max_steps:
@@ -234,6 +270,7 @@ def run_training_loop(
     result carries are rank 0's on every rank."""
     log_dir = Path(config.log_dir)
     main = world.is_main
+    _check_same_config(config, desc, world)
     found = _check_log_dir(config, log_dir, desc, main)  # on every rank, before any work: all refuse alike
     with torch_threads(config.num_threads):
         if not main:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -16,13 +17,21 @@ import tyro
 from edurl.utils import device as _pick_device
 
 
-def parse_config(cls, argv: list[str] | None = None, **defaults):
+def parse_config(cls, argv: list[str] | None = None, *, data_parallel: bool = False, **defaults):
     """Build ``cls`` from the command line (``sys.argv[1:]`` when ``argv`` is None); ``defaults`` override the
     class's own defaults (e.g. a recipe's ``log_dir``). Unknown or malformed flags exit with tyro's message;
     a value the config itself refuses exits with tyro's message too. A ``device`` field (at any depth) that names
     hardware this machine lacks (``--device cuda`` without CUDA), and a ``log_dir`` that is a file, exit with the
-    reason before anything is built or trained."""
+    reason before anything is built or trained, and so does a recipe under torchrun (WORLD_SIZE > 1) unless it
+    splits its batch across the ranks (``data_parallel``)."""
     config = tyro.cli(cls, args=argv, default=cls(**defaults) if defaults else None)
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if world_size.isdigit() and int(world_size) > 1 and not data_parallel:
+        refuse(
+            f"WORLD_SIZE={world_size}: this recipe runs in one process; under torchrun every rank would train the "
+            "same run and write the same files. Run it with python -m; of the recipes, only grpo_arithmetic "
+            "splits its batch across torchrun's ranks."
+        )
     for flag, name in _device_fields(config):
         try:
             _pick_device(name)

@@ -28,7 +28,7 @@ from edurl.recipes._cli import parse_config, refuse
 
 
 def main(argv=None):
-    config = parse_config(GRPOConfig, argv, save_every=50)
+    config = parse_config(GRPOConfig, argv, data_parallel=True, save_every=50)
     # a fresh run into an earlier run's checkpoints ends with the reason, not a traceback; a resume is checked by
     # train_grpo, against the config it runs (under torchrun it samples per problem)
     if not config.resume:

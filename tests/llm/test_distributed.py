@@ -86,9 +86,36 @@ def _rank(rank, size, port, out):
     grads["gathered"] = world.gather_rows(rewards, 5)
     grads["token_mean"] = world.token_mean({"optim/x": float(rank + 1)}, mine)["optim/x"]
     grads["one rank uniform"] = _update_row(_one_rank_uniform()[rank::size], world)
+    # metrics are averaged by name, whatever order each rank's dict has; different names are refused on every rank
+    grads["by name"] = world.mean({"a": 1.0, "b": 10.0} if rank == 0 else {"b": 30.0, "a": 2.0})
+    try:
+        world.mean({"a": 1.0} if rank == 0 else {"c": 1.0})
+    except ValueError as error:
+        grads[f"names refused on rank {rank}"] = str(error)
+    grads.update(_config_checks(rank, world))
     if rank == 0:
         torch.save(grads, out)
     torch.distributed.destroy_process_group()
+
+
+def _config_checks(rank, world) -> dict:
+    """What _check_same_config says on this rank: a per-rank log_dir (a notebook's mkdtemp on each rank) is refused
+    on every rank; the same config passes, and warns when the ranks' threads outnumber the cores."""
+    import warnings
+
+    from edurl.llm.loop import _check_same_config
+
+    out = {}
+    try:
+        _check_same_config(GRPOConfig(log_dir=f"runs/rank{rank}", num_threads=1), "grpo", world)
+    except ValueError as error:
+        out[f"config refused on rank {rank}"] = str(error)
+    for threads in (1, os.cpu_count()):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _check_same_config(GRPOConfig(num_threads=threads), "grpo", world)
+        out[f"warnings with {threads} threads"] = [str(w.message) for w in caught]
+    return out
 
 
 def _free_port() -> int:
@@ -102,6 +129,23 @@ def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp") / "grads.pt"
     mp.spawn(_rank, args=(2, _free_port(), str(out)), nprocs=2, join=True)
     return torch.load(out)
+
+
+def test_metrics_are_averaged_by_name_and_different_names_are_refused(two_ranks):
+    """A reward_fn's metrics in another order on rank 1 were summed by position (a=5.5, b=5.5); an extra name
+    left the other rank waiting in the sum for 30 minutes."""
+    assert two_ranks["by name"] == {"a": 1.5, "b": 20.0} and list(two_ranks["by name"]) == ["a", "b"]
+    assert "rank 0: ['a']; rank 1: ['c']" in two_ranks["names refused on rank 0"]
+
+
+def test_every_rank_refuses_a_config_that_differs_between_ranks(two_ranks):
+    """A per-rank log_dir trained to the end and then failed on rank 1 (no metrics there); a per-rank learning
+    rate trained copies that drifted apart while rank 0 alone saved."""
+    message = two_ranks["config refused on rank 0"]
+    assert "log_dir: 'runs/rank0' on rank 0, 'runs/rank1' on rank 1" in message, message
+    assert two_ranks["warnings with 1 threads"] == [] or os.cpu_count() < 2
+    (oversubscribed,) = two_ranks[f"warnings with {os.cpu_count()} threads"]
+    assert f"is {2 * os.cpu_count()} threads for {os.cpu_count()} cores" in oversubscribed
 
 
 @pytest.mark.parametrize("mode", MODES)

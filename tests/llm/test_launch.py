@@ -59,6 +59,22 @@ def test_a_failing_process_raises_with_the_end_of_its_stderr():
         launch(["-c", "import sys; print('the rank said why', file=sys.stderr); sys.exit(3)"])
 
 
+def test_a_failed_torchrun_names_the_rank_that_raised_first(tmp_path):
+    """torchrun's own summary fills the end of stderr, and the other rank reports only a broken connection: the
+    reason (here, rank 1's ValueError) was often cut from the message."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    raise ValueError('the real cause')\n"
+        "time.sleep(2)\n"
+        "raise ConnectionError('Connection closed by peer')\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(RuntimeError, match=r"exited with status 1; a rank raised ValueError: the real cause;"):
+        launch([str(script)], 2, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+
+
 @pytest.mark.parametrize("nproc", [-1, 1.5, "2"])
 def test_launch_refuses_a_bad_nproc(nproc):
     with pytest.raises(ValueError, match="nproc must be 0"):

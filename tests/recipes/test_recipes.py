@@ -62,6 +62,18 @@ def test_grpo_nested_overrides_and_help(capsys):
     assert "_MISSING_TYPE" not in out and "MISSING" not in out
 
 
+def test_under_torchrun_only_the_data_parallel_recipe_runs(monkeypatch, capsys):
+    """reinforce_cartpole under torchrun trained the same run once per rank, each writing the same files."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as stopped:
+        parse_config(ReinforceConfig, [])
+    assert stopped.value.code == 2
+    assert "WORLD_SIZE=2: this recipe runs in one process" in capsys.readouterr().err
+    assert parse_config(GRPOConfig, [], data_parallel=True).group_size == GRPOConfig.group_size
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert isinstance(parse_config(ReinforceConfig, []), ReinforceConfig)
+
+
 def test_a_value_the_config_refuses_is_reported_with_its_reason(capsys):
     with pytest.raises(SystemExit):
         parse_config(GRPOConfig, ["--group-size", "1"])
