@@ -475,3 +475,20 @@ def test_dro_beta_is_checked_when_the_config_is_built():
         with pytest.raises(ValueError, match="dro_beta must be a finite number >= 0"):
             GRPOConfig(loss_fn="dro", dro_beta=bad)
     assert GRPOConfig(loss_fn="dro", dro_beta=0.0).loss_fn_config() == {"beta": 0.0}
+
+
+def test_a_resume_under_torchrun_of_a_run_without_sample_per_problem_says_where_it_resumes(tmp_path):
+    """Under torchrun every rank samples per problem, so '--no-sample-per-problem' is overridden there: the advice
+    'resume with that run's settings' could not be followed, and the refusal now says to resume in one process."""
+    from edurl.llm.loop import _check_log_dir, _config_json
+
+    earlier = tiny(tmp_path, sample_per_problem=False)
+    log_dir = tmp_path / "run"
+    (log_dir / "checkpoints" / "step_000002").mkdir(parents=True)
+    (log_dir / "checkpoints" / "step_000002" / "state.pt").write_bytes(b"")
+    (log_dir / "config.json").write_text(_config_json(earlier, "GRPO"), encoding="utf-8")
+    with pytest.raises(ValueError, match="resumes only in one process"):
+        _check_log_dir(replace(earlier, sample_per_problem=True, resume=True), log_dir, "GRPO")
+    with pytest.raises(ValueError, match="that run's settings") as other:  # another difference: the plain advice
+        _check_log_dir(replace(earlier, sample_per_problem=True, seed=5, resume=True), log_dir, "GRPO")
+    assert "one process" not in str(other.value)
