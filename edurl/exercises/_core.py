@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import sys
 import sysconfig
 import traceback
 from collections.abc import Callable, Sequence
@@ -33,6 +34,24 @@ import numpy as np
 import torch
 
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
+
+
+_ICONS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}
+_ASCII_ICONS = {PASSED: "[ok]", FAILED: "[x]", NOT_ATTEMPTED: "[..]"}
+
+
+def _icons() -> dict[str, str]:
+    """The verdict's icons, or ASCII markers where ``sys.stdout`` cannot encode them: on Windows a redirected
+    stdout or an IDE console is cp1252 (without PYTHONUTF8=1), and printing an emoji there raises
+    UnicodeEncodeError. Asked at each print, as stdout can be replaced after import."""
+    encoding = getattr(sys.stdout, "encoding", None)
+    if not encoding:  # a stream without one (Jupyter's, some wrappers) takes str, written as UTF-8
+        return _ICONS
+    try:
+        "".join(_ICONS.values()).encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return _ASCII_ICONS
+    return _ICONS
 
 
 class CheckFailure(Exception):
@@ -127,7 +146,7 @@ class Verdict:
         return self.passed
 
     def __str__(self) -> str:
-        icon = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}[self.status]
+        icon = _icons()[self.status]
         return f"{icon} {self.exercise}: {self.status}. {self.message}"
 
 

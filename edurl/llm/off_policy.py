@@ -32,9 +32,11 @@ import io
 import multiprocessing
 import pickle
 import queue
+import sys
 import threading
 import time
 import traceback
+import types
 
 import torch
 
@@ -190,6 +192,30 @@ def make_lagged_sampler(
     return LaggedSampler(config, trainer, renderer, task, reward_fn, start_step, snapshots)
 
 
+class _DefinedInMain(Exception):
+    """Raised by :class:`_SpawnPickler` for a function or class that the spawned process cannot import."""
+
+
+class _SpawnPickler(pickle.Pickler):
+    """pickle.dumps, refusing the functions and classes of an interactive ``__main__`` (a notebook, ``python -c``,
+    a REPL). Pickle sends those by name (``__main__.my_reward``), and a spawned process imports a ``__main__`` that
+    has no file as an empty module, so it fails to find the name only once it is started."""
+
+    def persistent_id(self, obj):  # called for every object pickled, so it sees a reward_fn and a task's class
+        if isinstance(obj, (types.FunctionType, type)) and getattr(obj, "__module__", None) == "__main__":
+            raise _DefinedInMain(f"{'class' if isinstance(obj, type) else 'function'} {obj.__qualname__}")
+        return None
+
+
+def _dumps_for_spawn(obj) -> bytes:
+    """``obj`` pickled for a spawned process; :class:`_DefinedInMain` if it uses what that process cannot import."""
+    if getattr(sys.modules.get("__main__"), "__file__", None) is not None:
+        return pickle.dumps(obj)  # a script: spawn runs its file again, so its functions are found
+    buffer = io.BytesIO()
+    _SpawnPickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
 _MAIN_GUARD = (
     "sampler_process=True starts the sampler with 'spawn', which imports your script again in the new process: put "
     'the code that calls train_grpo under `if __name__ == "__main__":` (a notebook needs nothing). If the machine '
@@ -231,9 +257,16 @@ class ProcessSampler(_Lag):
         device = next(first.model.parameters()).device
         first.model.to("cpu")  # sent as bytes; the process moves it back
         try:
-            payload = pickle.dumps(
+            payload = _dumps_for_spawn(
                 (config, first.model, first.tokenizer, str(device), renderer, task, reward_fn, start_step)
             )
+        except _DefinedInMain as error:
+            raise TypeError(
+                "sampler_process=True sends the renderer, the task and the reward_fn to a second process, which "
+                f"imports their functions and classes by name, but the {error} is defined in a notebook cell (or "
+                "python -c, or a REPL), which a process cannot import; put it in a .py file next to the notebook "
+                "and import it from there, or sample in a thread with sampler_process=False"
+            ) from None
         except Exception as error:
             raise TypeError(
                 "sampler_process=True sends the model, the renderer, the task and the reward_fn to a second "

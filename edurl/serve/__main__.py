@@ -50,10 +50,15 @@ def _port(text: str) -> int:
 
 def _check_free(host: str, port: int) -> None:
     """Exit (status 3, as uvicorn does) with the reason when ``host:port`` cannot be bound, e.g. a server already
-    listens there; a bind that uvicorn's own options (SO_REUSEADDR) allow passes."""
+    listens there; a bind that uvicorn's own options allow passes."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # uvicorn binds with asyncio, which sets SO_REUSEADDR only on posix: there it just skips TIME_WAIT, but on
+        # Windows it would let the probe bind a port another server listens on, and uvicorn fail after loading.
+        if os.name == "posix":
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        elif hasattr(socket, "SO_EXCLUSIVEADDRUSE"):  # Windows: fail on any port in use, however it was bound
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
         try:
             probe.bind((host, port))
         except OSError as err:

@@ -719,7 +719,9 @@ def create_app(
     """The FastAPI app. ``api_key`` must start with ``tml-`` (the SDK refuses other keys)."""
     if not api_key.startswith("tml-"):
         raise ValueError("the API key must start with 'tml-', as the tinker SDK requires of every key")
-    if state_dir is None:  # a folder of its own, removed when the process exits (every server once left one)
+    # A folder of its own, removed when the process exits (every server once left one). A killed server (on
+    # Windows, Popen.terminate) runs no exit hooks, so LocalServer makes the folder, passes it, and removes it.
+    if state_dir is None:
         state_dir = tempfile.mkdtemp(prefix="edurl-serve-")
         atexit.register(shutil.rmtree, state_dir, True)
     backend = Backend(models or ModelRegistry(), Path(state_dir), poll_seconds=poll_seconds)

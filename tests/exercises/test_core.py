@@ -1,6 +1,10 @@
 """The checker machinery: verdicts for every way a learner's function can go wrong, never a bare traceback."""
 
+import io
+import sys
+
 import numpy as np
+import pytest
 import torch
 
 from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Case, Diagnosis, compare_tensors, run_checker
@@ -101,6 +105,27 @@ def test_not_callable():
 def test_printed_verdict(capsys):
     run_checker("double", double, double, CASES)
     assert capsys.readouterr().out.startswith("✅ double: passed")
+
+
+@pytest.mark.parametrize(
+    "encoding, marks",
+    [("cp1252", ["[ok]", "[x]", "[..]"]), ("utf-8", ["✅", "❌", "⏳"]), (None, ["✅", "❌", "⏳"])],
+)
+def test_printed_verdict_falls_back_to_ascii_where_stdout_cannot_encode_the_icons(monkeypatch, encoding, marks):
+    # a Windows console or redirected stdout in cp1252 raised UnicodeEncodeError at print(verdict); None: a
+    # stream without an encoding, as Jupyter's may be, takes the icons
+    out = io.TextIOWrapper(io.BytesIO(), encoding=encoding) if encoding else io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    def stub(x):
+        raise NotImplementedError
+
+    for fn in (double, lambda x: 3 * x, stub):
+        run_checker("double", fn, double, CASES)
+    out.flush()
+    text = out.buffer.getvalue().decode(encoding) if encoding else out.getvalue()
+    for mark, status in zip(marks, (PASSED, FAILED, NOT_ATTEMPTED)):
+        assert f"{mark} double: {status}." in text
 
 
 def test_compare_tensors_nan_equal_and_none():

@@ -5,6 +5,7 @@ import pickle
 import subprocess
 import sys
 import time
+import types
 from dataclasses import replace
 
 import pandas as pd
@@ -183,6 +184,33 @@ def test_the_sampler_process_refuses_what_does_not_pickle(tmp_path):
             tiny(tmp_path / "lambda", sft=WARM, max_steps_off_policy=1, sampler_process=True),
             reward_fn=lambda problems, prompts, completions: None,
         )
+
+
+def notebook_reward(problems, prompts, completions):  # becomes a notebook cell's function in the test below
+    return None
+
+
+class NotebookTask:  # becomes a class of a notebook cell in the test below
+    pass
+
+
+@pytest.mark.parametrize("sent", ["reward_fn", "task"])
+def test_the_sampler_process_refuses_what_a_notebook_defines(tmp_path, monkeypatch, sent):
+    # A notebook's __main__ has no __file__; its functions pickle by name (__main__.notebook_reward), and only the
+    # spawned process would fail, to import them, as "failed while starting". It is refused before it is sent.
+    main = types.ModuleType("__main__")
+    monkeypatch.setattr(notebook_reward, "__module__", "__main__")
+    monkeypatch.setattr(NotebookTask, "__module__", "__main__")
+    main.notebook_reward, main.NotebookTask = notebook_reward, NotebookTask  # so that pickle.dumps finds them
+    trainer, renderer, task = make_training_client(tiny(tmp_path, sft=WARM))
+    config = tiny(tmp_path, sft=WARM, max_steps_off_policy=1, sampler_process=True)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    reward_fn, task = (notebook_reward, task) if sent == "reward_fn" else (None, NotebookTask())
+    name = "function notebook_reward" if sent == "reward_fn" else "class NotebookTask"
+    with pytest.raises(TypeError, match=f"the {name} is defined in a notebook cell") as info:
+        ProcessSampler(config, trainer, renderer, task, reward_fn)
+    assert "put it in a .py file next to the notebook" in str(info.value)
+    assert "sampler_process=False" in str(info.value)
 
 
 def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):

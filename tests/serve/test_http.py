@@ -135,3 +135,67 @@ def test_a_port_in_use_or_out_of_range_is_refused_before_serving(capsys):
         with pytest.raises(SystemExit) as exit_:
             main(["--port", bad, "--api-key", "tml-local-key"])
         assert exit_.value.code == 2 and "--port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "os_name, exclusive, expected",
+    [("posix", True, ["SO_REUSEADDR"]), ("nt", True, ["SO_EXCLUSIVEADDRUSE"]), ("nt", False, [])],
+)
+def test_the_port_probe_binds_as_uvicorn_does(monkeypatch, os_name, exclusive, expected):
+    """On Windows SO_REUSEADDR lets a socket bind a port another one listens on, so a probe that set it always
+    passed there, and uvicorn (asyncio sets it only on posix) failed to bind after the models had loaded."""
+    import types
+
+    import edurl.serve.__main__ as serve_main
+
+    options, bound = [], []
+
+    class Probe:  # records what the probe sets, without binding anything
+        def __init__(self, family, kind):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def setsockopt(self, level, option, value):
+            options.append(option)
+
+        def bind(self, address):
+            bound.append(address)
+
+    names = {"SO_REUSEADDR": "SO_REUSEADDR"} | ({"SO_EXCLUSIVEADDRUSE": "SO_EXCLUSIVEADDRUSE"} if exclusive else {})
+    fake = types.SimpleNamespace(socket=Probe, AF_INET=2, AF_INET6=10, SOCK_STREAM=1, SOL_SOCKET=1, **names)
+    monkeypatch.setattr(serve_main, "socket", fake)
+    monkeypatch.setattr(serve_main, "os", types.SimpleNamespace(name=os_name))
+    serve_main._check_free("127.0.0.1", 8000)
+    assert options == expected and bound == [("127.0.0.1", 8000)]
+
+
+def test_a_local_server_removes_the_state_folder_it_made_even_when_killed(tmp_path, monkeypatch):
+    """The server removed its state folder in an exit hook, which does not run when LocalServer.stop() ends it with
+    TerminateProcess (Popen.terminate on Windows): every run left an edurl-serve-* folder in the temp folder."""
+    import tempfile
+
+    from edurl.serve.launch import LocalServer
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the server's temp folder, should it make its own
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # and this process's
+    server = LocalServer(device="cpu", preload=()).start()
+    made = list(temp.glob("edurl-serve-*"))
+    assert len(made) == 1 and made[0].is_dir()
+    monkeypatch.setattr(server.proc, "terminate", server.proc.kill)  # as on Windows: no exit hooks run
+    proc = server.proc
+    server.stop()
+    assert proc.poll() is not None and not list(temp.glob("edurl-serve-*"))
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "kept").write_text("x")
+    with LocalServer(device="cpu", preload=(), state_dir=str(mine)) as server:
+        assert server.proc.args[server.proc.args.index("--state-dir") + 1] == str(mine)
+    assert (mine / "kept").exists() and not list(temp.glob("edurl-serve-*"))
