@@ -28,6 +28,8 @@ from edurl.objectives import entropy
 
 __all__ = [
     "EAGER_ATTENTION_MAX_TOKENS",
+    "LEAN_VOCAB",
+    "Scores",
     "at_least_float32",
     "run_continuations",
     "run_prompts",
@@ -55,6 +57,101 @@ def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor
 def _entropy(logp: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():  # a diagnostic: no gradient
         return entropy(logp)
+
+
+LEAN_VOCAB = 4096
+"""Logits over a vocabulary larger than this (every real checkpoint's: Qwen2.5 has 151,936 entries) are scored
+without a float32 log-softmax of the whole (positions, vocabulary) tensor (:class:`Scores`)."""
+
+LEAN_CHUNK_BYTES = 1 << 28
+"""The lean path's float32 work tensors hold at most about this many bytes (256 MiB) at a time."""
+
+
+class Scores:
+    """The log-softmax of ``logits`` (..., V) at ``temperature``, read at (row, token) pairs, and its entropy.
+
+    Rows index the flattened leading dimensions. Up to :data:`LEAN_VOCAB` entries the log-softmax is computed
+    whole, as the course's tiny model always was. Past it, the float32 log-softmax of every position, which
+    autograd keeps for the backward pass, and the entropy's temporaries were the largest tensors of a training
+    step: about 20 bytes per position and vocabulary entry (3 MB a position for Qwen2.5), so a GRPO batch of
+    32 x 4 replies of 512 tokens needed some 200 GB. The lean path keeps only the logits and each row's
+    logsumexp, works through the rows in chunks, and gives the same numbers up to rounding."""
+
+    def __init__(self, logits: torch.Tensor, temperature: float, with_entropy: bool):
+        self.V = logits.shape[-1]
+        self.ent = None
+        if self.V <= LEAN_VOCAB:
+            self.lean = False
+            self.logp = scaled_log_softmax(logits, temperature)
+            if with_entropy:
+                self.ent = _entropy(self.logp).flatten()
+            return
+        self.lean = True
+        self.logits = logits.reshape(-1, self.V)
+        self.t = 1.0 if temperature in (0, 1) else float(temperature)
+        self.lse, self.ent = _row_stats(self.logits, self.t, with_entropy)
+
+    def at(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``log pi(tokens | row)`` for each pair, shaped like ``rows`` (and ``tokens``)."""
+        if not self.lean:
+            return self.logp.flatten()[rows * self.V + tokens]
+        return _PickedLogprobs.apply(self.logits, rows.flatten(), tokens.flatten(), self.t, self.lse).view(rows.shape)
+
+    def entropy(self, rows: torch.Tensor) -> torch.Tensor:
+        """The entropy of each row's distribution (no gradient), shaped like ``rows``."""
+        return self.ent[rows]
+
+
+def _chunk_rows(V: int) -> int:
+    return max(1, LEAN_CHUNK_BYTES // (4 * V))
+
+
+@torch.no_grad()
+def _row_stats(logits: torch.Tensor, t: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's logsumexp of ``logits / t`` in float32 or wider, and its entropy, a chunk of rows at a time."""
+    N, V = logits.shape
+    dtype = at_least_float32(logits[:0]).dtype
+    lse = torch.empty(N, dtype=dtype, device=logits.device)
+    ent = torch.empty(N, dtype=dtype, device=logits.device) if with_entropy else None
+    step = _chunk_rows(V)
+    for a in range(0, N, step):
+        z = at_least_float32(logits[a : a + step])
+        z = z / t if t != 1 else z
+        lse[a : a + step] = torch.logsumexp(z, -1)
+        if ent is not None:  # H = lse - sum p z, with 0 * z = 0 where p is 0
+            p = torch.exp(z - lse[a : a + step, None])
+            ent[a : a + step] = lse[a : a + step] - (p * torch.where(p > 0, z, 0.0)).sum(-1)
+    return lse, ent
+
+
+class _PickedLogprobs(torch.autograd.Function):
+    """``logits[rows, tokens] / t - lse[rows]``, whose backward rebuilds each row's softmax a chunk at a time:
+    d/dz_v of (z_c / t - lse) is (1[v = c] - softmax(z / t)_v) / t, summed over the pairs that read the row."""
+
+    @staticmethod
+    def forward(ctx, logits, rows, tokens, t, lse):
+        ctx.save_for_backward(logits, rows, tokens, lse)
+        ctx.t = t
+        picked = at_least_float32(logits[rows, tokens])
+        return (picked / t if t != 1 else picked) - lse[rows]
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, rows, tokens, lse = ctx.saved_tensors
+        t = ctx.t
+        N, V = logits.shape
+        weight = torch.zeros(N, dtype=grad.dtype, device=grad.device).index_add_(0, rows, grad)  # (N,)
+        out = torch.empty_like(logits)
+        step = _chunk_rows(V)
+        for a in range(0, N, step):
+            b = min(a + step, N)
+            z = at_least_float32(logits[a:b])
+            z = z / t if t != 1 else z
+            g = torch.exp(z - lse[a:b, None]).mul_(-weight[a:b, None])  # -softmax x the row's summed gradient
+            mine = (rows >= a) & (rows < b)
+            g.index_put_((rows[mine] - a, tokens[mine]), grad[mine].to(g.dtype), accumulate=True)  # the 1[v = c]
+            out[a:b] = g / t if t != 1 else g  # in float32 until here: one rounding to the logits' dtype
+        return out, None, None, None, None
 
 
 CACHE_ARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
@@ -165,39 +262,39 @@ def token_logprobs(
             return _whole_rows(forward, ids, attn, targets, with_entropy, temperature)
         out_p, _, pmask, _ = prefix
         logits_p = out_p.logits
-    logp_p = scaled_log_softmax(logits_p, temperature)
+    scores_p = Scores(logits_p, temperature, with_entropy)
     Lp = pmask.shape[1]
-    V = logp_p.shape[-1]
     col = torch.arange(T, device=dev)[None]  # (1, T) positions of the datum layout
     f = first[:, None]
     # position c <= f of row i is prompt column Lp - 1 - f + c of prompt u_i
     in_prompt = col <= f
     pcol = (Lp - 1 - f + col).clamp(0, Lp - 1)
-    lp = torch.where(in_prompt, logp_p.flatten()[(u[:, None] * Lp + pcol) * V + targets], 0.0)
+    lp = torch.where(in_prompt, scores_p.at(u[:, None] * Lp + pcol, targets), 0.0)
     ent = None
     if with_entropy:
-        ent = torch.where(in_prompt, _entropy(logp_p).flatten()[u[:, None] * Lp + pcol], 0.0)
+        ent = torch.where(in_prompt, scores_p.entropy(u[:, None] * Lp + pcol), 0.0)
     # ---- every completion (the rest of its row) reads its prompt's cache
     if packed is not None:
         _, logits, where = packed  # (N, V) for the N completion tokens, and their flat indices into (B, Lr)
-        logp_r = scaled_log_softmax(logits, temperature)
+        scores_r = Scores(logits, temperature, with_entropy)
         r, c = where // Lr, first[where // Lr] + 1 + where % Lr  # each token's row and column in the datum layout
-        lp = lp.index_put((r, c), logp_r.gather(1, targets[r, c][:, None]).squeeze(1))  # out of place
+        n = torch.arange(logits.shape[0], device=dev)
+        lp = lp.index_put((r, c), scores_r.at(n, targets[r, c]))  # out of place
         if with_entropy:
-            ent = ent.index_put((r, c), _entropy(logp_r))
+            ent = ent.index_put((r, c), scores_r.entropy(n))
     elif Lr > 0:
         j = torch.arange(Lr, device=dev)[None]  # (1, Lr)
         rmask = (j < rest[:, None]).long()
         rids = ids.gather(1, (f + 1 + j).clamp(max=T - 1)) * rmask
         with attention():
             out = run_continuations(forward, prefix, u, rids, rmask)
-        logp_r = scaled_log_softmax(out.logits, temperature)  # (B, Lr, V)
+        scores_r = Scores(out.logits, temperature, with_entropy)  # (B, Lr, V)
         in_rest = (col > f) & (col < lengths[:, None])
         rcol = (col - f - 1).clamp(0, Lr - 1)
         ridx = torch.arange(B, device=dev)[:, None] * Lr + rcol
-        lp = torch.where(in_rest, logp_r.flatten()[ridx * V + targets], lp)
+        lp = torch.where(in_rest, scores_r.at(ridx, targets), lp)
         if with_entropy:
-            ent = torch.where(in_rest, _entropy(logp_r).flatten()[ridx], ent)
+            ent = torch.where(in_rest, scores_r.entropy(ridx), ent)
     return lp, ent
 
 
@@ -264,6 +361,6 @@ def _give_rows_their_prompts(cache: DynamicCache, u: torch.Tensor) -> None:
 
 def _whole_rows(forward, ids, attn, targets, with_entropy: bool, temperature: float):
     """One pass over every whole row: the reference that the shared-prefix path must equal."""
-    logp = scaled_log_softmax(forward(input_ids=ids, attention_mask=attn).logits, temperature)
-    lp = logp.gather(-1, targets[..., None]).squeeze(-1)
-    return lp, _entropy(logp) if with_entropy else None
+    scores = Scores(forward(input_ids=ids, attention_mask=attn).logits, temperature, with_entropy)
+    rows = torch.arange(ids.numel(), device=ids.device).view(ids.shape)
+    return scores.at(rows, targets), scores.entropy(rows) if with_entropy else None

@@ -181,3 +181,101 @@ def test_rows_get_their_prompts_keys_and_values_in_any_layout(u):
 def _layer_kv(cache, i):
     layers = getattr(cache, "layers", None)
     return (layers[i].keys, layers[i].values) if layers is not None else (cache.key_cache[i], cache.value_cache[i])
+
+
+def _reference(logits, rows, tokens, temperature):
+    """The whole float32-or-wider log-softmax, indexed: what the lean path must equal."""
+    logp = scaled_log_softmax(logits, temperature)
+    return logp[rows, tokens], -(logp.exp() * logp).sum(-1)[rows]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_the_lean_scores_equal_the_whole_log_softmax_with_their_gradients(monkeypatch, temperature):
+    """Past LEAN_VOCAB, Scores keeps only the logits and each row's logsumexp and rebuilds the softmax in chunks
+    in the backward pass; rows read by several pairs (a shared prompt's positions) sum their gradients."""
+    from edurl.llm import shared_prefix
+
+    monkeypatch.setattr(shared_prefix, "LEAN_VOCAB", 0)
+    monkeypatch.setattr(shared_prefix, "LEAN_CHUNK_BYTES", 4 * 50 * 3)  # chunks of 3 rows: the seams are crossed
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(10, 50, generator=g, dtype=torch.float64)).requires_grad_()
+    rows = torch.tensor([[0, 0, 3, 9], [3, 5, 5, 5]])
+    tokens = torch.tensor([[1, 1, 7, 49], [2, 0, 0, 8]])
+    weights = torch.randn(rows.shape, generator=g, dtype=torch.float64)
+    scores = shared_prefix.Scores(logits, temperature, with_entropy=True)
+    assert scores.lean
+    lp, ent = scores.at(rows, tokens), scores.entropy(rows)
+    (grad,) = torch.autograd.grad((lp * weights).sum(), logits)
+    want_lp, want_ent = _reference(logits, rows, tokens, temperature)
+    (want_grad,) = torch.autograd.grad((want_lp * weights).sum(), logits)
+    assert torch.allclose(lp, want_lp, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(ent, want_ent, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(grad, want_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_lean_scores_of_bf16_logits_keep_a_fraction_of_the_memory(monkeypatch):
+    """For 16-bit logits the whole log-softmax saved a float32 copy of them for the backward pass (twice their
+    bytes) and the entropy made three more: the lean path saves the logits themselves and one float per row."""
+    from edurl.llm import shared_prefix
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 5000, generator=g).to(torch.bfloat16).requires_grad_()
+    rows, tokens = torch.arange(64), torch.randint(0, 5000, (64,), generator=g)
+
+    def saved_bytes(make):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = make()
+        return out, sum(seen.values())
+
+    monkeypatch.setattr(shared_prefix, "LEAN_VOCAB", 10**9)
+    whole, whole_bytes = saved_bytes(lambda: shared_prefix.Scores(logits, 1.0, True).at(rows, tokens))
+    monkeypatch.setattr(shared_prefix, "LEAN_VOCAB", 0)
+    lean, lean_bytes = saved_bytes(lambda: shared_prefix.Scores(logits, 1.0, True).at(rows, tokens))
+    assert lean_bytes < 1.1 * logits.numel() * 2 and whole_bytes > 2 * logits.numel() * 2 - 1
+    assert torch.allclose(lean, whole, atol=1e-6)
+    (g_lean,) = torch.autograd.grad(lean.sum(), logits)
+    (g_whole,) = torch.autograd.grad(whole.sum(), logits)
+    assert g_lean.dtype == torch.bfloat16
+    assert torch.allclose(g_lean.float(), g_whole.float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_training_log_probs_take_the_lean_path_for_a_large_vocabulary(small_model, monkeypatch, share):
+    """Every way token_logprobs scores (shared prompts, packed or not, and whole rows) through the lean path."""
+    from edurl.llm import shared_prefix
+
+    rows = [[3, 35, 33, 19, 5, 6], [3, 35, 33, 19, 7], [3, 35, 33, 19, 8, 9, 10], [3, 35, 33, 19, 11]]
+    masks = [[0, 0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 0, 1, 1, 1], [0, 0, 0, 1]]
+    ids, attn, targets, mask = batch(rows, masks)
+    kw = dict(share_prompts=share, with_entropy=True, temperature=0.7)
+    want = scored(small_model, ids, attn, targets, mask, **kw)
+    monkeypatch.setattr(shared_prefix, "LEAN_VOCAB", 0)
+    calls, lean = [], shared_prefix._PickedLogprobs.apply
+    monkeypatch.setattr(shared_prefix._PickedLogprobs, "apply", lambda *args: calls.append(1) or lean(*args))
+    for packed in (True, False):  # with model=, the CPU's packed pass; without, the prompt cache
+        small_model.zero_grad()
+        calls.clear()
+        lp, ent = token_logprobs(
+            small_model,
+            ids,
+            attn,
+            targets,
+            mask,
+            model_config=small_model.config,
+            model=small_model if packed else None,
+            **kw,
+        )
+        (lp * mask).sum().backward()
+        got = (lp.detach(), ent, {n: p.grad.clone() for n, p in small_model.named_parameters() if p.grad is not None})
+        assert calls  # the lean path scored them
+        small_model.zero_grad()
+        assert torch.allclose(got[0], want[0], atol=1e-5) and torch.allclose(got[1], want[1], atol=1e-5)
+        assert got[2].keys() == want[2].keys()
+        for name in want[2]:
+            assert torch.allclose(got[2][name], want[2][name], atol=1e-5), name
