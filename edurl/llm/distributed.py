@@ -264,7 +264,7 @@ def launch(
     cmd = [sys.executable, *launcher, *map(str, args)]
     if nproc and sys.platform == "win32":  # torch's Windows builds lack libuv, which torchrun's rendezvous asks for
         env = {**(os.environ if env is None else env), "USE_LIBUV": "0"}
-    own_group = hasattr(os, "killpg")  # POSIX; elsewhere only the launcher itself can be stopped
+    own_group = hasattr(os, "killpg")  # POSIX; Windows stops the process tree with taskkill (_stop)
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=own_group
     )
@@ -304,7 +304,13 @@ def _first_rank_error(stderr: str) -> str:
 
 
 def _stop(proc: subprocess.Popen, own_group: bool) -> None:
-    """SIGTERM to ``proc``'s process group (or to ``proc`` alone), SIGKILL if it is still there after 5 s."""
+    """SIGTERM to ``proc``'s process group (or to ``proc`` alone), SIGKILL if it is still there after 5 s. On
+    Windows, which has no process groups to signal, ``taskkill /T`` ends the process with its children (torchrun's
+    ranks); terminating the launcher alone left them running, holding their port and cores."""
+    if not own_group and sys.platform == "win32":
+        subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)], capture_output=True, check=False)
+        proc.wait()
+        return
     kill = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL; its SIGTERM is TerminateProcess
     for sig, wait in ((signal.SIGTERM, 5.0), (kill, None)):
         try:

@@ -48,7 +48,9 @@ RewardFn = Callable[[list, list[list[int]], list[list[list[int]]]], "torch.Tenso
 """A reward in place of the verifier's: ``reward_fn(problems, prompts, completions)`` with the step's P problems,
 their P rendered prompts (token ids) and the G completions of each (token ids, ending with the stop token when they
 stopped) returns the rewards, shape (P, G), or ``(rewards, metrics)`` where ``metrics`` is a dict of floats logged
-with the step (e.g. ``env/all/reward/gold``). See :class:`edurl.llm.preference.RewardModelReward`."""
+with the step (e.g. ``env/all/reward/gold``). See :class:`edurl.llm.preference.RewardModelReward`. Under torchrun
+each rank calls it with its own share of the P problems, so a reward that compares or normalises across the batch
+sees only that share, and its metrics, averaged over the ranks by name, must have the same names on every rank."""
 
 
 @dataclass
@@ -548,7 +550,7 @@ def _call_reward_fn(reward_fn, problems, prompts, responses, shape) -> tuple[tor
     if tuple(rewards.shape) != shape:
         raise ValueError(
             f"reward_fn returned rewards of shape {tuple(rewards.shape)}; it must return one per completion, "
-            f"shape (batch_size, group_size) = {shape}"
+            f"shape (problems, group_size) = {shape} (under torchrun, this rank's share of the batch_size problems)"
         )
     if not torch.isfinite(rewards).all():
         raise ValueError("reward_fn returned a NaN or infinite reward; every reward must be a finite number")

@@ -326,7 +326,9 @@ def _content_and_ok(renderer, tokens):
 
 
 def test_a_bad_reward_fn_says_what_is_wrong(tmp_path):
-    with pytest.raises(ValueError, match=r"shape \(4, 3\); it must return one per completion, shape \(batch_size"):
+    with pytest.raises(
+        ValueError, match=r"shape \(4, 3\); it must return one per completion, shape \(problems, group_size\)"
+    ):
         train_grpo(tiny(tmp_path, max_steps=1), reward_fn=lambda pr, p, c: torch.zeros(4, 3))
     with pytest.raises(ValueError, match="NaN or infinite"):
         train_grpo(tiny(tmp_path, max_steps=1), reward_fn=lambda pr, p, c: torch.full((4, 4), float("nan")))

@@ -146,3 +146,21 @@ def test_without_process_groups_the_process_itself_is_stopped(monkeypatch):
     with pytest.raises(TimeoutError, match="ran past 2 s"):
         launch(["-c", "import time; time.sleep(120)"], timeout=2)
     assert time.monotonic() - start < 30
+
+
+def test_on_windows_the_ranks_are_stopped_with_their_launcher(monkeypatch):
+    """Windows has no process groups: terminating torchrun alone left its ranks running; taskkill /T ends the tree."""
+    from edurl.llm import distributed
+
+    ran = []
+
+    class Proc:
+        pid = 4242
+
+        def wait(self, timeout=None):
+            ran.append("wait")
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    distributed._stop(Proc(), own_group=False)
+    assert ran == [["taskkill", "/F", "/T", "/PID", "4242"], "wait"]
