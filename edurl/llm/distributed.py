@@ -288,18 +288,19 @@ def launch(
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-_RANK_ERROR = re.compile(r"^(?:\[rank(\d+)\]:\s*)?(\w+(?:Error|Exception|Interrupt)\b:?.*)$", re.MULTILINE)
+_RANK_ERROR = re.compile(r"^(?:\[rank(\d+)\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b:?.*)$", re.MULTILINE)
 
 
 def _first_rank_error(stderr: str) -> str:
     """``; rank N raised X: ...`` for the first exception a rank printed, or "" when none did. torchrun's own
     summary fills the end of stderr, and a rank whose peer died reports only the broken connection, so the
     cause is the first exception that is not about a closed connection."""
-    found = [(rank, line.strip()) for rank, line in _RANK_ERROR.findall(stderr)]
+    found = [(rank, line.strip()) for rank, line in _RANK_ERROR.findall(stderr) if not line.startswith("torch.")]
     causes = [f for f in found if "Connection closed" not in f[1] and "DistBackendError" not in f[1]] or found
     if not causes:
         return ""
-    rank, line = causes[0]
+    rank = causes[0][0]  # the first rank to fail; the last line of its traceback, which names the outermost
+    line = [line for r, line in causes if r == rank][-1]  # exception (a chained one prints its cause first)
     return f"; {'rank ' + rank if rank else 'a rank'} raised {line}"
 
 
@@ -308,9 +309,12 @@ def _stop(proc: subprocess.Popen, own_group: bool) -> None:
     Windows, which has no process groups to signal, ``taskkill /T`` ends the process with its children (torchrun's
     ranks); terminating the launcher alone left them running, holding their port and cores."""
     if not own_group and sys.platform == "win32":
-        subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)], capture_output=True, check=False)
-        proc.wait()
-        return
+        try:
+            subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)], capture_output=True, check=False)
+            proc.wait(timeout=10)
+            return
+        except (OSError, subprocess.TimeoutExpired):  # no taskkill, or it did not work: the launcher at least
+            pass
     kill = getattr(signal, "SIGKILL", signal.SIGTERM)  # Windows has no SIGKILL; its SIGTERM is TerminateProcess
     for sig, wait in ((signal.SIGTERM, 5.0), (kill, None)):
         try:

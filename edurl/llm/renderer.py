@@ -71,10 +71,11 @@ class ChatMLRenderer:
             raise ValueError(f"ChatMLRenderer needs the special tokens {missing} in the tokenizer's vocabulary")
         self.im_start = vocab["<|im_start|>"]
         self.im_end = vocab["<|im_end|>"]
-        # the model's own end-of-sequence ids, which sample() stops on as well (a base Qwen2.5 ends a reply with
-        # <|endoftext|>, its tokenizer's EOS; Qwen2.5-Instruct's generation config lists both)
-        eos = [tokenizer.eos_token_id, vocab.get("<|endoftext|>")]
-        self.eos_ids = frozenset(int(e) for e in eos if e is not None and e != self.im_end)
+        # the tokenizer's end of sequence when it is not <|im_end|>: sample() stops on the model's EOS too, and a base
+        # Qwen2.5 ends its replies with <|endoftext|>, its tokenizer's EOS. Not every <|endoftext|>: the course's
+        # model pads with it and never stops on it, so a reply cut off on one would be graded complete
+        eos = tokenizer.eos_token_id
+        self.eos_ids = frozenset() if eos is None or eos == self.im_end else frozenset({int(eos)})
         if default_system == FROM_TEMPLATE:
             default_system = template_default_system(tokenizer)
         self.default_system = default_system
@@ -129,7 +130,7 @@ class ChatMLRenderer:
 
     def parse_response(self, tokens: Sequence[int]) -> tuple[Message, bool]:
         """Sampled tokens -> (assistant message, ok). ``ok`` is True when the reply ended: at its first
-        ``<|im_end|>``, or on a last token that is the model's end of sequence (``eos_ids``: the tokenizer's EOS and
+        ``<|im_end|>``, or on a last token that is the tokenizer's end of sequence (``eos_ids``: a base Qwen2.5's
         ``<|endoftext|>``, on which :func:`~edurl.llm.sampling.sample` stops too). A reply cut off by ``max_tokens``
         is not ``ok``. The end token is not part of the message."""
         tokens = list(tokens)

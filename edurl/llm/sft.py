@@ -301,8 +301,16 @@ def cached_checkpoint(key: str, config, train, device: str | None = None, retrai
             ) from error
     try:
         os.replace(tmp, path)
-    except OSError:  # another process cached the same config first; theirs is identical
+    except OSError as error:  # another process cached the same config first; theirs is identical
         shutil.rmtree(tmp, ignore_errors=True)
+        if not path.exists():  # no: the move itself failed. The earlier checkpoint, if any, goes back
+            if earlier is not None:
+                os.replace(earlier, path)
+                shutil.rmtree(earlier.parent, ignore_errors=True)
+            raise RuntimeError(
+                f"could not move the trained checkpoint into {path} ({error})"
+                + ("; the earlier checkpoint is back in its place" if earlier is not None else "")
+            ) from error
     if earlier is not None:
         shutil.rmtree(earlier.parent, ignore_errors=True)
     return model, tokenizer, history, path

@@ -93,6 +93,10 @@ class Scores:
 
     def at(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``log pi(tokens | row)`` for each pair, shaped like ``rows`` (and ``tokens``)."""
+        if tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < self.V:  # else a flat index reads
+            raise ValueError(  # another position's log-prob
+                f"target tokens must be ids in [0, {self.V}), the vocabulary, got {int(tokens.min())}..{int(tokens.max())}"
+            )
         if not self.lean:
             return self.logp.flatten()[rows * self.V + tokens]
         return _PickedLogprobs.apply(self.logits, rows.flatten(), tokens.flatten(), self.t, self.lse).view(rows.shape)
@@ -136,6 +140,7 @@ class _PickedLogprobs(torch.autograd.Function):
         return (picked / t if t != 1 else picked) - lse[rows]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # its own backward is not differentiable: no second order
     def backward(ctx, grad):
         logits, rows, tokens, lse = ctx.saved_tensors
         t = ctx.t

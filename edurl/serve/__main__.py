@@ -53,12 +53,11 @@ def _check_free(host: str, port: int) -> None:
     listens there; a bind that uvicorn's own options allow passes."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # uvicorn binds with asyncio, which sets SO_REUSEADDR only on posix: there it just skips TIME_WAIT, but on
-        # Windows it would let the probe bind a port another server listens on, and uvicorn fail after loading.
+        # bound as uvicorn binds, through asyncio, which sets SO_REUSEADDR only on posix: there it just skips
+        # TIME_WAIT, but on Windows it would let the probe bind a port another server listens on, and uvicorn fail
+        # after loading. Elsewhere a plain bind, as asyncio's (SO_EXCLUSIVEADDRUSE would refuse more than it does)
         if os.name == "posix":
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        elif hasattr(socket, "SO_EXCLUSIVEADDRUSE"):  # Windows: fail on any port in use, however it was bound
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
         try:
             probe.bind((host, port))
         except OSError as err:

@@ -58,24 +58,28 @@ class LocalServer:
             cmd += ["--device", str(self.device)]
         for name in self.preload:
             cmd += ["--preload", name]
-        self._out = open(self.log, "w") if self.log else None  # noqa: SIM115 - closed in stop()
-        out = self._out or subprocess.DEVNULL
-        self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                status = self.proc.returncode
-                self.stop()  # closes the log and removes the state folder
-                raise RuntimeError(
-                    f"edurl.serve exited with status {status}" + (f"; see {self.log}" if self.log else "")
-                )
-            try:
-                req = urllib.request.Request(f"{self.url}/api/v1/healthz", headers={"X-API-Key": self.api_key})
-                with urllib.request.urlopen(req, timeout=2) as res:
-                    if res.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
+        try:  # a failed or interrupted start stops the server and removes the state folder it was given
+            self._out = open(self.log, "w") if self.log else None  # noqa: SIM115 - closed in stop()
+            out = self._out or subprocess.DEVNULL
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    status = self.proc.returncode
+                    self.stop()  # closes the log and removes the state folder
+                    raise RuntimeError(
+                        f"edurl.serve exited with status {status}" + (f"; see {self.log}" if self.log else "")
+                    )
+                try:
+                    req = urllib.request.Request(f"{self.url}/api/v1/healthz", headers={"X-API-Key": self.api_key})
+                    with urllib.request.urlopen(req, timeout=2) as res:
+                        if res.status == 200:
+                            return self
+                except OSError:
+                    time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
         self.stop()
         raise RuntimeError(f"edurl.serve did not answer on {self.url} within {timeout:.0f} s")
 

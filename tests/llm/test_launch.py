@@ -164,3 +164,31 @@ def test_on_windows_the_ranks_are_stopped_with_their_launcher(monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: ran.append(cmd))
     distributed._stop(Proc(), own_group=False)
     assert ran == [["taskkill", "/F", "/T", "/PID", "4242"], "wait"]
+
+    def no_taskkill(cmd, **kw):
+        raise FileNotFoundError("taskkill")
+
+    class Launcher(Proc):  # without taskkill, the launcher itself is still stopped
+        def send_signal(self, sig):
+            ran.append(sig)
+
+    ran.clear()
+    monkeypatch.setattr(subprocess, "run", no_taskkill)
+    distributed._stop(Launcher(), own_group=False)
+    assert ran == [signal.SIGTERM, "wait"]
+
+
+def test_the_reason_named_is_the_outermost_exception_of_the_first_rank_to_fail():
+    """A chained traceback prints its cause first: the rank's own explanation is the last exception line."""
+    from edurl.llm.distributed import _first_rank_error
+
+    stderr = (
+        "[rank1]: Traceback (most recent call last):\n[rank1]: KeyError: 'reward'\n"
+        "[rank1]: The above exception was the direct cause of the following exception:\n"
+        "[rank1]: ValueError: reward_fn returned no 'reward'\n"
+        "[rank0]: torch.distributed.DistBackendError: Connection closed by peer\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    )
+    assert _first_rank_error(stderr) == "; rank 1 raised ValueError: reward_fn returned no 'reward'"
+    assert _first_rank_error("[rank0]: Exception: plain\n") == "; rank 0 raised Exception: plain"
+    assert _first_rank_error("nothing raised here\n") == ""

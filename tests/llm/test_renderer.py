@@ -111,39 +111,44 @@ def test_a_reply_with_a_special_id_inside_keeps_the_prefix_property(char_tokeniz
         assert ok and following[: len(prompt) + len(reply) + 1] == prompt + reply + r.get_stop_sequences(), special
 
 
-@pytest.mark.parametrize("eos_token", ["<|endoftext|>", "<|im_end|>"], ids=["base-style", "instruct-style"])
-def test_a_reply_ended_by_the_models_own_eos_is_complete(eos_token):
+def test_a_reply_ended_by_the_tokenizers_own_eos_is_complete(char_tokenizer):
     """sample() stops on the model's end-of-sequence ids as well as on <|im_end|>. A base Qwen2.5 ends its replies
-    with <|endoftext|> (its tokenizer's EOS; Qwen2.5-Instruct's generation config lists it too), and such a reply was
-    graded as cut off: format 0 and 'truncated' on every reply, so GRPO from a base checkpoint learned nothing."""
+    with <|endoftext|>, its tokenizer's EOS, and such a reply was graded as cut off: format 0 and 'truncated' on every
+    reply, so GRPO from a base checkpoint learned nothing. The course's tokenizer ends turns with <|im_end|> and pads
+    with <|endoftext|>, which its model never stops on: a reply cut off on one stays cut off."""
     from tests.llm.conftest import make_bpe_tokenizer
 
-    tok = make_bpe_tokenizer()
-    tok.eos_token = eos_token
-    r = ChatMLRenderer(tok)
-    reply = tok.encode("\\boxed{46}", add_special_tokens=False)
-    endoftext = tok.convert_tokens_to_ids("<|endoftext|>")
+    base = make_bpe_tokenizer()
+    base.eos_token = "<|endoftext|>"
+    r = ChatMLRenderer(base)
+    reply = base.encode("\\boxed{46}", add_special_tokens=False)
+    endoftext = base.convert_tokens_to_ids("<|endoftext|>")
     for end in (endoftext, *r.get_stop_sequences()):
         assert r.parse_response(reply + [end]) == ({"role": "assistant", "content": "\\boxed{46}"}, True)
     assert r.parse_response(reply)[1] is False  # cut off by max_tokens
     assert r.parse_response(reply + [endoftext] + reply)[1] is False  # an EOS inside a cut-off reply does not end it
     ended = r.parse_response(reply + [endoftext] + reply + r.get_stop_sequences())
-    assert ended == ({"role": "assistant", "content": tok.decode(reply + [endoftext] + reply)}, True)
+    assert ended == ({"role": "assistant", "content": base.decode(reply + [endoftext] + reply)}, True)
+    course = ChatMLRenderer(char_tokenizer)
+    pad = char_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert course.eos_ids == frozenset() and course.parse_response([7, 8, pad])[1] is False
 
 
 def test_what_sample_stops_on_the_renderer_calls_complete(small_model, char_tokenizer):
-    """End to end: a model that declares <|endoftext|> as an EOS (as Qwen2.5-Instruct's generation config does) and
-    emits it; sample() stops on it with stop_reason 'stop', and parse_response agrees that the reply ended."""
+    """End to end, a base-style pair: a tokenizer and a model whose EOS is <|endoftext|>, and a model that emits it;
+    sample() stops on it with stop_reason 'stop', and parse_response agrees that the reply ended."""
     import copy
 
     import torch
 
     from edurl.llm.sampling import SamplingParams, sample
 
-    r = ChatMLRenderer(char_tokenizer)
-    endoftext = char_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    tokenizer = copy.deepcopy(char_tokenizer)
+    tokenizer.eos_token = "<|endoftext|>"
+    r = ChatMLRenderer(tokenizer)
+    endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model = copy.deepcopy(small_model)
-    model.generation_config.eos_token_id = [r.im_end, endoftext]
+    model.generation_config.eos_token_id = endoftext
 
     def favour_endoftext_after_three(module, args, logits):
         favour = torch.zeros_like(logits)
@@ -157,4 +162,4 @@ def test_what_sample_stops_on_the_renderer_calls_complete(small_model, char_toke
     (seq,) = sample(model, [prompt], 1, SamplingParams(max_tokens=10, temperature=0.0))
     assert seq.stop_reason == "stop" and seq.tokens[-1] == endoftext and len(seq.tokens) == 4, seq
     message, ok = r.parse_response(seq.tokens)
-    assert ok and message["content"] == char_tokenizer.decode(seq.tokens[:-1])
+    assert ok and message["content"] == tokenizer.decode(seq.tokens[:-1])

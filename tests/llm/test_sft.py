@@ -90,6 +90,18 @@ def test_a_retrain_that_cannot_move_the_old_checkpoint_keeps_it(tmp_path, monkey
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no stray folders
     kept, _, kept_history, _ = load_or_train_sft(TINY, progress=False)
     assert kept_history == history
+
+    def refuse_to_place_the_new_one(src, dst):  # the old one moves aside, the new one cannot move in
+        if Path(dst) == path and "-earlier-" not in str(src):
+            raise PermissionError(13, "Access is denied", str(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", refuse_to_place_the_new_one)
+    with pytest.raises(RuntimeError, match="could not move the trained checkpoint.*earlier checkpoint is back"):
+        load_or_train_sft(TINY, progress=False, retrain=True)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    assert load_or_train_sft(TINY, progress=False)[2] == history
     retrained, _, _, again = load_or_train_sft(TINY, progress=False, retrain=True)  # and a retrain that can, does
     assert again == path and [p.name for p in path.parent.iterdir()] == [path.name]
     loaded, *_ = load_or_train_sft(TINY, progress=False)

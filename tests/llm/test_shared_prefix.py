@@ -279,3 +279,16 @@ def test_training_log_probs_take_the_lean_path_for_a_large_vocabulary(small_mode
         assert got[2].keys() == want[2].keys()
         for name in want[2]:
             assert torch.allclose(got[2][name], want[2][name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_a_target_outside_the_vocabulary_is_refused_not_read_elsewhere(monkeypatch, lean):
+    """Flat indexing read another position's log-prob for a target of -100 or V, where gather had raised."""
+    from edurl.llm import shared_prefix
+
+    monkeypatch.setattr(shared_prefix, "LEAN_VOCAB", 0 if lean else 4096)
+    scores = shared_prefix.Scores(torch.randn(4, 10), 1.0, with_entropy=False)
+    for bad in (-100, 10):
+        with pytest.raises(ValueError, match=r"target tokens must be ids in \[0, 10\)"):
+            scores.at(torch.tensor([0, 1]), torch.tensor([3, bad]))
+    assert scores.at(torch.tensor([0, 1]), torch.tensor([3, 9])).shape == (2,)
