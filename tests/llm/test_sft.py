@@ -78,30 +78,29 @@ def test_a_retrain_that_cannot_move_the_old_checkpoint_keeps_it(tmp_path, monkey
     model, _, history, path = load_or_train_sft(TINY, progress=False)
     real_replace = os.replace
 
-    def refuse_to_move_the_checkpoint(src, dst):
-        if Path(src) == path:
-            raise PermissionError(32, "The process cannot access the file because it is being used", str(src))
-        return real_replace(src, dst)
+    def refusing(refuse):
+        def replace(src, dst):
+            if refuse(Path(src), Path(dst)):
+                raise PermissionError(32, "The process cannot access the file because it is being used", str(src))
+            return real_replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", refuse_to_move_the_checkpoint)
-    with pytest.raises(RuntimeError, match="could not move the cached checkpoint .* it is unchanged"):
-        load_or_train_sft(TINY, progress=False, retrain=True)
-    monkeypatch.setattr(os, "replace", real_replace)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no stray folders
-    kept, _, kept_history, _ = load_or_train_sft(TINY, progress=False)
-    assert kept_history == history
+        return replace
 
-    def refuse_to_place_the_new_one(src, dst):  # the old one moves aside, the new one cannot move in
-        if Path(dst) == path and "-earlier-" not in str(src):
-            raise PermissionError(13, "Access is denied", str(dst))
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", refuse_to_place_the_new_one)
-    with pytest.raises(RuntimeError, match="could not move the trained checkpoint.*earlier checkpoint is back"):
-        load_or_train_sft(TINY, progress=False, retrain=True)
-    monkeypatch.setattr(os, "replace", real_replace)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
-    assert load_or_train_sft(TINY, progress=False)[2] == history
+    cases = [
+        (lambda src, dst: src == path, "could not move the cached checkpoint .* it is unchanged"),
+        # the old one moves aside, the new one cannot move in
+        (
+            lambda src, dst: dst == path and "-earlier-" not in str(src),
+            "trained checkpoint.*earlier checkpoint is back",
+        ),
+    ]
+    for refuse, message in cases:
+        monkeypatch.setattr(os, "replace", refusing(refuse))
+        with pytest.raises(RuntimeError, match=message):
+            load_or_train_sft(TINY, progress=False, retrain=True)
+        monkeypatch.setattr(os, "replace", real_replace)
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no stray folders
+        assert load_or_train_sft(TINY, progress=False)[2] == history  # the earlier checkpoint, loadable
     retrained, _, _, again = load_or_train_sft(TINY, progress=False, retrain=True)  # and a retrain that can, does
     assert again == path and [p.name for p in path.parent.iterdir()] == [path.name]
     loaded, *_ = load_or_train_sft(TINY, progress=False)
