@@ -12,6 +12,8 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
+from edurl.serve.launch import LocalServer  # noqa: E402
+
 from .conftest import KEY  # noqa: E402
 
 CLIENTS = 8
@@ -22,10 +24,21 @@ def stats(url: str) -> dict:
     return httpx.get(f"{url}/api/v1/edurl/stats", headers={"X-API-Key": KEY}, timeout=30).json()
 
 
-def test_eight_clients_sample_for_thirty_seconds(server_url):
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory):
+    """A server of this test's own: on the shared one, sessions that other tests' clients left open expire
+    while this test runs (after 600 s without a heartbeat), and the count of sessions fell under it."""
+    log = tmp_path_factory.mktemp("serve-load") / "serve.log"
+    with LocalServer(device="cpu", api_key=KEY, log=str(log)) as server:
+        yield server.url
+
+
+def test_eight_clients_sample_for_thirty_seconds(own_server):
+    server_url = own_server
     prompt = types.ModelInput.from_ints([1, 2, 3, 4])
     params = types.SamplingParams(max_tokens=8, temperature=1.0)
     before = stats(server_url)
+    assert before["sessions"] == 0, before
     # warm-up: the base model loaded and one round of sampling done, so memory is measured at steady state
     warm = tinker.ServiceClient(base_url=server_url, api_key=KEY)
     warm.create_sampling_client(base_model="edurl/tiny-arithmetic").sample(prompt, 2, params).result()

@@ -25,7 +25,8 @@ def rl_datum(prompt: list[int], seq, advantage: float) -> types.Datum:
 def training(server_url):
     service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
     client = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
-    return service, client
+    yield service, client
+    service.close("success").result()  # not left for the server to expire 600 s after the last heartbeat
 
 
 def test_train_and_sample_through_the_sdk_on_policy(training):
@@ -201,6 +202,7 @@ def test_dro_sums_over_every_position_as_tinker_writes_it_and_a_mask_narrows_it(
     loss_masked, _ = dro_loss(masked)
     assert loss_masked == pytest.approx(float((per_token * mask).sum()), rel=1e-4)
     assert loss - loss_masked > 0.05 * beta  # the prompt's penalty: log-probs there are far from 0
+    service.close("success").result()
 
 
 def test_bad_requests_are_refused_when_sent_and_leave_the_model_working(training):
