@@ -725,7 +725,7 @@ def _rewards(log: _StepLog, config, renderer, task, step) -> tuple[torch.Tensor,
     correct = torch.zeros(config.batch_size, config.group_size)
     for i, (problem, response) in enumerate(zip(problems, responses)):
         for j, seq in enumerate(response.sequences):
-            message, complete = renderer.parse_response(seq.tokens)
+            message, complete = renderer.parse_response(seq.tokens, seq.stop_reason)
             g = grade(message["content"], problem.answer, complete=complete)
             rewards[i, j], correct[i, j] = g.reward, float(g.correct)
     return rewards, correct

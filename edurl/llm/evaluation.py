@@ -47,7 +47,7 @@ def evaluate(
         chunk = problems[start : start + batch_size]
         prompts = [renderer.build_generation_prompt(p.messages()) for p in chunk]
         for p, c in zip(chunk, sample(model, prompts, 1, params, pad_token_id=renderer.tokenizer.pad_token_id)):
-            message, ok = renderer.parse_response(c.tokens)
+            message, ok = renderer.parse_response(c.tokens, c.stop_reason)
             g = grade(message["content"], p.answer, complete=ok)
             correct += g.correct
             fmt += g.format

@@ -289,7 +289,7 @@ def collect(
     grades = []
     for i, response in zip(mine, responses):
         for seq in response.sequences:
-            message, ok = renderer.parse_response(seq.tokens)
+            message, ok = renderer.parse_response(seq.tokens, seq.stop_reason)
             grades.append(grade(message["content"], problems[i].answer, complete=ok))
     rewards = torch.tensor([g.reward for g in grades], device="cpu").view(len(mine), G)
     reward_row = {}

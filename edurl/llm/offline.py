@@ -179,7 +179,7 @@ def collect_buffer(
         for problem, prompt, response in zip(
             problems, prompts, samplers[name].sample_batch(prompts, group_size, params)
         ):
-            parsed = [renderer.parse_response(s.tokens) for s in response.sequences]
+            parsed = [renderer.parse_response(s.tokens, s.stop_reason) for s in response.sequences]
             grades = [grade(message["content"], problem.answer, complete=ok) for message, ok in parsed]
             buffer.prompts.append(list(prompt))
             buffer.completions.append([list(s.tokens) for s in response.sequences])

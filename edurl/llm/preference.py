@@ -306,7 +306,7 @@ def sample_pairs(
     pairs = []
     for i, problem in enumerate(problems):
         group = completions[i * samples_per_problem : (i + 1) * samples_per_problem]
-        texts = [renderer.parse_response(c.tokens)[0]["content"] for c in group]
+        texts = [renderer.parse_response(c.tokens, c.stop_reason)[0]["content"] for c in group]
         j = next((j for j in range(1, len(group)) if texts[j] != texts[0]), None)
         if j is None:
             continue
@@ -933,7 +933,7 @@ def mean_gold_score(
     )
     completions = sample(model, prompts, samples, params, pad_token_id=renderer.tokenizer.pad_token_id)
     scores = [
-        gold_score(renderer.parse_response(c.tokens)[0]["content"], problems[k // samples].answer)
+        gold_score(renderer.parse_response(c.tokens, c.stop_reason)[0]["content"], problems[k // samples].answer)
         for k, c in enumerate(completions)
     ]
     return sum(scores) / len(scores)

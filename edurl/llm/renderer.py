@@ -6,8 +6,9 @@ needs three more things, which is what a renderer adds:
 * ``build_generation_prompt(messages)``: the prompt as token ids, ending where
   the assistant starts speaking;
 * ``get_stop_sequences()``: the token(s) that end the assistant's turn;
-* ``parse_response(tokens)``: the sampled tokens back to a message, and whether
-  the turn ended properly (a reply cut off by ``max_tokens`` is not ``ok``).
+* ``parse_response(tokens, stop_reason)``: the sampled tokens back to a message,
+  and whether the turn ended properly (a reply cut off by ``max_tokens`` is not
+  ``ok``).
 
 ``ChatMLRenderer`` builds ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n``) from
 token pieces itself, so the test suite can check it against
@@ -76,6 +77,7 @@ class ChatMLRenderer:
         # model pads with it and never stops on it, so a reply cut off on one would be graded complete
         eos = tokenizer.eos_token_id
         self.eos_ids = frozenset() if eos is None or eos == self.im_end else frozenset({int(eos)})
+        self._special_ids = frozenset(tokenizer.all_special_ids) | {self.im_start, self.im_end}
         if default_system == FROM_TEMPLATE:
             default_system = template_default_system(tokenizer)
         self.default_system = default_system
@@ -128,15 +130,27 @@ class ChatMLRenderer:
         """The assistant's turn ends with ``<|im_end|>``."""
         return [self.im_end]
 
-    def parse_response(self, tokens: Sequence[int]) -> tuple[Message, bool]:
-        """Sampled tokens -> (assistant message, ok). ``ok`` is True when the reply ended: at its first
-        ``<|im_end|>``, or on a last token that is the tokenizer's end of sequence (``eos_ids``: a base Qwen2.5's
-        ``<|endoftext|>``, on which :func:`~edurl.llm.sampling.sample` stops too). A reply cut off by ``max_tokens``
-        is not ``ok``. The end token is not part of the message."""
+    def parse_response(self, tokens: Sequence[int], stop_reason: str | None = None) -> tuple[Message, bool]:
+        """Sampled tokens -> (assistant message, ok). ``ok`` is True when the reply ended, False when it was cut off
+        by ``max_tokens``. The end token is not part of the message.
+
+        Pass the sampler's ``stop_reason`` ("stop" or "length") when you have it: it is exact. A real chat model
+        may stop on an end token other than ``<|im_end|>`` (Qwen2.5-Instruct's generation config also stops on
+        ``<|endoftext|>``, which its tokenizer does not call its EOS); with "stop", the reply ended whatever its last
+        token, and that token, when it is a special one, is dropped from the message.
+
+        Without it, the tokens alone decide: the reply ended at its first ``<|im_end|>``, or on a last token that is
+        the tokenizer's end of sequence (``eos_ids``: a base Qwen2.5's ``<|endoftext|>``)."""
+        if stop_reason not in (None, "stop", "length"):
+            raise ValueError(f"stop_reason must be 'stop', 'length' or None, got {stop_reason!r}")
         tokens = list(tokens)
         ok = self.im_end in tokens
         if ok:
             tokens = tokens[: tokens.index(self.im_end)]
-        elif tokens and tokens[-1] in self.eos_ids:
+        elif stop_reason == "stop":
+            ok = True
+            if tokens and tokens[-1] in self._special_ids:
+                tokens = tokens[:-1]
+        elif stop_reason is None and tokens and tokens[-1] in self.eos_ids:
             tokens, ok = tokens[:-1], True
         return {"role": "assistant", "content": self.tokenizer.decode(tokens)}, ok

@@ -71,7 +71,9 @@ def group_diversity(
         out = sample(model, prompts, group_size, params, pad_token_id=renderer.tokenizer.pad_token_id)
         distinct, mixed, correct = [], [], []
         for i, problem in enumerate(problems):
-            replies = [renderer.parse_response(c.tokens) for c in out[i * group_size : (i + 1) * group_size]]
+            replies = [
+                renderer.parse_response(c.tokens, c.stop_reason) for c in out[i * group_size : (i + 1) * group_size]
+            ]
             grades = [grade(m["content"], problem.answer, complete=ok).correct for m, ok in replies]
             distinct.append(len({extract_boxed(m["content"]) for m, _ in replies}))
             mixed.append(0.0 < sum(grades) < group_size)

@@ -113,7 +113,8 @@ def evaluate(sampler, renderer, problems, config: TinkerLoopConfig) -> float:
     ]
     correct = 0.0
     for problem, future in zip(problems, futures):
-        message, complete = renderer.parse_response(list(future.result().sequences[0].tokens))
+        seq = future.result().sequences[0]
+        message, complete = renderer.parse_response(list(seq.tokens), seq.stop_reason)
         correct += grade(message["content"], problem.answer, complete=complete).correct
     return correct / len(problems)
 
@@ -219,7 +220,7 @@ def _training_loop(config: TinkerLoopConfig, service, types) -> Path:
             for problem, prompt, group in zip(problems, prompts, groups):
                 grades = []
                 for seq in group:
-                    message, complete = renderer.parse_response(list(seq.tokens))
+                    message, complete = renderer.parse_response(list(seq.tokens), seq.stop_reason)
                     grades.append(grade(message["content"], problem.answer, complete=complete))
                 row = [g.reward for g in grades]
                 rewards += row

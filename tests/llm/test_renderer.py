@@ -163,3 +163,40 @@ def test_what_sample_stops_on_the_renderer_calls_complete(small_model, char_toke
     assert seq.stop_reason == "stop" and seq.tokens[-1] == endoftext and len(seq.tokens) == 4, seq
     message, ok = r.parse_response(seq.tokens)
     assert ok and message["content"] == tokenizer.decode(seq.tokens[:-1])
+
+
+def test_an_instruct_style_stop_on_endoftext_is_graded_by_the_samplers_stop_reason(small_model, char_tokenizer):
+    """Qwen2.5-Instruct's tokenizer calls <|im_end|> its EOS, but its generation config stops on <|endoftext|> too, so
+    sample() may end a reply on <|endoftext|> with stop_reason 'stop'. The tokens alone cannot tell that from a
+    reply cut off on a padding <|endoftext|>, and such a reply was graded cut off (format 0). With the sampler's
+    stop_reason, evaluate() grades it complete and right, and leaves the end token out of the message."""
+    import copy
+
+    import torch
+
+    from edurl.llm.evaluation import evaluate
+    from edurl.llm.tasks import Problem
+
+    r = ChatMLRenderer(char_tokenizer)  # EOS <|im_end|>, as Qwen2.5-Instruct's
+    endoftext = char_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    script = [*char_tokenizer.encode("\\boxed{2}", add_special_tokens=False), endoftext]
+    model = copy.deepcopy(small_model)
+    model.generation_config.eos_token_id = [r.im_end, endoftext]  # as Qwen2.5-Instruct's generation_config.json
+
+    def follow_the_script(module, args, logits):
+        favour = torch.zeros_like(logits)
+        favour[..., script[min(follow_the_script.calls, len(script) - 1)]] = 100.0
+        follow_the_script.calls += 1
+        return logits + favour
+
+    follow_the_script.calls = 0
+    model.get_output_embeddings().register_forward_hook(follow_the_script)
+    result = evaluate(model, r, [Problem("1+1=?", "2")], max_tokens=16)
+    assert follow_the_script.calls == len(script)  # it stopped on <|endoftext|>, not at max_tokens
+    assert (result.pass_at_1, result.format) == (1.0, 1.0)
+    assert result.samples[0][1] == "\\boxed{2}"
+    # the same tokens with stop_reason 'length', or with none, stay cut off: the course's model pads with the token
+    assert r.parse_response(script, "length")[1] is False and r.parse_response(script)[1] is False
+    assert r.parse_response(script, "stop") == ({"role": "assistant", "content": "\\boxed{2}"}, True)
+    with pytest.raises(ValueError, match="stop_reason must be"):
+        r.parse_response(script, "eos")

@@ -60,7 +60,7 @@ def grpo_step(config, trainer, renderer, task, step):
     correct = torch.zeros(config.batch_size, config.group_size)
     for i, (problem, response) in enumerate(zip(problems, responses)):
         for j, seq in enumerate(response.sequences):
-            message, complete = renderer.parse_response(seq.tokens)
+            message, complete = renderer.parse_response(seq.tokens, seq.stop_reason)
             g = llm.grade(message["content"], problem.answer, complete=complete)
             rewards[i, j], correct[i, j] = g.reward, float(g.correct)
     # 4. each completion against its own group's mean (exercise 7.1)
