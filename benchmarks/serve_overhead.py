@@ -53,8 +53,8 @@ def rewards_of(renderer, problems, completions) -> list[list[float]]:
     rows = []
     for problem, group in zip(problems, completions):
         row = []
-        for tokens in group:
-            message, ok = renderer.parse_response(tokens)
+        for seq in group:
+            message, ok = renderer.parse_response(list(seq.tokens), seq.stop_reason)
             row.append(grade(message["content"], problem.answer, complete=ok).reward)
         rows.append(row)
     return rows
@@ -66,7 +66,7 @@ def in_process_step(tc, renderer, problems, group: int, max_tokens: int) -> floa
     sampler = tc.save_weights_and_get_sampling_client()
     responses = sampler.sample_batch(prompts, group, SamplingParams(max_tokens=max_tokens, temperature=1.0))
     seqs = [[s for s in r.sequences] for r in responses]
-    adv = advantages(rewards_of(renderer, problems, [[s.tokens for s in g] for g in seqs]))
+    adv = advantages(rewards_of(renderer, problems, seqs))
     datums = [
         build_datum(prompt, s.tokens, s.logprobs, a)
         for prompt, g, row in zip(prompts, seqs, adv)
@@ -86,7 +86,7 @@ def http_step(tc, renderer, problems, group: int, max_tokens: int) -> float:
     params = types.SamplingParams(max_tokens=max_tokens, temperature=1.0)
     futures = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in prompts]
     seqs = [f.result().sequences for f in futures]
-    adv = advantages(rewards_of(renderer, problems, [[list(s.tokens) for s in g] for g in seqs]))
+    adv = advantages(rewards_of(renderer, problems, seqs))
     datums = [
         make_datum(prompt, list(s.tokens), list(s.logprobs), a)
         for prompt, g, row in zip(prompts, seqs, adv)

@@ -132,15 +132,17 @@ class ChatMLRenderer:
 
     def parse_response(self, tokens: Sequence[int], stop_reason: str | None = None) -> tuple[Message, bool]:
         """Sampled tokens -> (assistant message, ok). ``ok`` is True when the reply ended, False when it was cut off
-        by ``max_tokens``. The end token is not part of the message.
+        by ``max_tokens``.
 
-        Pass the sampler's ``stop_reason`` ("stop" or "length") when you have it: it is exact. A real chat model
-        may stop on an end token other than ``<|im_end|>`` (Qwen2.5-Instruct's generation config also stops on
-        ``<|endoftext|>``, which its tokenizer does not call its EOS); with "stop", the reply ended whatever its last
-        token, and that token, when it is a special one, is dropped from the message.
+        A reply that holds an ``<|im_end|>`` ended there: the message is what comes before it. Otherwise pass the
+        sampler's ``stop_reason`` ("stop" or "length") when you have it. A real chat model may stop on an end token
+        other than ``<|im_end|>`` (Qwen2.5-Instruct's generation config also stops on ``<|endoftext|>``, which its
+        tokenizer does not call its EOS), and the tokens alone cannot tell that from a reply cut off on the same
+        token. With "stop" the reply ended, and its last token, when it is a special one, is left out of the
+        message (a text stop sequence is kept); with "length" it was cut off.
 
-        Without it, the tokens alone decide: the reply ended at its first ``<|im_end|>``, or on a last token that is
-        the tokenizer's end of sequence (``eos_ids``: a base Qwen2.5's ``<|endoftext|>``)."""
+        Without ``stop_reason``, a last token that is the tokenizer's own end of sequence ends the reply
+        (``eos_ids``: a base Qwen2.5's ``<|endoftext|>``), and is left out of the message."""
         if stop_reason not in (None, "stop", "length"):
             raise ValueError(f"stop_reason must be 'stop', 'length' or None, got {stop_reason!r}")
         tokens = list(tokens)

@@ -556,3 +556,40 @@ def test_too_many_signs_are_not_called_parentheses():
         calculate("-" * 12 + "1")
     with pytest.raises(ToolError, match="nested too deep"):
         calculate("(" * 12 + "1" + ")" * 12)
+
+
+class ScriptedSampler:
+    """Answers every prompt with the same tokens and stop_reason (a model whose generation config stops on
+    <|endoftext|>, as Qwen2.5-Instruct's does, or one cut off by max_tokens)."""
+
+    def __init__(self, tokens, stop_reason):
+        self.tokens, self.stop_reason = tokens, stop_reason
+
+    def sample_batch(self, prompts, num_samples=1, sampling_params=None):
+        from edurl.llm.clients import SampledSequence, SampleResponse
+
+        seq = SampledSequence(list(self.tokens), [-0.5] * len(self.tokens), self.stop_reason)
+        return [SampleResponse([seq] * num_samples) for _ in prompts]
+
+
+def test_a_message_env_grades_a_reply_by_the_samplers_stop_reason(char_tokenizer):
+    """Env.step takes tokens only (Tinker's API), so a reply that a real chat model ended on <|endoftext|> (stop
+    reason 'stop') was graded as cut off in an env: truncated = 1 and format 0, where GRPO and evaluate() grade
+    it complete. do_group_rollouts now hands a MessageEnv the sampler's stop_reason; the same tokens with
+    'length' stay cut off, and a scripted action's transition records whether it ended on the stop token."""
+    r = ChatMLRenderer(char_tokenizer)
+    reply = [*r._encode("\\boxed{579}"), char_tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+
+    def rollout(stop_reason):
+        builder = ProblemGroupBuilder(lambda: CalculatorEnv("123+456=?", "579", r), group_size=2)
+        (group,) = do_group_rollouts([builder], ScriptedSampler(reply, stop_reason), SamplingParams(max_tokens=16))
+        return group.trajectories[0].transitions[-1]
+
+    ended, cut = rollout("stop"), rollout("length")
+    assert ended.metrics["truncated"] == 0.0 and ended.metrics["correct"] == 1.0 and ended.reward == pytest.approx(1)
+    assert ended.ac.stop_reason == "stop"
+    assert cut.metrics["truncated"] == 1.0 and cut.reward == pytest.approx(0.9) and cut.ac.stop_reason == "length"
+    scripted = play_actions(CalculatorEnv("123+456=?", "579", r), [r._encode("\\boxed{57"), _encode(r, "x")])
+    assert [t.ac.stop_reason for t in scripted.transitions] == ["length"]  # cut off: the episode ended there
+    scripted = play_actions(CalculatorEnv("123+456=?", "579", r), [_encode(r, "\\boxed{579}")])
+    assert [t.ac.stop_reason for t in scripted.transitions] == ["stop"]

@@ -231,6 +231,12 @@ class MessageEnv(Env):
     max_turns: int = 10
     """Safety net: the episode ends after this many model turns, whatever :meth:`reply` says."""
 
+    stop_reason: str | None = None
+    """The sampler's ``stop_reason`` for the action that the next :meth:`step` reads ("stop" or "length"), which
+    :func:`do_group_rollouts` sets: ``step(action)`` takes tokens only, as in Tinker's API, and a real chat model
+    may end its turn on an EOS that is not the renderer's stop token (Qwen2.5-Instruct's ``<|endoftext|>``). None
+    (a scripted action) leaves the tokens to decide (:meth:`ChatMLRenderer.parse_response`)."""
+
     def __init__(self, renderer: ChatMLRenderer):
         self.renderer = renderer
         self.messages: list[Message] = []
@@ -267,7 +273,8 @@ class MessageEnv(Env):
     def step(self, action: list[int]) -> StepResult:
         if not self.messages:
             raise RuntimeError("step() before initial_observation(): start the episode with initial_observation()")
-        message, complete = self.renderer.parse_response(action)
+        message, complete = self.renderer.parse_response(action, self.stop_reason)
+        self.stop_reason = None  # it was this action's
         self.messages.append(message)
         self.turns += 1
         if not complete:
@@ -323,6 +330,8 @@ def _play(
             responses = sampler.sample_batch([obs[i].tokens for i in rows], 1, call, **cache, **keys)
             for i, response in zip(rows, responses):
                 seq = response.sequences[0]
+                if isinstance(envs[i], MessageEnv):
+                    envs[i].stop_reason = seq.stop_reason
                 result = envs[i].step(list(seq.tokens))
                 if not isinstance(result, StepResult):
                     raise TypeError(f"{type(envs[i]).__name__}.step returned {type(result).__name__}, not a StepResult")
@@ -339,17 +348,18 @@ def play_actions(
     """Play ``env`` with fixed actions (token ids, each with its stop token) until the episode ends or the
     actions run out: a scripted player, for worked examples and tests. Turn k's tokens get the sampling
     log-prob ``turn_logprobs[k]`` each (0.0 by default: a made-up, certain sampler)."""
-    ob, _ = env.initial_observation()
+    ob, stop = env.initial_observation()
     transitions = []
     for k, action in enumerate(actions):
         action = list(action)
+        ended = bool(stop) and action[-len(stop) :] == list(stop)
         result = env.step(action)
         lp = 0.0 if turn_logprobs is None else float(turn_logprobs[k])
-        ac = TokensWithLogprobs(action, [lp] * len(action))
+        ac = TokensWithLogprobs(action, [lp] * len(action), "stop" if ended else "length")
         transitions.append(Transition(ob, ac, result.reward, result.episode_done, dict(result.metrics)))
         if result.episode_done:
             break
-        ob = result.next_observation
+        ob, stop = result.next_observation, result.next_stop_condition
     return Trajectory(transitions, ob)
 
 
