@@ -370,7 +370,12 @@ def load_reward_model(path, seed: int = 0, dtype: torch.dtype = torch.float32):
 
     ``dtype`` is float32 whatever the checkpoint stores (Qwen2.5 stores bfloat16): the reward model is trained
     with AdamW on its own weights, and in bfloat16 a step smaller than half the gap between neighbouring values
-    is rounded away (:func:`train_on_pairs` refuses 16-bit weights)."""
+    is rounded away (:func:`train_on_pairs` refuses 16-bit weights).
+
+    The head reads each row's last token before the padding, so the pad id must be one no reply ends with. A
+    checkpoint that pads with one of its stop tokens (Qwen2.5-Instruct pads with ``<|endoftext|>``, on which its
+    generation config stops) pads with its first spare embedding row, ``len(tokenizer)``, instead; without a
+    spare row it is refused."""
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -393,15 +398,42 @@ def load_reward_model(path, seed: int = 0, dtype: torch.dtype = torch.float32):
             "model needs one to find each sequence's last token. Set config.pad_token_id to a token that no reply "
             "ends with (not <|im_end|>) and save again."
         )
-    stop = tokenizer.get_vocab().get("<|im_end|>") if tokenizer is not None else None
-    if stop is not None and model.config.pad_token_id == stop:
-        raise ValueError(
-            f"the model at {path} pads with <|im_end|> (id {stop}), the token every reply ends with: the head reads "
-            "each row's last non-pad token, so it would skip the stop token, and an empty reply would be scored at "
-            "another position with shared prompts than without. Set config.pad_token_id to another token (e.g. "
-            "<|endoftext|>) and save again."
-        )
+    stops = _saved_stop_ids(path, model, tokenizer)
+    pad = model.config.pad_token_id
+    if pad in stops:
+        # the head reads each row's last non-pad token, so a reply that ends on its pad id is scored at the token
+        # before: Qwen2.5-Instruct pads with <|endoftext|>, one of the ids its generation config (and sample())
+        # stops on, and a reply that ended there scored as if it were cut off. Pad with a spare embedding row
+        # (real checkpoints have more rows than their tokenizer has tokens), an id no reply holds
+        spare = len(tokenizer) if tokenizer is not None else None
+        if spare is not None and spare < model.get_input_embeddings().num_embeddings:
+            model.config.pad_token_id = spare
+        else:
+            name = tokenizer.convert_ids_to_tokens(pad) if tokenizer is not None else None
+            raise ValueError(
+                f"the model at {path} pads with {name or 'id'} (id {pad}), a token replies end with (an end of turn "
+                "or of sequence that sampling stops on): the head reads each row's last non-pad token, so it would "
+                "skip the stop token, and an empty reply would be scored at another position with shared prompts "
+                "than without. Set config.pad_token_id to a token that no reply ends with and save again."
+            )
     return model
+
+
+def _saved_stop_ids(path, model, tokenizer) -> set[int]:
+    """The ids a reply may end on: ``<|im_end|>`` and the checkpoint's end-of-sequence ids (its config's and its
+    generation config's ``eos_token_id``, which :func:`~edurl.llm.sampling.sample` stops on)."""
+    from transformers import GenerationConfig
+
+    ids = []
+    if tokenizer is not None and "<|im_end|>" in tokenizer.get_vocab():
+        ids.append(tokenizer.get_vocab()["<|im_end|>"])
+    try:
+        declared = [GenerationConfig.from_pretrained(path).eos_token_id, model.config.eos_token_id]
+    except OSError:  # no generation_config.json
+        declared = [model.config.eos_token_id]
+    for eos in declared:
+        ids += [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return {int(i) for i in ids}
 
 
 def _saved_pad_id(path, tokenizer) -> int | None:
@@ -777,7 +809,9 @@ class RewardModelReward:
             ]
         ).cpu()
         self.reward_model.train(was_training)
-        texts = [self.renderer.parse_response(c)[0]["content"] for c in flat]
+        # the reply's text only (whether it ended is not used here): a reward_fn gets tokens without the sampler's
+        # stop_reason, and "stop" leaves a special last token, such as an <|endoftext|> it stopped on, out of it
+        texts = [self.renderer.parse_response(c, "stop")[0]["content"] for c in flat]
         answers = [problems[i].answer for i in range(P) for _ in range(G)]
         return scores.view(P, G), {
             "env/all/reward/proxy": float(scores.mean()),

@@ -308,6 +308,9 @@ def test_reward_model_reward_scores_each_completion_and_logs_gold(saved_lm, char
     enc = lambda t: char_tokenizer.encode(t, add_special_tokens=False) + stop  # noqa: E731
     replies = [[f"\\boxed{{{problems[0].answer}}}", "no box"], ["\\boxed{-5}", f"\\boxed{{{problems[1].answer}}}"]]
     completions = [[enc(t) for t in group] for group in replies]
+    # one reply ends on <|endoftext|>, as a Qwen2.5-Instruct reply may (sample() stops on its generation config's
+    # EOS ids): its text, which the rater and reply_chars read, once held the token's 13 characters
+    completions[1][1] = completions[1][1][: -len(stop)] + [char_tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     rater = Rater(length_bonus=0.25)
     rewards, metrics = RewardModelReward(rm, renderer, rater=rater, batch_size=3)(problems, prompts, completions)
     assert rewards.shape == (2, 2) and not rewards.requires_grad
@@ -470,7 +473,7 @@ def test_load_reward_model_takes_the_pad_id_from_where_qwen_keeps_it(saved_lm, c
     with pytest.raises(ValueError, match="no pad id in its config, its generation_config or its tokenizer"):
         load_reward_model(bare_qwen)
     im_end = char_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    with pytest.raises(ValueError, match=rf"pads with <\|im_end\|> \(id {im_end}\), the token every reply ends with"):
+    with pytest.raises(ValueError, match=rf"pads with <\|im_end\|> \(id {im_end}\), a token replies end with"):
         load_reward_model(_copy_with_config(saved_lm, tmp_path / "pads_with_stop", pad_token_id=im_end))
 
 
@@ -492,3 +495,40 @@ def test_beta_and_empty_pairs_are_checked_the_same_way_everywhere():
     for loss in (lambda: bradley_terry_loss(empty, empty), lambda: dpo_loss(empty, empty, empty, empty, 0.1)):
         with pytest.raises(ValueError, match="empty: a mean over no pairs is NaN"):
             loss()
+
+
+def test_a_reward_model_that_pads_with_a_stop_token_pads_with_a_spare_row(small_model, char_tokenizer, tmp_path):
+    """Qwen2.5-Instruct pads with <|endoftext|>, and its generation config (so sample()) stops on it: the head reads
+    each row's last non-pad token, so a reply that ended on <|endoftext|> scored exactly as the same reply cut
+    off before it. A checkpoint with spare embedding rows (Qwen2.5 has 151936 for 151665 tokens) now pads with
+    the first of them; one without is refused."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    endoftext, im_end = (char_tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>"))
+
+    def instruct_like(model, name):
+        model.save_pretrained(tmp_path / name)
+        char_tokenizer.save_pretrained(tmp_path / name)
+        path = _copy_with_config(tmp_path / name, tmp_path / f"{name}-qwen", pad_token_id=None)  # as Qwen's config
+        GenerationConfig(pad_token_id=endoftext, eos_token_id=[im_end, endoftext]).save_pretrained(path)
+        return path
+
+    model = copy.deepcopy(small_model)
+    rows = len(char_tokenizer) + 8
+    model.resize_token_embeddings(rows)
+    path = instruct_like(model, "spare_rows")
+    rm = load_reward_model(path)
+    assert rm.config.pad_token_id == len(char_tokenizer) < rows
+    body = char_tokenizer.encode("\\boxed{2}", add_special_tokens=False)
+    prompt = char_tokenizer.encode("1+1=?", add_special_tokens=False)
+    ended, cut = score_sequences(rm, [prompt, prompt], [body + [endoftext], body], share_prompts=False)
+    assert ended != cut  # the head reads the stop token, not the token before it
+    shared = score_sequences(rm, [prompt] * 4, [body + [endoftext], body] * 2)
+    assert torch.allclose(shared[:2], torch.stack([ended, cut]), atol=1e-5)
+    # the course's checkpoint has no spare row, so the same generation config is refused, with the token named
+    assert small_model.get_input_embeddings().num_embeddings == len(char_tokenizer)
+    plain = instruct_like(small_model, "no_spare_row")
+    with pytest.raises(ValueError, match=r"pads with <\|endoftext\|> \(id \d+\), a token replies end with"):
+        load_reward_model(plain)
