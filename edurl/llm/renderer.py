@@ -18,6 +18,7 @@ ones. Special tokens are inserted by id, never parsed out of user text.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -78,6 +79,7 @@ class ChatMLRenderer:
         eos = tokenizer.eos_token_id
         self.eos_ids = frozenset() if eos is None or eos == self.im_end else frozenset({int(eos)})
         self._special_ids = frozenset(tokenizer.all_special_ids) | {self.im_start, self.im_end}
+        self._num_ids = len(tokenizer)  # ids from here up are embedding rows with no token (Qwen2.5 has 271 of them)
         if default_system == FROM_TEMPLATE:
             default_system = template_default_system(tokenizer)
         self.default_system = default_system
@@ -146,6 +148,15 @@ class ChatMLRenderer:
         if stop_reason not in (None, "stop", "length"):
             raise ValueError(f"stop_reason must be 'stop', 'length' or None, got {stop_reason!r}")
         tokens = list(tokens)
+        if tokens and max(tokens) >= self._num_ids:
+            outside = sorted({t for t in tokens if t >= self._num_ids})
+            warnings.warn(
+                f"the reply holds ids {outside[:5]} that the tokenizer does not have (it has {self._num_ids}); they "
+                "decode to nothing. A real checkpoint's embedding has spare rows past its tokenizer (Qwen2.5: 151936 "
+                "for 151665 tokens), and a model that puts probability on them can draw them: common early in "
+                "training from random weights, rare from a trained checkpoint.",
+                stacklevel=2,
+            )
         ok = self.im_end in tokens
         if ok:
             tokens = tokens[: tokens.index(self.im_end)]

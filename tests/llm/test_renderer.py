@@ -200,3 +200,13 @@ def test_an_instruct_style_stop_on_endoftext_is_graded_by_the_samplers_stop_reas
     assert r.parse_response(script, "stop") == ({"role": "assistant", "content": "\\boxed{2}"}, True)
     with pytest.raises(ValueError, match="stop_reason must be"):
         r.parse_response(script, "eos")
+
+
+def test_an_id_the_tokenizer_does_not_have_is_not_dropped_silently(char_tokenizer):
+    """A real checkpoint's embedding has rows past its tokenizer (Qwen2.5: 151936 for 151665 tokens); sample() can
+    draw them, and decode dropped them without a word."""
+    r = ChatMLRenderer(char_tokenizer)
+    reply = [*char_tokenizer.encode("42", add_special_tokens=False), len(char_tokenizer) + 3, *r.get_stop_sequences()]
+    with pytest.warns(UserWarning, match=rf"ids \[{len(char_tokenizer) + 3}\] that the tokenizer does not have"):
+        message, ok = r.parse_response(reply)
+    assert ok and message["content"] == "42"
