@@ -54,6 +54,22 @@ def template_default_system(tokenizer: PreTrainedTokenizerBase) -> str | None:
     return text[len(head) : end] if end >= 0 else None
 
 
+def template_wraps_tool_results(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether ``tokenizer``'s chat template writes a tool message as Qwen2.5's does: inside a user turn, between
+    ``<tool_response>`` tags (consecutive tool messages share one turn), rather than as a ``tool`` turn."""
+    probe = "tool-result-probe"
+    conversation = [
+        {"role": "user", "content": "?"},
+        {"role": "assistant", "content": "!"},
+        {"role": "tool", "content": probe},
+    ]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that refuses the tool role: the plain ChatML turn
+        return False
+    return isinstance(text, str) and f"<|im_start|>user\n<tool_response>\n{probe}\n</tool_response>" in text
+
+
 class ChatMLRenderer:
     """ChatML prompts and replies as token ids.
 
@@ -82,6 +98,9 @@ class ChatMLRenderer:
         self._num_ids = len(tokenizer)  # ids from here up are embedding rows with no token (Qwen2.5 has 271 of them)
         if default_system == FROM_TEMPLATE:
             default_system = template_default_system(tokenizer)
+        # a tool message as the model's own template writes it: Qwen2.5's puts it in a user turn, inside
+        # <tool_response> tags; the course's template (and plain ChatML) writes a "tool" turn
+        self.tool_results_in_user_turn = template_wraps_tool_results(tokenizer)
         self.default_system = default_system
 
     def _encode(self, text: str, split_special_tokens: bool = False) -> list[int]:
@@ -114,9 +133,25 @@ class ChatMLRenderer:
     def build_generation_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Token ids of ``messages`` followed by the opening of an assistant turn."""
         ids: list[int] = []
-        for m in self._check(messages):
-            ids += self._turn(m)
+        messages = self._check(messages)
+        i = 0
+        while i < len(messages):
+            if messages[i]["role"] == "tool" and self.tool_results_in_user_turn:
+                j = i
+                while j < len(messages) and messages[j]["role"] == "tool":
+                    j += 1
+                ids += self._tool_results(messages[i:j])
+                i = j
+            else:
+                ids += self._turn(messages[i])
+                i += 1
         return ids + [self.im_start, *self._encode("assistant\n")]
+
+    def _tool_results(self, messages: Sequence[Message]) -> list[int]:
+        """Consecutive tool messages in Qwen2.5's form: one user turn, each result inside ``<tool_response>``
+        tags. Encoded as a user turn is (a special token's text in a result is text)."""
+        body = "".join(f"\n<tool_response>\n{m['content']}\n</tool_response>" for m in messages)
+        return [self.im_start, *self._encode("user" + body, True), self.im_end, *self._encode("\n")]
 
     def build_supervised_example(self, messages: Sequence[Message]) -> tuple[list[int], list[float]]:
         """Tokens of a whole conversation and a weight per token: 1 on the final
