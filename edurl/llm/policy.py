@@ -42,6 +42,26 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
 
 
+def check_model_path(name: str) -> Path:
+    """Refuse, before anything loads, a model name that cannot be a checkpoint: a file, a folder without a
+    ``config.json``, or a path (``./x``, ``/x``, ``~/x``) that does not exist. A hub id passes (whether its files
+    are cached shows when they load). Returns the name as a path, ``~`` expanded."""
+    path = Path(name).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name!r} is a file; pass the folder that holds config.json and the weights")
+    if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
+        raise FileNotFoundError(
+            f"{name!r} is a folder without a config.json, so it holds no Hugging Face model: pass a folder written by "
+            "save_pretrained (config.json, the weights and the tokenizer's files), or a hub id."
+        )
+    if not path.exists() and _looks_like_path(name):
+        raise FileNotFoundError(
+            f"model path {name!r} does not exist. Pass a folder written by save_pretrained "
+            "(e.g. the path returned by load_or_train_sft) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
+    return path
+
+
 def load_policy(
     name_or_path: str | Path,
     lora: LoraSettings | int | None = None,
@@ -66,19 +86,7 @@ def load_policy(
     one; without ``lora`` the adapter is loaded frozen.
     """
     name = str(name_or_path)
-    path = Path(name).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{name!r} is a file; pass the folder that holds config.json and the weights")
-    if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")):
-        raise FileNotFoundError(
-            f"{name!r} is a folder without a config.json, so it holds no Hugging Face model: pass a folder written by "
-            "save_pretrained (config.json, the weights and the tokenizer's files), or a hub id."
-        )
-    if not path.exists() and _looks_like_path(name):
-        raise FileNotFoundError(
-            f"model path {name!r} does not exist. Pass a folder written by save_pretrained "
-            "(e.g. the path returned by load_or_train_sft) or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
-        )
+    path = check_model_path(name)
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32

@@ -23,12 +23,18 @@ import torch
 from edurl.llm.distributed import init_world
 from edurl.llm.grpo import GRPOConfig, train_grpo
 from edurl.llm.loop import _check_log_dir
+from edurl.llm.policy import check_model_path
 from edurl.plotting import plot_grpo_metrics
 from edurl.recipes._cli import parse_config, refuse
 
 
 def main(argv=None):
     config = parse_config(GRPOConfig, argv, data_parallel=True, save_every=50)
+    if config.base_model is not None:  # a mistyped path ends here, before the task and the SFT start are built
+        try:
+            check_model_path(config.base_model)
+        except (ValueError, FileNotFoundError) as err:
+            refuse(f"--base-model: {err}")
     # a fresh run into an earlier run's checkpoints ends with the reason, not a traceback; a resume is checked by
     # train_grpo, against the config it runs (under torchrun it samples per problem)
     if not config.resume:

@@ -119,6 +119,24 @@ def test_a_log_dir_a_recipe_cannot_use_is_one_line_before_any_work(tmp_path, cap
     assert exit_.value.code == 2 and err.startswith("error: log_dir") and "--resume" in err and "Traceback" not in err
 
 
+def test_a_base_model_path_that_is_not_a_checkpoint_is_one_line_before_any_work(tmp_path, capsys):
+    """A mistyped --base-model ended in a traceback, after the task and the course's SFT start were set up."""
+    from edurl.recipes import grpo_arithmetic
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("")
+    for path, reason in [
+        ("./no-such-folder", "does not exist"),
+        (str(tmp_path / "empty"), "a folder without a config.json"),
+        (str(tmp_path / "afile"), "is a file"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            grpo_arithmetic.main(["--base-model", path, "--log-dir", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith("error: --base-model: ") and reason in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_grpo_recipe_help_runs_as_a_module():
     out = subprocess.run(
         [sys.executable, "-m", "edurl.recipes.grpo_arithmetic", "--help"], capture_output=True, text=True
