@@ -404,7 +404,8 @@ def load_reward_model(path, seed: int = 0, dtype: torch.dtype = torch.float32):
         # the head reads each row's last non-pad token, so a reply that ends on its pad id is scored at the token
         # before: Qwen2.5-Instruct pads with <|endoftext|>, one of the ids its generation config (and sample())
         # stops on, and a reply that ended there scored as if it were cut off. Pad with a spare embedding row
-        # (real checkpoints have more rows than their tokenizer has tokens), an id no reply holds
+        # (real checkpoints have more rows than their tokenizer has tokens): an id with no token, which a reply
+        # holds only if the policy put probability on it (parse_response warns then)
         spare = len(tokenizer) if tokenizer is not None else None
         if spare is not None and spare < model.get_input_embeddings().num_embeddings:
             model.config.pad_token_id = spare

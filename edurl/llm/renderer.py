@@ -184,10 +184,9 @@ class ChatMLRenderer:
             raise ValueError(f"stop_reason must be 'stop', 'length' or None, got {stop_reason!r}")
         tokens = list(tokens)
         if tokens and max(tokens) >= self._num_ids:
-            outside = sorted({t for t in tokens if t >= self._num_ids})
-            warnings.warn(
-                f"the reply holds ids {outside[:5]} that the tokenizer does not have (it has {self._num_ids}); they "
-                "decode to nothing. A real checkpoint's embedding has spare rows past its tokenizer (Qwen2.5: 151936 "
+            warnings.warn(  # one text per tokenizer, so Python's filter shows it once, not on every reply
+                f"a reply holds ids past the tokenizer's {self._num_ids} tokens; they decode to nothing. "
+                "A real checkpoint's embedding has spare rows past its tokenizer (Qwen2.5: 151936 "
                 "for 151665 tokens), and a model that puts probability on them can draw them: common early in "
                 "training from random weights, rare from a trained checkpoint.",
                 stacklevel=2,

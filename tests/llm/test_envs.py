@@ -593,3 +593,13 @@ def test_a_message_env_grades_a_reply_by_the_samplers_stop_reason(char_tokenizer
     assert [t.ac.stop_reason for t in scripted.transitions] == ["length"]  # cut off: the episode ended there
     scripted = play_actions(CalculatorEnv("123+456=?", "579", r), [_encode(r, "\\boxed{579}")])
     assert [t.ac.stop_reason for t in scripted.transitions] == ["stop"]
+
+    class TwoStops(Env):  # each id of a stop condition ends a turn on its own, as sampling treats it
+        def initial_observation(self):
+            return ModelInput.from_ints([1]), [5, 6]
+
+        def step(self, action):
+            return StepResult(0.0, False, ModelInput.from_ints([1, *action]), [5, 6], {})
+
+    scripted = play_actions(TwoStops(), [[9, 5], [9, 6], [5, 6], [9]])
+    assert [t.ac.stop_reason for t in scripted.transitions] == ["stop", "stop", "stop", "length"]

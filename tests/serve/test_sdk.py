@@ -179,30 +179,34 @@ def test_dro_sums_over_every_position_as_tinker_writes_it_and_a_mask_narrows_it(
     # maskless datum's prompt (q = 0 there) is penalised too; edurl.serve keeps that, and takes an optional
     # "mask" input (an edurl extension) that restricts the sum to the positions where it is 1
     service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
-    tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
-    prompt = tc.get_tokenizer().encode(PROMPT, add_special_tokens=False)
-    sampler = tc.save_weights_and_get_sampling_client().result()
-    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
-    seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
-    n_prompt, n = len(prompt) - 1, len(seq.tokens)
-    q = torch.tensor([0.0] * n_prompt + list(seq.logprobs), dtype=torch.float64)
-    adv = torch.tensor([0.0] * n_prompt + [0.5] * n, dtype=torch.float64)
-    mask = torch.tensor([0.0] * n_prompt + [1.0] * n, dtype=torch.float64)
-    beta = 0.1
+    try:
+        tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
+        prompt = tc.get_tokenizer().encode(PROMPT, add_special_tokens=False)
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
+        seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
+        n_prompt, n = len(prompt) - 1, len(seq.tokens)
+        q = torch.tensor([0.0] * n_prompt + list(seq.logprobs), dtype=torch.float64)
+        adv = torch.tensor([0.0] * n_prompt + [0.5] * n, dtype=torch.float64)
+        mask = torch.tensor([0.0] * n_prompt + [1.0] * n, dtype=torch.float64)
+        beta = 0.1
 
-    def dro_loss(datum):
-        out = tc.forward_backward([datum], loss_fn="dro", loss_fn_config={"beta": beta}).result()
-        return out.metrics["loss:sum"], out.loss_fn_outputs[0]["logprobs"].to_torch().double()
+        def dro_loss(datum):
+            out = tc.forward_backward([datum], loss_fn="dro", loss_fn_config={"beta": beta}).result()
+            return out.metrics["loss:sum"], out.loss_fn_outputs[0]["logprobs"].to_torch().double()
 
-    plain = rl_datum(prompt, seq, 0.5)
-    loss, lp = dro_loss(plain)
-    per_token = -(lp * adv - 0.5 * beta * (lp - q) ** 2)
-    assert loss == pytest.approx(float(per_token.sum()), rel=1e-4)
-    masked = types.Datum(model_input=plain.model_input, loss_fn_inputs={**plain.loss_fn_inputs, "mask": mask.float()})
-    loss_masked, _ = dro_loss(masked)
-    assert loss_masked == pytest.approx(float((per_token * mask).sum()), rel=1e-4)
-    assert loss - loss_masked > 0.05 * beta  # the prompt's penalty: log-probs there are far from 0
-    service.close("success").result()
+        plain = rl_datum(prompt, seq, 0.5)
+        loss, lp = dro_loss(plain)
+        per_token = -(lp * adv - 0.5 * beta * (lp - q) ** 2)
+        assert loss == pytest.approx(float(per_token.sum()), rel=1e-4)
+        masked = types.Datum(
+            model_input=plain.model_input, loss_fn_inputs={**plain.loss_fn_inputs, "mask": mask.float()}
+        )
+        loss_masked, _ = dro_loss(masked)
+        assert loss_masked == pytest.approx(float((per_token * mask).sum()), rel=1e-4)
+        assert loss - loss_masked > 0.05 * beta  # the prompt's penalty: log-probs there are far from 0
+    finally:
+        service.close("success").result()
 
 
 def test_bad_requests_are_refused_when_sent_and_leave_the_model_working(training):

@@ -352,7 +352,9 @@ def play_actions(
     transitions = []
     for k, action in enumerate(actions):
         action = list(action)
-        ended = bool(stop) and action[-len(stop) :] == list(stop)
+        ended = bool(action) and action[-1] in set(stop)  # each id of a stop condition ends the turn
+        if isinstance(env, MessageEnv):
+            env.stop_reason = "stop" if ended else "length"  # as do_group_rollouts tells it
         result = env.step(action)
         lp = 0.0 if turn_logprobs is None else float(turn_logprobs[k])
         ac = TokensWithLogprobs(action, [lp] * len(action), "stop" if ended else "length")
