@@ -353,8 +353,8 @@ def play_actions(
     for k, action in enumerate(actions):
         action = list(action)
         ended = bool(action) and action[-1] in set(stop)  # each id of a stop condition ends the turn
-        if isinstance(env, MessageEnv):
-            env.stop_reason = "stop" if ended else "length"  # as do_group_rollouts tells it
+        if isinstance(env, MessageEnv) and ended:
+            env.stop_reason = "stop"  # else the tokens decide (a scripted reply may end on the tokenizer's EOS)
         result = env.step(action)
         lp = 0.0 if turn_logprobs is None else float(turn_logprobs[k])
         ac = TokensWithLogprobs(action, [lp] * len(action), "stop" if ended else "length")
