@@ -21,6 +21,15 @@ def rl_datum(prompt: list[int], seq, advantage: float) -> types.Datum:
     return make_datum(prompt, list(seq.tokens), list(seq.logprobs), advantage)
 
 
+@pytest.fixture
+def service(server_url):
+    """A session of the test's own, closed when the test ends, passed or failed (not left for the server to expire
+    600 s after the last heartbeat, under another test that counts sessions)."""
+    client = tinker.ServiceClient(base_url=server_url, api_key=KEY)
+    yield client
+    client.close("success").result()
+
+
 @pytest.fixture(scope="module")
 def training(server_url):
     service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
@@ -136,7 +145,7 @@ def test_an_unknown_loss_is_refused_with_the_list(training):
     assert len(out.loss_fn_outputs) == 1
 
 
-def test_a_seeded_client_takes_the_same_step_as_the_in_process_one(server_url):
+def test_a_seeded_client_takes_the_same_step_as_the_in_process_one(service):
     """The seed reaches the LoRA initialisation (the SDK sends it inside lora_config), so the same datums give
     the same gradient norm and the same weights after one step, through HTTP and in process."""
     from edurl.llm.clients import AdamParams, ServiceClient
@@ -158,7 +167,6 @@ def test_a_seeded_client_takes_the_same_step_as_the_in_process_one(server_url):
         )
         for d in datums
     ]
-    service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
     remote = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8, seed=0).result()
     adam = dict(learning_rate=3e-4, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, grad_clip_norm=1.0)
     local.forward_backward(datums, "importance_sampling").result()
@@ -171,42 +179,35 @@ def test_a_seeded_client_takes_the_same_step_as_the_in_process_one(server_url):
     for d, lo, re in zip(datums, after_local, after_remote):
         m = d.loss_fn_inputs["mask"].bool()
         assert torch.allclose(re["logprobs"].to_torch()[m], lo[m], atol=1e-5)
-    service.close("success").result()
 
 
-def test_dro_sums_over_every_position_as_tinker_writes_it_and_a_mask_narrows_it(server_url):
+def test_dro_sums_over_every_position_as_tinker_writes_it_and_a_mask_narrows_it(service):
     # Tinker's documentation writes dro as -sum(lp * A - beta / 2 * (lp - q)**2) over all N positions, so a
     # maskless datum's prompt (q = 0 there) is penalised too; edurl.serve keeps that, and takes an optional
     # "mask" input (an edurl extension) that restricts the sum to the positions where it is 1
-    service = tinker.ServiceClient(base_url=server_url, api_key=KEY)
-    try:
-        tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
-        prompt = tc.get_tokenizer().encode(PROMPT, add_special_tokens=False)
-        sampler = tc.save_weights_and_get_sampling_client().result()
-        params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
-        seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
-        n_prompt, n = len(prompt) - 1, len(seq.tokens)
-        q = torch.tensor([0.0] * n_prompt + list(seq.logprobs), dtype=torch.float64)
-        adv = torch.tensor([0.0] * n_prompt + [0.5] * n, dtype=torch.float64)
-        mask = torch.tensor([0.0] * n_prompt + [1.0] * n, dtype=torch.float64)
-        beta = 0.1
+    tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
+    prompt = tc.get_tokenizer().encode(PROMPT, add_special_tokens=False)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
+    seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
+    n_prompt, n = len(prompt) - 1, len(seq.tokens)
+    q = torch.tensor([0.0] * n_prompt + list(seq.logprobs), dtype=torch.float64)
+    adv = torch.tensor([0.0] * n_prompt + [0.5] * n, dtype=torch.float64)
+    mask = torch.tensor([0.0] * n_prompt + [1.0] * n, dtype=torch.float64)
+    beta = 0.1
 
-        def dro_loss(datum):
-            out = tc.forward_backward([datum], loss_fn="dro", loss_fn_config={"beta": beta}).result()
-            return out.metrics["loss:sum"], out.loss_fn_outputs[0]["logprobs"].to_torch().double()
+    def dro_loss(datum):
+        out = tc.forward_backward([datum], loss_fn="dro", loss_fn_config={"beta": beta}).result()
+        return out.metrics["loss:sum"], out.loss_fn_outputs[0]["logprobs"].to_torch().double()
 
-        plain = rl_datum(prompt, seq, 0.5)
-        loss, lp = dro_loss(plain)
-        per_token = -(lp * adv - 0.5 * beta * (lp - q) ** 2)
-        assert loss == pytest.approx(float(per_token.sum()), rel=1e-4)
-        masked = types.Datum(
-            model_input=plain.model_input, loss_fn_inputs={**plain.loss_fn_inputs, "mask": mask.float()}
-        )
-        loss_masked, _ = dro_loss(masked)
-        assert loss_masked == pytest.approx(float((per_token * mask).sum()), rel=1e-4)
-        assert loss - loss_masked > 0.05 * beta  # the prompt's penalty: log-probs there are far from 0
-    finally:
-        service.close("success").result()
+    plain = rl_datum(prompt, seq, 0.5)
+    loss, lp = dro_loss(plain)
+    per_token = -(lp * adv - 0.5 * beta * (lp - q) ** 2)
+    assert loss == pytest.approx(float(per_token.sum()), rel=1e-4)
+    masked = types.Datum(model_input=plain.model_input, loss_fn_inputs={**plain.loss_fn_inputs, "mask": mask.float()})
+    loss_masked, _ = dro_loss(masked)
+    assert loss_masked == pytest.approx(float((per_token * mask).sum()), rel=1e-4)
+    assert loss - loss_masked > 0.05 * beta  # the prompt's penalty: log-probs there are far from 0
 
 
 def test_bad_requests_are_refused_when_sent_and_leave_the_model_working(training):
