@@ -225,7 +225,13 @@ def compare_tensors(got: Any, expected: torch.Tensor, *, rtol: float = 1e-5, ato
     if got.shape != expected.shape:
         return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}."
     if got.dtype != expected.dtype:
-        return f"expected dtype {expected.dtype} (the same as the input), got {got.dtype}."
+        hint = ""
+        if got.dtype == torch.get_default_dtype() and expected.dtype.is_floating_point:
+            hint = (
+                " torch.zeros(T, N), torch.empty(...) and torch.tensor(a_list) make the default dtype; build the "
+                "result with torch.zeros_like(input), or end with .to(input.dtype)."
+            )
+        return f"expected dtype {expected.dtype} (the same as the input), got {got.dtype}.{hint}"
     if got.device != expected.device:
         return f"expected the result on {expected.device}, got it on {got.device}."
     bad = torch.isnan(got) & ~torch.isnan(expected)

@@ -46,7 +46,7 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
             for i in grad_args:
                 args[i] = args[i].detach().clone().requires_grad_(True)
             out = fn(*args)
-            outs = out if isinstance(out, tuple) else (out,)
+            outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)  # a list unpacks as a tuple does
             if len(outs) != len(loss_names):
                 raise CheckFailure(f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got {len(outs)}.")
             losses = {name: _as_loss(x, name) for name, x in zip(loss_names, outs)}

@@ -97,7 +97,12 @@ def bl_no_baseline(logprobs, returns, values):
     return -(logprobs * returns).mean(), 0.5 * ((values - returns) ** 2).mean()  # the critic is never used
 
 
-@pytest.mark.parametrize("fn", [exercises.ch03.baseline_losses, ch03.baseline_losses])
+def bl_as_a_list(logprobs, returns, values):
+    """[policy_loss, value_loss]: it unpacks as the tuple does, and was rejected with "got 1 output(s)"."""
+    return list(ch03.baseline_losses(logprobs, returns, values))
+
+
+@pytest.mark.parametrize("fn", [exercises.ch03.baseline_losses, ch03.baseline_losses, bl_as_a_list])
 def test_baseline_checker_passes(fn):
     assert exercises.check_baseline_losses(fn, verbose=False).status == PASSED
 
@@ -206,6 +211,7 @@ def test_gae_checker_passes(fn):
         (gae_reset_only_at_termination, "runs across a truncation"),
         (gae_returns_are_advantages, "returns should be advantages + values"),
         (gae_float32_always, "expected dtype torch.float64"),
+        (gae_float32_always, "build the result with torch.zeros_like(input)"),
     ],
 )
 def test_gae_checker_rejects(buggy, message):
