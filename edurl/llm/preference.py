@@ -390,15 +390,16 @@ def load_reward_model(path, seed: int = 0, dtype: torch.dtype = torch.float32):
     # a tokenizer only when the folder has one: else transformers may build a default, unrelated one
     has_tokenizer = any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
     tokenizer = AutoTokenizer.from_pretrained(path) if has_tokenizer else None
+    saved = _saved_generation_config(path)
     if model.config.pad_token_id is None:  # Qwen2.5's config.json has none: its pad is in generation_config.json
-        model.config.pad_token_id = _saved_pad_id(path, tokenizer)
+        model.config.pad_token_id = _saved_pad_id(saved, tokenizer)
     if model.config.pad_token_id is None:
         raise ValueError(
             f"the model at {path} has no pad id in its config, its generation_config or its tokenizer; the reward "
             "model needs one to find each sequence's last token. Set config.pad_token_id to a token that no reply "
             "ends with (not <|im_end|>) and save again."
         )
-    stops = _saved_stop_ids(path, model, tokenizer)
+    stops = _saved_stop_ids(saved, model, tokenizer)
     pad = model.config.pad_token_id
     if pad in stops:
         # the head reads each row's last non-pad token, so a reply that ends on its pad id is scored at the token
@@ -420,31 +421,31 @@ def load_reward_model(path, seed: int = 0, dtype: torch.dtype = torch.float32):
     return model
 
 
-def _saved_stop_ids(path, model, tokenizer) -> set[int]:
-    """The ids a reply may end on: ``<|im_end|>`` and the checkpoint's end-of-sequence ids (its config's and its
-    generation config's ``eos_token_id``, which :func:`~edurl.llm.sampling.sample` stops on)."""
+def _saved_generation_config(path):
+    """The checkpoint's ``generation_config.json`` at ``path``, or None when it has none."""
     from transformers import GenerationConfig
 
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:
+        return None
+
+
+def _saved_stop_ids(generation_config, model, tokenizer) -> set[int]:
+    """The ids a reply may end on: ``<|im_end|>`` and the checkpoint's end-of-sequence ids (its config's and its
+    generation config's ``eos_token_id``, which :func:`~edurl.llm.sampling.sample` stops on)."""
     ids = []
     if tokenizer is not None and "<|im_end|>" in tokenizer.get_vocab():
         ids.append(tokenizer.get_vocab()["<|im_end|>"])
-    try:
-        declared = [GenerationConfig.from_pretrained(path).eos_token_id, model.config.eos_token_id]
-    except OSError:  # no generation_config.json
-        declared = [model.config.eos_token_id]
+    declared = [model.config.eos_token_id, generation_config.eos_token_id if generation_config is not None else None]
     for eos in declared:
         ids += [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     return {int(i) for i in ids}
 
 
-def _saved_pad_id(path, tokenizer) -> int | None:
-    """The pad id of the checkpoint at ``path`` from its generation config, else from its tokenizer (if any)."""
-    from transformers import GenerationConfig
-
-    try:
-        pad = GenerationConfig.from_pretrained(path).pad_token_id
-    except OSError:  # no generation_config.json
-        pad = None
+def _saved_pad_id(generation_config, tokenizer) -> int | None:
+    """The checkpoint's pad id from its generation config, else from its tokenizer (if any)."""
+    pad = generation_config.pad_token_id if generation_config is not None else None
     if isinstance(pad, list):
         pad = pad[0] if pad else None
     if pad is None and tokenizer is not None:

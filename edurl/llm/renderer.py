@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from itertools import groupby
 
 from transformers import PreTrainedTokenizerBase
 
@@ -133,18 +134,13 @@ class ChatMLRenderer:
     def build_generation_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Token ids of ``messages`` followed by the opening of an assistant turn."""
         ids: list[int] = []
-        messages = self._check(messages)
-        i = 0
-        while i < len(messages):
-            if messages[i]["role"] == "tool" and self.tool_results_in_user_turn:
-                j = i
-                while j < len(messages) and messages[j]["role"] == "tool":
-                    j += 1
-                ids += self._tool_results(messages[i:j])
-                i = j
+        wrapped = lambda m: m["role"] == "tool" and self.tool_results_in_user_turn  # noqa: E731
+        for in_user_turn, run in groupby(self._check(messages), key=wrapped):
+            if in_user_turn:  # consecutive tool results share one user turn
+                ids += self._tool_results(list(run))
             else:
-                ids += self._turn(messages[i])
-                i += 1
+                for m in run:
+                    ids += self._turn(m)
         return ids + [self.im_start, *self._encode("assistant\n")]
 
     def _tool_results(self, messages: Sequence[Message]) -> list[int]:
