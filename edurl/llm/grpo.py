@@ -38,7 +38,15 @@ from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import Datum, build_datums
 from edurl.llm.distributed import SINGLE, World, init_world, loss_share
-from edurl.llm.loop import GRPOResult, group_seed, make_training_client, problem_seed, run_training_loop, substeps
+from edurl.llm.loop import (
+    GRPOResult,
+    check_lora_rank,
+    group_seed,
+    make_training_client,
+    problem_seed,
+    run_training_loop,
+    substeps,
+)
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
@@ -217,8 +225,7 @@ class GRPOConfig:
                 "sampler_process=True runs the off-policy sampler beside the trainer in a process of its own; it "
                 "needs max_steps_off_policy set (e.g. 1) and concurrent_sampler=True"
             )
-        if self.lora_rank is not None and (not isinstance(self.lora_rank, int) or self.lora_rank < 1):
-            raise ValueError(f"lora_rank must be None (train every weight) or a positive int, got {self.lora_rank!r}")
+        check_lora_rank(self.lora_rank)
         if self.sft.seed not in (0, self.seed):
             raise ValueError(
                 f"sft.seed={self.sft.seed} but seed={self.seed}: GRPO's seed also seeds its SFT warm "

@@ -34,7 +34,15 @@ from edurl.utils import progress, torch_threads
 if TYPE_CHECKING:
     from edurl.llm.grpo import GRPOConfig
 
-__all__ = ["GRPOResult", "make_training_client", "problem_seed", "run_training_loop", "substeps"]
+__all__ = [
+    "GRPOResult",
+    "check_lora_rank",
+    "make_training_client",
+    "new_training_client",
+    "problem_seed",
+    "run_training_loop",
+    "substeps",
+]
 
 
 @dataclass
@@ -72,22 +80,44 @@ def substeps(datums: list, num_substeps: int) -> list[list]:
     return [datums[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
+def check_lora_rank(lora_rank) -> None:
+    """Refuse a ``lora_rank`` that is neither None (train every weight) nor a positive int."""
+    if lora_rank is not None and (not isinstance(lora_rank, int) or isinstance(lora_rank, bool) or lora_rank < 1):
+        raise ValueError(f"lora_rank must be None (train every weight) or a positive int, got {lora_rank!r}")
+
+
+def new_training_client(
+    base, *, lora_rank: int | None, seed: int, keep_reference: bool, device=None, log_dir=None
+) -> TrainingClient:
+    """A trainer on ``base`` (a warm start's ``(model, tokenizer)``, a model folder or a hub id): a LoRA adapter of
+    ``lora_rank`` (its switched-off adapter is the KL reference), or every weight, with a frozen copy as the
+    reference when ``keep_reference``. The caller's model is copied, never trained in place."""
+    service = ServiceClient(device=pick_device(device), log_dir=log_dir)
+    if lora_rank is not None:
+        # the adapter's random initialisation comes from the run's seed (as edurl.serve seeds it from lora_config's),
+        # not from whatever the global generator holds by now
+        torch.manual_seed(seed)
+        return service.create_lora_training_client(base, rank=lora_rank)
+    return service.create_training_client(base, keep_reference=keep_reference)
+
+
 def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:
     """The trainer (from the SFT checkpoint or ``base_model``), the renderer and the task."""
-    service = ServiceClient(device=pick_device(config.device), log_dir=config.log_dir)
+    pick_device(config.device)  # a misspelt device is named before the warm start trains
     if config.base_model is None:
         # the warm start is trained with GRPO's seed (GRPOConfig refuses an sft.seed that differs)
         model, tokenizer, _, _ = load_or_train_sft(replace(config.sft, seed=config.seed), progress=config.progress)
         base = (model, tokenizer)
     else:
         base = config.base_model
-    if config.lora_rank is not None:
-        # the adapter's random initialisation comes from the run's seed (as edurl.serve seeds it from lora_config's),
-        # not from whatever the global generator holds by now
-        torch.manual_seed(config.seed)
-        trainer = service.create_lora_training_client(base, rank=config.lora_rank)
-    else:
-        trainer = service.create_training_client(base, keep_reference=config.kl_coef > 0 or config.log_kl_ref)
+    trainer = new_training_client(
+        base,
+        lora_rank=config.lora_rank,
+        seed=config.seed,
+        keep_reference=config.kl_coef > 0 or config.log_kl_ref,
+        device=config.device,
+        log_dir=config.log_dir,
+    )
     trainer.score_zero_advantage = config.score_zero_advantage
     return trainer, ChatMLRenderer(trainer.tokenizer), config.sft.task()
 

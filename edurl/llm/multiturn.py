@@ -29,13 +29,13 @@ import pandas as pd
 
 from edurl._checks import check_fields
 from edurl.llm import losses as L
-from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient, frozen_copy
+from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import build_supervised_datum
 from edurl.llm.envs import base as E
 from edurl.llm.envs.calculator import CalculatorGroupBuilder, direct_demonstration, tool_demonstration
 from edurl.llm.envs.guess_number import GuessNumberGroupBuilder, demonstration
 from edurl.llm.grpo import kl_into_advantages
-from edurl.llm.loop import problem_seed
+from edurl.llm.loop import check_lora_rank, new_training_client, problem_seed
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
 from edurl.llm.renderer import ChatMLRenderer, Message
 from edurl.llm.sampling import SamplingParams
@@ -252,6 +252,12 @@ class MultiTurnConfig:
 
     sft: GameSFTConfig = field(default_factory=GameSFTConfig)
     """The warm start; its game is the game played."""
+    base_model: str | None = None
+    """A model folder or hub id to play with instead of the warm start (e.g. a real chat model). ``sft`` then only
+    names the game (and the calculator's ``easy_fraction``); nothing is trained before RL, so the model starts from
+    whatever it makes of the game's prompts and replies (see Chapter 9, "A real model")."""
+    lora_rank: int | None = None
+    """None trains every weight; an int trains a peft LoRA adapter of that rank (seeded by ``seed``)."""
     group_size: int = 8
     """G: episodes per secret or problem."""
     batch_size: int = 16
@@ -339,6 +345,11 @@ class MultiTurnConfig:
         )
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
+        check_lora_rank(self.lora_rank)
+        if self.base_model is not None and (not isinstance(self.base_model, str) or not self.base_model):
+            raise ValueError(
+                f"base_model must be None (the game's warm start) or a model folder or hub id, got {self.base_model!r}"
+            )
         L.get_loss_fn(self.loss_fn)  # names the known losses if this is not one
         if self.aggregation == "seq_mean_token_sum_norm":
             raise ValueError(
@@ -450,10 +461,21 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
     sft = replace(config.sft, seed=config.seed)  # the run's seed also seeds its warm start
     log_dir = Path(config.log_dir)
     with torch_threads(config.num_threads):
-        model, tokenizer, _, _ = load_or_train_game_sft(sft, progress_bar=config.progress)
-        model = model.to(pick_device(config.device))
-        reference = frozen_copy(model) if config.kl_coef > 0 else None
-        trainer = TrainingClient(model, tokenizer, reference=reference)
+        pick_device(config.device)  # a misspelt device is named before the warm start trains
+        if config.base_model is None:
+            model, tokenizer, _, _ = load_or_train_game_sft(sft, progress_bar=config.progress)
+            base = (model, tokenizer)
+        else:
+            base = config.base_model  # load_policy names a path that holds no model
+        trainer = new_training_client(
+            base,
+            lora_rank=config.lora_rank,
+            seed=config.seed,
+            keep_reference=config.kl_coef > 0,
+            device=config.device,
+            log_dir=config.log_dir,
+        )
+        tokenizer = trainer.tokenizer
         renderer = ChatMLRenderer(tokenizer)
 
         def evaluate():

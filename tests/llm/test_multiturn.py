@@ -94,6 +94,62 @@ def test_warm_start_caches_and_grpo_runs_end_to_end(tmp_path, monkeypatch):
     assert not [f for f in _open_files() if f.startswith(str(tmp_path / "stopped"))]
 
 
+@pytest.mark.parametrize("game", ["guess_number", "calculator"])
+def test_a_saved_hugging_face_model_plays_with_lora(tmp_path, monkeypatch, qwen_dir, game):
+    """MultiTurnConfig(base_model=...): a learner's real checkpoint plays the game, trained through LoRA, with the
+    adapter switched off as the KL reference, and no warm start is trained (the cache stays empty)."""
+    import edurl.llm.envs.base as E
+
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path / "cache"))
+    rollouts = E.do_group_rollouts
+
+    def graded_by_tokens(*args, **kwargs):
+        # a random model's episodes all score 0, so no group would give a datum: reward the first reply's tokens
+        # instead, which differ within a group, so that the loop goes through forward_backward and the KL leash
+        groups = rollouts(*args, **kwargs)
+        for g in groups:
+            for t in g.trajectories:
+                t.transitions[0].reward = sum(t.transitions[0].ac.tokens) % 7 / 7
+        return groups
+
+    monkeypatch.setattr(E, "do_group_rollouts", graded_by_tokens)
+    config = MultiTurnConfig(
+        sft=GameSFTConfig(game=game),
+        base_model=str(qwen_dir),
+        lora_rank=4,
+        kl_coef=0.1,
+        group_size=4,
+        batch_size=2,
+        max_steps=2,
+        eval_every=2,
+        num_eval=4,
+        max_tokens=6,
+        log_dir=str(tmp_path / "run"),
+        num_threads=1,
+        progress=False,
+    )
+    result = train_multiturn(config)
+    m = result.metrics
+    assert len(m) == 2 and m["env/all/kl_sample_ref"].notna().all() and m["optim/loss"].notna().all()
+    assert m["env/all/kl_sample_ref"][0] == pytest.approx(0.0, abs=1e-5)  # step 0 samples from the reference
+    trained = [n for n, p in result.trainer.model.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    assert not (tmp_path / "cache").exists()
+    headline = "win" if game == "guess_number" else "correct"
+    assert 0 <= result.start[headline] <= 1 and 0 <= result.final[headline] <= 1
+
+
+def test_a_missing_base_model_or_a_bad_lora_rank_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        train_multiturn(MultiTurnConfig(base_model=str(tmp_path / "no_such_model"), progress=False))
+    with pytest.raises(ValueError, match="lora_rank must be None"):
+        MultiTurnConfig(lora_rank=0)
+    with pytest.raises(ValueError, match="lora_rank must be None"):
+        MultiTurnConfig(lora_rank=True)
+    with pytest.raises(ValueError, match="base_model must be None"):
+        MultiTurnConfig(base_model="")
+
+
 def _open_files() -> list[str]:
     import os
     from pathlib import Path
