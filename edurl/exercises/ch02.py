@@ -26,6 +26,7 @@ from edurl.exercises._core import (
 from edurl.exercises._grad import with_gradients
 from edurl.exercises.solutions import ch02 as _solutions
 from edurl.rl.networks import CategoricalPolicy
+from edurl.rl.reinforce import ReinforceConfig
 from edurl.rl.reinforce import reinforce_loss as _library_loss
 from edurl.rl.reinforce import reinforce_update as _library_update
 from edurl.rl.returns import discounted_returns
@@ -132,7 +133,9 @@ def check_reinforce_loss(fn, *, verbose: bool = True) -> Verdict:
 
 # ---------------------------------------------------------------- 2.2 the whole update
 
-_UPDATES, _ENVS, _GAMMA = 3, 4, 0.99
+_UPDATES, _ENVS, _GAMMA = 3, 4, 0.97
+_DEFAULT_GAMMA = ReinforceConfig.gamma
+"""train_reinforce's gamma; the check passes another (_GAMMA), so that a gamma written into the update is caught."""
 
 
 def _update_losses(policy, batch, gamma: float) -> dict[str, float]:
@@ -150,6 +153,10 @@ def _update_losses(policy, batch, gamma: float) -> dict[str, float]:
             _reference(lp, totals[m])
         ),
         "the returns are not discounted: pass gamma to discounted_returns.": float(_reference(lp, undiscounted[m])),
+        f"the returns are discounted with gamma={_DEFAULT_GAMMA}, not with the gamma passed to your function "
+        f"(the check passes {gamma}): use the argument, so that a run with another gamma gets it.": float(
+            _reference(lp, discounted_returns(batch.rewards, batch.dones, _DEFAULT_GAMMA)[m])
+        ),
         "the padded steps after each episode's end are in the loss: keep only batch.mask's steps.": float(
             _reference(logprobs_all.flatten(), returns.flatten())
         ),
@@ -269,8 +276,8 @@ def _check_update(fn) -> Verdict:
                 f"{where}: your function raised {type(err).__name__}{_where_it_raised(err)}: {err}",
                 _library_update,
             )
-        if not (isinstance(out, tuple) and len(out) == 2):
-            got = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, tuple) else "")
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):  # train_reinforce unpacks either
+            got = type(out).__name__ + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
             return Verdict(name, FAILED, f"{where}: expected (batch, loss), got {got}.", _library_update)
         batch, loss = out
         if not hasattr(batch, "obs") or not hasattr(batch, "mask"):

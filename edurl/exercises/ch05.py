@@ -81,6 +81,17 @@ def check_clip_table(table, *, verbose: bool = True) -> Verdict:
     return finish(_check(table, reference), _HINTS_CLIP_TABLE, verbose=verbose)
 
 
+def _as_bool(x) -> bool | None:
+    """True or False as written, or as autograd computes it (a one-element bool tensor, or numpy's bool); else None."""
+    if isinstance(x, bool):
+        return x
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.numel() == 1:
+        return bool(x)
+    if type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"):  # numpy 2 and 1
+        return bool(x)
+    return None
+
+
 def _check(table, reference) -> Verdict:
     name = "Exercise 5.1 clip table"
     if not isinstance(table, dict):
@@ -110,7 +121,8 @@ def _check(table, reference) -> Verdict:
                 reference,
                 case=str(key),
             )
-        if not isinstance(got["gradient is zero"], bool):
+        zero = _as_bool(got["gradient is zero"])
+        if zero is None:
             return Verdict(
                 name,
                 FAILED,
@@ -125,18 +137,20 @@ def _check(table, reference) -> Verdict:
             elif picks == "both":
                 why = "are not equal, so 'both' is not right: min() takes one of them."
             else:
-                why = "so min() takes the other one."
+                why = (
+                    "so min() takes the other one. Hint: min() takes the *smaller* (more pessimistic) value, also "
+                    "when both are negative."
+                )
             return Verdict(
                 name,
                 FAILED,
                 f"row {key}: min picks {got['min picks']!r}, but at A = {adv:+.0f}, r = {ratio}, eps = "
                 f"{CLIP_EPS}: r*A = {ratio * adv:.2f} and clip(r)*A = "
-                f"{min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv:.2f} {why} "
-                "Hint: min() takes the *smaller* (more pessimistic) value, also when both are negative.",
+                f"{min(max(ratio, 1 - CLIP_EPS), 1 + CLIP_EPS) * adv:.2f} {why}",
                 reference,
                 case=str(key),
             )
-        if got["gradient is zero"] != expected["gradient is zero"]:
+        if zero != expected["gradient is zero"]:
             return Verdict(
                 name,
                 FAILED,
@@ -186,8 +200,13 @@ def _close(a, b) -> bool:
 
 
 def _number(x):
-    """A 0-dim (or one-element) tensor, as computed with torch, is the number it holds; anything else is as given."""
-    return x.item() if isinstance(x, torch.Tensor) and x.numel() == 1 else x
+    """A one-element tensor, as computed with torch, or a numpy scalar is the number it holds; anything else is as
+    given."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return x.item()
+    if type(x).__module__ == "numpy" and hasattr(x, "item") and getattr(x, "shape", None) == ():
+        return x.item()
+    return x
 
 
 @with_hints(_HINTS_CLIP_VALUES)
@@ -209,6 +228,8 @@ def _check_values(table, reference) -> Verdict:
         where = f"row A = {adv:+g}, r = {ratio:g}"
         if not (isinstance(got, (tuple, list)) and len(got) == 3):
             return Verdict(name, FAILED, f"{where}: expected a tuple of three numbers, got {got!r}.", reference)
+        if any(x is None for x in got):
+            return Verdict(name, FAILED, f"{where} is not filled in yet: {got!r}.", reference)
         g_unclipped, g_clipped, g_objective = (_number(x) for x in got)
         if not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in (g_unclipped, g_clipped, g_objective)
@@ -216,8 +237,8 @@ def _check_values(table, reference) -> Verdict:
             return Verdict(
                 name,
                 FAILED,
-                f"{where}: expected three numbers, got {got!r}; write each as a plain number (a float, not a tensor or a "
-                "string).",
+                f"{where}: expected three numbers, got {got!r}; write each as a number (a float, or a one-element "
+                "tensor), not a string or a tensor of several values.",
                 reference,
             )
         if not _close(g_unclipped, unclipped):
@@ -238,8 +259,8 @@ def _check_values(table, reference) -> Verdict:
             why = ""
             if _close(g_objective, max(unclipped, clipped)):
                 why = " the likely mistake: you took the larger term; PPO takes the smaller, pessimistic one."
-            elif adv < 0 and _close(g_objective, -min(abs(unclipped), abs(clipped))):
-                why = " the likely mistake: with A < 0 both terms are negative, and the smaller is the more negative."
+                if adv < 0:
+                    why += " With A < 0 both terms are negative, and the smaller is the more negative."
             return Verdict(name, FAILED, f"{where}: the objective is wrong ({g_objective!r}).{why}", reference)
     return Verdict(name, PASSED, "All five rows agree with the training code's objective.", table)
 
@@ -423,6 +444,38 @@ def check_ppo_update(fn, *, verbose: bool = True) -> Verdict:
     return finish(verdict, _HINTS_PPO_UPDATE, verbose=verbose, on_failure=REFERENCE_TAKES_OVER)
 
 
+_ONE_MINIBATCH = dataclasses.replace(_UPDATE_CONFIG, num_minibatches=1, update_epochs=2)
+"""train_ppo's default: one minibatch, for which batch.minibatches(1) yields slice(None), not a tensor of indices."""
+
+
+def _check_one_minibatch(fn, policy, value, batch) -> str | None:
+    """What goes wrong with one minibatch (``config.num_minibatches=1``, train_ppo's default), or None."""
+    _, _, ref = _run_update(_library_update, policy, value, batch, config=_ONE_MINIBATCH)
+    where = "with config.num_minibatches=1 (train_ppo's default; the check so far used 4)"
+    try:
+        _, _, got = _run_update(fn, policy, value, batch, config=_ONE_MINIBATCH)
+    except Exception as err:  # a learner's bug is reported, never re-raised
+        return (
+            f"{where}, your function raised {type(err).__name__}{_where_it_raised(err)}: {err}\n  the likely "
+            "mistake: batch.minibatches(1) yields slice(None), the whole batch, not a tensor of indices. Index with "
+            "it as with any idx, and count a minibatch's samples from a tensor it indexed (batch.advantages[idx]"
+            ".numel()), not with len(idx); or take .mean()."
+        )
+    if len(got.steps) != len(ref.steps):
+        return (
+            f"{where}: your update took {len(got.steps)} optimizer steps, expected {len(ref.steps)} "
+            f"({_ONE_MINIBATCH.update_epochs} epochs x 1 minibatch). batch.minibatches(1) yields slice(None), the "
+            "whole batch, once per epoch."
+        )
+    agreed = _steps_in_agreement(got.steps, ref.steps)
+    if agreed < len(ref.steps):
+        return (
+            f"{where}: optimizer step {agreed + 1} of {len(ref.steps)} applied other gradients than the reference's. "
+            "batch.minibatches(1) yields slice(None): the minibatch is the whole batch, indexed as any other."
+        )
+    return None
+
+
 def _check_update(fn) -> Verdict:
     name = "Exercise 5.3 ppo_update"
     if not callable(fn):
@@ -497,6 +550,9 @@ def _check_update(fn) -> Verdict:
         return Verdict(name, FAILED, text, _library_update)
     got_w = [*new_policy.parameters(), *new_value.parameters()]
     ref_w = [*ref_policy.parameters(), *ref_value.parameters()]
+    one = _check_one_minibatch(fn, policy, value, batch)
+    if one is not None:
+        return Verdict(name, FAILED, one, _library_update)
     if not _same_step(got_w, ref_w):
         text = "every step's gradients match, but the final weights differ: "
         if _same_step(got_w, ref_w, rtol=_NEAR_MISS):  # e.g. a ratio rounded through float32: each step a hair off

@@ -44,6 +44,14 @@ def undiscounted(batch, gamma):
     return discounted_returns(batch.rewards, batch.dones, 1.0)
 
 
+def default_gamma(batch, gamma):
+    return discounted_returns(batch.rewards, batch.dones, 0.99)  # train_reinforce's default, not the argument
+
+
+def as_list(policy, optimizer, envs, seeds, gamma, device):
+    return list(reinforce_update(policy, optimizer, envs, seeds, gamma, device))  # train_reinforce unpacks a list
+
+
 def ascent(policy, optimizer, envs, seeds, gamma, device):
     batch, loss = _update(reward_to_go, step=False)(policy, optimizer, envs, seeds, gamma, device)
     for p in policy.parameters():  # "gradient ascent" by hand: one SGD step the wrong way
@@ -51,7 +59,7 @@ def ascent(policy, optimizer, envs, seeds, gamma, device):
     return batch, loss
 
 
-@pytest.mark.parametrize("fn", [reinforce_update, ch02.reinforce_update, _update(reward_to_go)])
+@pytest.mark.parametrize("fn", [reinforce_update, ch02.reinforce_update, _update(reward_to_go), as_list])
 def test_reinforce_update_checker_passes(fn):
     torch.manual_seed(123)
     expected = torch.rand(3)
@@ -67,6 +75,7 @@ def test_reinforce_update_checker_passes(fn):
         (_update(reward_to_go, zero_grad=False), "zero them before backward()"),
         (_update(whole_return), "episode's *whole* return"),
         (_update(undiscounted), "not discounted"),
+        (_update(default_gamma), "not with the gamma passed to your function"),
         (_update(reward_to_go, mask=False), "padded steps"),
         (_update(reward_to_go, seeds_used=False), "resetting env i with seeds[i]"),
         (_update(reward_to_go, step=False), "did not change: take the step"),

@@ -21,6 +21,36 @@ def test_correct_table_passes():
     assert exercises.check_clip_table(shouted, verbose=False).status == PASSED
 
 
+def test_a_table_computed_with_autograd_passes():
+    """'gradient is zero' as autograd gives it, a bool tensor (r.grad == 0) or numpy's bool, was once rejected with
+    'write True or False'; 0 and 1 are still refused (the exercise asks for True or False)."""
+    import numpy as np
+    import torch
+
+    for as_computed in (torch.tensor, np.bool_):
+        table = {
+            key: {**row, "gradient is zero": as_computed(row["gradient is zero"])} for key, row in clip_table().items()
+        }
+        verdict = exercises.check_clip_table(table, verbose=False)
+        assert verdict.status == PASSED, verdict.message
+    assert_rejected(exercises.check_clip_table, _with({(("A > 0", "inside"), "gradient is zero"): 0}), "write True")
+    several = _with({(("A > 0", "inside"), "gradient is zero"): torch.tensor([False, False])})
+    assert_rejected(exercises.check_clip_table, several, "write True or False")
+
+
+def test_the_min_hint_is_given_only_where_a_term_was_mixed_up():
+    """'min() takes the smaller value, also when both are negative' answered the inside row, where the terms are
+    equal and the mistake is not writing 'both'."""
+    verdict = assert_rejected(
+        exercises.check_clip_table, _with({(("A > 0", "inside"), "min picks"): "unclipped"}), "write 'both'"
+    )
+    assert "also when both are negative" not in verdict.message
+    verdict = assert_rejected(
+        exercises.check_clip_table, _with({(("A < 0", "r < 1 - eps"), "min picks"): "unclipped"}), "the other one"
+    )
+    assert "also when both are negative" in verdict.message
+
+
 def _with(changes):
     table = copy.deepcopy(clip_table())
     for (key, field), value in changes.items():

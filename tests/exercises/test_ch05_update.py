@@ -1,6 +1,8 @@
 """Exercises 5.2 (the clipped objective's values by hand) and 5.3 (PPO's whole update, checked step by step beside
 the library's); each realistic bug is named."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -36,6 +38,11 @@ def test_clip_values_passes_and_blank_is_not_attempted():
     for table in (as_lists, as_tensors):
         verdict = exercises.check_clip_values(table, verbose=False)
         assert verdict.status == PASSED, verdict.message
+    import numpy as np
+
+    as_numpy = {key: tuple(map(np.float32, row)) for key, row in ch05.clip_values().items()}  # np.float32(1.1)
+    verdict = exercises.check_clip_values(as_numpy, verbose=False)
+    assert verdict.status == PASSED, verdict.message
     blank_lists = {key: [None, None, None] for key in CLIP_VALUE_CASES}
     assert exercises.check_clip_values(blank_lists, verbose=False).status == NOT_ATTEMPTED
     blank = {key: (None, None, None) for key in CLIP_VALUE_CASES}
@@ -62,7 +69,12 @@ def _values(**rows):
         ({**ch05.clip_values(), (-1.0, 0.5): (-0.5, -0.5, -0.5)}, "outside [0.8, 1.2]"),
         ({**ch05.clip_values(), (1.0, 1.1): (1.0, 1.1, 1.1)}, "the unclipped term is the ratio times the advantage"),
         ({**ch05.clip_values(), (1.0, 1.1): [1.1, 1.1]}, "expected a tuple of three numbers"),
-        ({**ch05.clip_values(), (2.0, 0.5): (1.0, 1.6, torch.tensor([1.0, 1.0]))}, "write each as a plain number"),
+        ({**ch05.clip_values(), (2.0, 0.5): (1.0, 1.6, torch.tensor([1.0, 1.0]))}, "not a string or a tensor of"),
+        ({**ch05.clip_values(), (2.0, 0.5): (1.0, 1.6, "1.0")}, "not a string"),
+        # a half-filled row was told to 'write each as a plain number (not a tensor)', which a tensor may be
+        ({**ch05.clip_values(), (2.0, 0.5): (1.0, None, None)}, "row A = +2, r = 0.5 is not filled in yet"),
+        # with A < 0 the smaller term is the more negative: said with the diagnosis that fires
+        ({**ch05.clip_values(), (-1.0, 1.5): (-1.5, -1.2, -1.2)}, "both terms are negative"),
     ],
 )
 def test_clip_values_rejects(table, message):
@@ -197,3 +209,42 @@ def test_ppo_update_checker_names_an_optimizer_of_ones_own():
 
     verdict = assert_rejected(exercises.check_ppo_update, own_adam, "use the optimizer you were given")
     assert "never updated" not in verdict.message
+
+
+def _counting_update(count):
+    """The worked solution, with the policy loss's mean written as a sum over a count of the minibatch."""
+
+    def update(policy, value, optimizer, batch, config, clip_eps):
+        params = list(policy.parameters()) + list(value.parameters())
+        for _epoch in range(config.update_epochs):
+            for idx in batch.minibatches(config.num_minibatches):
+                logprobs, entropy = policy.logprob_and_entropy(batch.obs[idx], batch.actions[idx])
+                adv = batch.advantages[idx]
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                ratio = torch.exp(logprobs - batch.sampling_logprobs[idx])
+                clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv
+                policy_loss = -torch.min(ratio * adv, clipped).sum() / count(idx, adv)
+                value_loss = 0.5 * ((value(batch.obs[idx]) - batch.returns[idx]) ** 2).mean()
+                loss = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy.mean()
+                optimizer.zero_grad()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                optimizer.step()
+
+    return update
+
+
+def test_ppo_update_checker_tries_one_minibatch_as_train_ppo_runs_by_default():
+    """With 4 minibatches idx is a tensor, so len(idx) passed; train_ppo's default of 1 minibatch gives slice(None),
+    and the update that had passed then crashed in training. Counting from the indexed tensor passes."""
+    verdict = assert_rejected(exercises.check_ppo_update, _counting_update(lambda idx, adv: len(idx)), "slice(None)")
+    assert "num_minibatches=1" in verdict.message and "TypeError" in verdict.message
+    verdict = exercises.check_ppo_update(_counting_update(lambda idx, adv: adv.numel()), verbose=False)
+    assert verdict.status == PASSED, verdict.message
+
+    def whole_batch_twice(policy, value, optimizer, batch, config, clip_eps):  # right with 4 minibatches only
+        if config.num_minibatches == 1:
+            config = dataclasses.replace(config, update_epochs=1)
+        ch05.ppo_update(policy, value, optimizer, batch, config, clip_eps)
+
+    assert_rejected(exercises.check_ppo_update, whole_batch_twice, "took 1 optimizer steps, expected 2")
