@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 
@@ -472,6 +473,8 @@ def _datums_as_rows(fn):
             )
         if not isinstance(datums, (list, tuple)):
             extra = " (did you forget the `return` statement?)" if datums is None else ""
+            if isinstance(datums, Iterator):  # the step of 7.4 takes len() of a batch, and reads it more than once
+                extra = " (a generator, used up once read: return a list, [... for ...] or list(...))"
             raise CheckFailure(f"expected a list of Datums, got {type(datums).__name__}{extra}.")
         if len(datums) != len(completions):
             raise CheckFailure(f"expected one Datum per completion, {len(completions)}, got {len(datums)}.")
@@ -596,9 +599,23 @@ def check_masked_datums(fn, *, verbose: bool = True) -> Verdict:
 # ...), so a learner's code may be laid out in any order and still be recognised.
 
 #: the checked steps' settings: 8 problems x 4 completions (P != G, so a group laid out across problems shows)
-STEP_CHECK = dict(batch_size=8, group_size=4, learning_rate=1e-3, max_steps=2, temperature=0.9, progress=False)
-"""The checked steps' settings. The temperature is not the default 1.0, so a step that samples or scores without passing
-it gets another gradient (a step that left it out once passed)."""
+STEP_CHECK = dict(
+    batch_size=8,
+    group_size=4,
+    learning_rate=1e-3,
+    max_steps=2,
+    temperature=0.9,
+    max_tokens=11,
+    loss_fn="ppo",
+    aggregation="seq_mean_token_mean",
+    progress=False,
+)
+"""The checked steps' settings, each away from GRPOConfig's default so that a value written into the step instead of
+read from the config shows: the temperature (0.9, not 1.0: a step that samples or scores at the default gets another
+gradient; one that left it out once passed), the loss and the aggregation, and ``max_tokens``. 11 tokens cut off the
+replies whose sum has three digits (12 tokens with the end of turn), so their reward holds the format term's penalty
+and differs from their correctness: with Chapter 6's checkpoint, which boxes every answer, advantages taken from the
+correctness once passed."""
 
 
 @dataclasses.dataclass
@@ -952,8 +969,9 @@ def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
     explicit = [w for w in wrong if w[1] is not _LEFT_AT_DEFAULT]
     if explicit:
         return (
-            f"step {n}: forward_backward was called with {_named(explicit)}. The gradient matches on this step "
-            "only because the policy has not moved yet; later steps would differ. Pass the config's values."
+            f"step {n}: forward_backward was called with {_named(explicit)}. The gradient happens to match on this "
+            "step (the policy has not moved yet, and these replies are about equally long); other steps and settings "
+            "would differ. Pass the config's values."
         )
     if adam is None or adam.learning_rate != ref_adam.learning_rate:
         lr = "the default" if adam is None else adam.learning_rate

@@ -247,7 +247,7 @@ def test_masked_datums_checker_passes(fn):
         (bd_first_advantage, "every completion got the same advantage"),
         (bd_last_token_only, "only the last token carries the advantage"),
         (lambda p, c, a: bd_reference_loop(p, c, a)[0], "got a single Datum"),
-        (lambda p, c, a: (reference_datum(p, *ci, ai) for ci, ai in zip(c, a)), "got generator"),
+        (lambda p, c, a: (reference_datum(p, *ci, ai) for ci, ai in zip(c, a)), "got generator (a generator, used"),
         (lambda p, c, a: bd_reference_loop(p, c[:1], a[:1]), "one Datum per completion"),
     ],
 )

@@ -74,6 +74,9 @@ def buggy_step(bug: str):
         if bug == "reversed datums":
             datums = datums[::-1]
         kwargs = dict(aggregation=config.aggregation, max_tokens=config.max_tokens, temperature=config.temperature)
+        loss_fn = config.loss_fn
+        if bug == "library defaults":  # the notebook's section 1 values, copied in: right for the default run only
+            loss_fn, kwargs = "importance_sampling", dict(kwargs, aggregation="token_mean", max_tokens=16)
         if bug == "aggregation":
             del kwargs["aggregation"]
         if bug == "no temperature":  # scored at the default 1.0, sampled at config.temperature
@@ -81,11 +84,11 @@ def buggy_step(bug: str):
         if bug in ("one forward_backward per group", "optim_step per group"):
             G = config.group_size
             for k in range(0, len(datums), G):
-                trainer.forward_backward(datums[k : k + G], config.loss_fn, config.loss_fn_config(), **kwargs)
+                trainer.forward_backward(datums[k : k + G], loss_fn, config.loss_fn_config(), **kwargs)
                 if bug == "optim_step per group":  # one update per problem, not one per batch
                     trainer.optim_step(AdamParams(config.learning_rate)).result()
         elif bug != "no forward_backward":
-            trainer.forward_backward(datums, config.loss_fn, config.loss_fn_config(), **kwargs).result()
+            trainer.forward_backward(datums, loss_fn, config.loss_fn_config(), **kwargs).result()
         if bug not in ("no optim_step", "optim_step per group"):
             trainer.optim_step(AdamParams() if bug == "default lr" else AdamParams(config.learning_rate)).result()
         if bug == "optim_step twice":  # a second step on no new gradient (the client cleared it after the first)
@@ -117,6 +120,21 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
     assert row["env/all/by_group/frac_mixed"] == float((~uniform).float().mean())
 
 
+def test_the_checked_problems_have_replies_that_max_tokens_cuts_off():
+    """Chapter 6's checkpoint boxes every answer, so without cut-off replies its rewards equal its correctness, and a
+    step that took advantages from the correctness passed the notebook's check. Which problems a step draws does not
+    depend on the model: each checked step must hold some whose reference reply is longer than max_tokens."""
+    from edurl.llm.sft import reply_lengths
+
+    config = GRPOConfig(**ch07.STEP_CHECK)
+    renderer, task = llm.ChatMLRenderer(llm.build_char_tokenizer()), config.sft.task()
+    for step in range(config.max_steps):
+        problems = task.sample(config.batch_size, split="train", seed=llm.problem_seed(config.seed, step))
+        lengths = reply_lengths(renderer, problems)
+        assert sum(n > config.max_tokens for n in lengths) >= 2, lengths
+        assert sum(n <= config.max_tokens for n in lengths) >= 2, lengths
+
+
 @pytest.mark.parametrize(
     "bug, message",
     [
@@ -127,7 +145,8 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
         ("mixed groups", "a group mixed completions of different problems"),
         ("batch mean", "the whole batch's mean reward"),
         ("std", "no division by the std"),
-        ("aggregation", "aggregation='its default' where the config asks for 'token_mean'"),
+        ("aggregation", "aggregation='its default' where the config asks for 'seq_mean_token_mean'"),
+        ("library defaults", "loss_fn='importance_sampling' where the config asks for 'ppo'"),
         ("no temperature", "temperature='its default' where the config asks for 0.9"),
         ("reward is correct", "the advantages come from the correctness (0 or 1), not the reward"),
         ("one forward_backward per group", "Call it once"),
