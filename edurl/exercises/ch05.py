@@ -365,13 +365,14 @@ def _buggy_update(bug: str):
                 if bug == "batch normalisation":
                     adv = adv[idx]
                 old = lp.detach() if bug == "ratio to current" else batch.sampling_logprobs[idx]
-                ratio = torch.exp(lp - old)
+                ratio = torch.exp(old - lp) if bug == "inverted ratio" else torch.exp(lp - old)
                 eps = config.clip_eps if bug == "config clip" else clip_eps
                 clipped = ratio.clamp(1 - eps, 1 + eps) * adv
                 terms = {
                     "no clip": ratio * adv,
                     "clip only": clipped,
                     "max": torch.max(ratio * adv, clipped),
+                    "min of ratios": torch.min(ratio, ratio.clamp(1 - eps, 1 + eps)) * adv,
                 }.get(bug, torch.min(ratio * adv, clipped))
                 err = (value(batch.obs[idx]) - batch.returns[idx]) ** 2
                 value_loss = (err.mean() if bug == "no half" else 0.5 * err.mean()) * (
@@ -382,7 +383,12 @@ def _buggy_update(bug: str):
                 if bug != "no zero_grad":
                     optimizer.zero_grad()
                 loss.backward()
-                if bug != "no grad clip":
+                if bug == "policy grad clip":
+                    torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+                elif bug == "grad clip per net":
+                    torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+                    torch.nn.utils.clip_grad_norm_(value.parameters(), config.max_grad_norm)
+                elif bug != "no grad clip":
                     torch.nn.utils.clip_grad_norm_(params, 0.5 if bug == "fixed grad clip" else config.max_grad_norm)
                 optimizer.step()
 
@@ -403,6 +409,13 @@ _BUGS = {
     "reference divides by torch's default, the sample std: (adv - adv.mean()) / (adv.std() + 1e-8).",
     "no zero_grad": "the gradients of earlier minibatches are added to this one's: zero them before backward().",
     "no grad clip": "the gradient norm is not clipped at config.max_grad_norm.",
+    "policy grad clip": "only the policy's gradient is clipped; clip the norm of every parameter's gradient together "
+    "(the policy's and the value net's), as one vector: clip_grad_norm_(params, config.max_grad_norm).",
+    "grad clip per net": "the policy's and the value net's gradients are clipped each on its own; clip the norm of "
+    "all of them together, as one vector: clip_grad_norm_(params, config.max_grad_norm).",
+    "inverted ratio": "the ratio is upside down, pi_old / pi: it is exp(new log-prob - sampling log-prob).",
+    "min of ratios": "the min is taken of the ratios, min(r, clip(r)) * A, before the advantage: with A < 0 that "
+    "picks the wrong term. Take the min of the two products, min(r * A, clip(r) * A).",
     "fixed grad clip": "the gradient norm is clipped at 0.5, not at config.max_grad_norm.",
     "config clip": "the clip range is config.clip_eps, not the clip_eps argument: train_ppo passes an annealed "
     "one, which then never takes effect.",

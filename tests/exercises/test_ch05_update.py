@@ -108,6 +108,11 @@ def test_ppo_update_checker_passes(fn):
         ("no entropy", "the entropy bonus is missing"),
         ("no zero_grad", "zero them before backward()"),
         ("no grad clip", "not clipped at config.max_grad_norm"),
+        # each was once 'not clipped at config.max_grad_norm', or named nothing
+        ("policy grad clip", "only the policy's gradient is clipped"),
+        ("grad clip per net", "clipped each on its own"),
+        ("inverted ratio", "the ratio is upside down"),
+        ("min of ratios", "the min is taken of the ratios"),
         ("no half", "half the mean squared error"),
         ("no vf_coef", "not weighted by config.vf_coef"),
         ("entropy sign", "the entropy bonus has the wrong sign"),
