@@ -153,6 +153,10 @@ def _update_losses(policy, batch, gamma: float) -> dict[str, float]:
             _reference(lp, totals[m])
         ),
         "the returns are not discounted: pass gamma to discounted_returns.": float(_reference(lp, undiscounted[m])),
+        "every step is weighted by its own reward r_t, not by the reward-to-go G_t (on CartPole every reward is 1, "
+        "so once standardised they weigh nothing): pass the rewards through discounted_returns.": float(
+            _reference(lp, batch.rewards[m])
+        ),
         f"the returns are discounted with gamma={_DEFAULT_GAMMA}, not with the gamma passed to your function "
         f"(the check passes {gamma}): use the argument, so that a run with another gamma gets it.": float(
             _reference(lp, discounted_returns(batch.rewards, batch.dones, _DEFAULT_GAMMA)[m])

@@ -44,6 +44,10 @@ def undiscounted(batch, gamma):
     return discounted_returns(batch.rewards, batch.dones, 1.0)
 
 
+def rewards_only(batch, gamma):
+    return batch.rewards  # the rewards themselves, not the reward-to-go
+
+
 def default_gamma(batch, gamma):
     return discounted_returns(batch.rewards, batch.dones, 0.99)  # train_reinforce's default, not the argument
 
@@ -76,6 +80,7 @@ def test_reinforce_update_checker_passes(fn):
         (_update(whole_return), "episode's *whole* return"),
         (_update(undiscounted), "not discounted"),
         (_update(default_gamma), "not with the gamma passed to your function"),
+        (_update(rewards_only), "by its own reward r_t, not by the reward-to-go"),
         (_update(reward_to_go, mask=False), "padded steps"),
         (_update(reward_to_go, seeds_used=False), "resetting env i with seeds[i]"),
         (_update(reward_to_go, step=False), "did not change: take the step"),
