@@ -87,8 +87,8 @@ def _as_bool(x) -> bool | None:
         return x
     if isinstance(x, torch.Tensor) and x.dtype == torch.bool and x.numel() == 1:
         return bool(x)
-    if type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_"):  # numpy 2 and 1
-        return bool(x)
+    if type(x).__module__ == "numpy" and str(getattr(x, "dtype", "")) == "bool" and getattr(x, "size", 0) == 1:
+        return bool(x.item())  # numpy's bool, or a one-element bool array (r.grad.numpy() == 0)
     return None
 
 

@@ -731,8 +731,9 @@ def _datums(log: _StepLog) -> list[Datum]:
     return [d for datums, *_ in log.forward_backward for d in datums]
 
 
-def _rewards(log: _StepLog, config, renderer, task, step) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference step's (P, G) rewards and correctness, recomputed from its samples (grading is deterministic)."""
+def _rewards(log: _StepLog, config, renderer, task, step) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference step's (P, G) rewards and correctness, recomputed from its samples (grading is deterministic),
+    and the rewards a step gets that grades every reply as complete (cut-off ones too)."""
     from edurl.llm.grpo import problem_seed
     from edurl.llm.rewards import grade
 
@@ -740,12 +741,14 @@ def _rewards(log: _StepLog, config, renderer, task, step) -> tuple[torch.Tensor,
     [(_, responses, _)] = log.samples
     rewards = torch.zeros(config.batch_size, config.group_size)
     correct = torch.zeros(config.batch_size, config.group_size)
+    as_complete = torch.zeros(config.batch_size, config.group_size)
     for i, (problem, response) in enumerate(zip(problems, responses)):
         for j, seq in enumerate(response.sequences):
             message, complete = renderer.parse_response(seq.tokens, seq.stop_reason)
             g = grade(message["content"], problem.answer, complete=complete)
             rewards[i, j], correct[i, j] = g.reward, float(g.correct)
-    return rewards, correct
+            as_complete[i, j] = grade(message["content"], problem.answer).reward
+    return rewards, correct, as_complete
 
 
 def _check_sampling(got: _StepLog, ref: _StepLog, n: int) -> str | None:
@@ -843,8 +846,17 @@ def _advantage_matrix(got: list[Datum], order: list[int], shape) -> torch.Tensor
     return out
 
 
+def _centred(x: torch.Tensor) -> torch.Tensor:
+    x = x.double()
+    return x - x.mean(dim=1, keepdim=True)
+
+
 def _check_advantages(
-    got: torch.Tensor | None, rewards: torch.Tensor, n: int, correct: torch.Tensor | None = None
+    got: torch.Tensor | None,
+    rewards: torch.Tensor,
+    n: int,
+    correct: torch.Tensor | None = None,
+    as_complete: torch.Tensor | None = None,
 ) -> str | None:
     rewards = rewards.double()
     expected = rewards - rewards.mean(dim=1, keepdim=True)
@@ -861,14 +873,25 @@ def _check_advantages(
             "the same reward still gets pushed, and all of them the same way. Subtract each group's mean reward, "
             "as your group_advantages does."
         )
-    if correct is not None and not torch.equal(correct.double(), rewards):
-        from_correct = correct.double() - correct.double().mean(dim=1, keepdim=True)
-        if torch.allclose(got, from_correct, atol=1e-5):
-            return (
-                f"step {n}: the advantages come from the correctness (0 or 1), not the reward. The reward also "
-                "holds the format term (a reply without a boxed answer scores below a wrong boxed one): use the "
-                "grade's reward."
-            )
+    cut_off = (
+        "replies that max_tokens cut off (no end of turn) were graded as complete: pass parse_response's second "
+        "value to grade(..., complete=ok), so that a cut-off reply gets the format term's penalty"
+    )
+    from_correct = correct is not None and torch.allclose(got, _centred(correct), atol=1e-5)
+    from_complete = as_complete is not None and torch.allclose(got, _centred(as_complete), atol=1e-5)
+    if from_complete and from_correct:
+        return (
+            f"step {n}: the advantages follow the correctness (0 or 1), not the reward. Either they come from the "
+            f"correctness (use the grade's reward, which also holds the format term), or {cut_off}."
+        )
+    if from_complete:
+        return f"step {n}: the advantages are right except on cut-off replies: {cut_off}."
+    if from_correct:
+        return (
+            f"step {n}: the advantages come from the correctness (0 or 1), not the reward. The reward also "
+            "holds the format term (a reply without a boxed answer, or cut off by max_tokens, scores below a "
+            "finished one): use the grade's reward."
+        )
     sums = got.sum(dim=1)
     r, a = rewards.unsqueeze(2), got.unsqueeze(2)  # (P, G, 1) against (P, 1, G): every pair within a group
     out_of_order = ((r == r.transpose(1, 2)) & ((a - a.transpose(1, 2)).abs() > 1e-5)) | (
@@ -1016,9 +1039,13 @@ def _step_problem(log, row, ref_log, ref_row, config, renderer, task, step) -> s
                 "(prompt + completion)[:-1], as in exercise 7.2."
             )
         else:
-            rewards, correct = _rewards(ref_log, config, renderer, task, step)
+            rewards, correct, as_complete = _rewards(ref_log, config, renderer, task, step)
             problem = _check_layout(datums, ref_datums, order, n) or _check_advantages(
-                _advantage_matrix(datums, order, (config.batch_size, config.group_size)), rewards, n, correct
+                _advantage_matrix(datums, order, (config.batch_size, config.group_size)),
+                rewards,
+                n,
+                correct,
+                as_complete,
             )
     return problem or _check_update(log, ref_log, config, n) or _check_row(row, ref_row, n)
 

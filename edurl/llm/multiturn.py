@@ -19,6 +19,7 @@ calculator on held-out problems, with and without the tool.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 import warnings
@@ -346,6 +347,8 @@ class MultiTurnConfig:
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
         check_lora_rank(self.lora_rank)
+        if isinstance(self.base_model, os.PathLike):
+            self.base_model = os.fspath(self.base_model)  # a pathlib.Path, as load_policy takes it
         if self.base_model is not None and (not isinstance(self.base_model, str) or not self.base_model):
             raise ValueError(
                 f"base_model must be None (the game's warm start) or a model folder or hub id, got {self.base_model!r}"

@@ -50,6 +50,8 @@ def buggy_step(bug: str):
             for problem, response in zip(problems, responses):
                 for seq in response.sequences:
                     message, ok = renderer.parse_response(seq.tokens)
+                    if bug == "graded as complete":  # complete= left out: a cut-off reply keeps its format term
+                        ok = True
                     g = llm.grade(message["content"], problem.answer, complete=ok)
                     reward = float(g.correct) if bug == "reward is correct" else g.reward  # the format term dropped
                     flat.append((reward, float(g.correct)))
@@ -113,7 +115,7 @@ def test_the_checked_batch_has_mixed_and_uniform_groups(base):
     config, (trainer, _), renderer, task = ch07._step_setup(base, GRPOConfig(sft=WARM, **ch07.STEP_CHECK))
     log = trainer.begin_step()
     row = ch07._reference_grpo_step(config, trainer, renderer, task, 0)
-    rewards, correct = ch07._rewards(log, config, renderer, task, 0)
+    rewards, correct, _ = ch07._rewards(log, config, renderer, task, 0)
     uniform = rewards.max(1).values == rewards.min(1).values
     assert uniform.any() and not uniform.all(), rewards
     assert not torch.equal(rewards, correct), rewards  # a reply without its box: rewards that are correctness pass not
@@ -149,6 +151,8 @@ def test_the_checked_problems_have_replies_that_max_tokens_cuts_off():
         ("library defaults", "loss_fn='importance_sampling' where the config asks for 'ppo'"),
         ("no temperature", "temperature='its default' where the config asks for 0.9"),
         ("reward is correct", "the advantages come from the correctness (0 or 1), not the reward"),
+        # was told it took the correctness, with the reward right there in its code
+        ("graded as complete", "the advantages are right except on cut-off replies"),
         ("one forward_backward per group", "Call it once"),
         ("no forward_backward", "call forward_backward first"),
         ("no optim_step", "the weights never changed"),

@@ -148,6 +148,7 @@ def test_a_missing_base_model_or_a_bad_lora_rank_is_named(tmp_path):
         MultiTurnConfig(lora_rank=True)
     with pytest.raises(ValueError, match="base_model must be None"):
         MultiTurnConfig(base_model="")
+    assert MultiTurnConfig(base_model=tmp_path / "model").base_model == str(tmp_path / "model")  # a Path, as a str
 
 
 def _open_files() -> list[str]:
