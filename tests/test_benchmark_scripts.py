@@ -41,6 +41,16 @@ def test_ppo_update_profile_runs():
     assert "torch profile, 2 seed(s)" in out and "policy head weight gradient, 2 seed(s)" in out
 
 
+def test_snapshot_cost_runs_and_the_snapshot_holds_only_the_adapter():
+    out = _script("benchmarks/snapshot_cost.py", "--layers", "1", "--repeats", "1", "--rank", "2", timeout=300)
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[3].strip() for line in out.splitlines() if line.startswith("| ")
+    }
+    whole, edurl = float(rows["whole copy"]), float(rows["edurl (adapter copied, base shared)"])
+    assert whole > 500 and edurl < 1, out  # the base is about 520 MB of float32 here; the adapter a few kB
+    assert "edurl / whole copy" in out
+
+
 def test_llm_margins_summary_reads_two_study_runs_side_by_side(tmp_path):
     import json
 

@@ -701,8 +701,11 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- sampling and checkpoints
     def save_weights_and_get_sampling_client(self, name: str = "sampler") -> SamplingClient:
-        """A sampler over a frozen copy of the current weights."""
-        snapshot = copy.deepcopy(self.model).eval()
+        """A sampler over a frozen copy of the current weights. Weights that are not trained (a LoRA adapter's frozen
+        base) are shared with the snapshot, not copied: they cannot change, and a real model's base is most of its
+        memory."""
+        frozen = {id(q): q for q in self.model.parameters() if not q.requires_grad}
+        snapshot = copy.deepcopy(self.model, memo=frozen).eval()
         for q in snapshot.parameters():
             q.requires_grad_(False)
         return SamplingClient(snapshot, self.tokenizer, name)

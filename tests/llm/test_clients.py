@@ -167,6 +167,33 @@ def test_lora_client_trains_only_the_adapter(small_model, char_tokenizer):
     assert trainer.forward_backward(datums, "ppo", log_kl_ref=True).result().metrics["optim/kl_ref"] > 0
 
 
+def test_a_lora_snapshot_shares_the_frozen_base_and_copies_the_adapter(small_model, char_tokenizer):
+    """A sampler snapshot deep-copied the whole model, a real checkpoint's frozen base included (a copy the size of
+    the model at every step). The base is shared now; the adapter is copied, so the snapshot keeps its weights while
+    the trainer moves on."""
+    trainer = ServiceClient(device="cpu").create_lora_training_client((small_model, char_tokenizer), rank=4)
+    with torch.no_grad():  # an adapter that is not the identity, so that the snapshot's must be its own copy
+        for n, p in trainer.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    snap = trainer.save_weights_and_get_sampling_client("s")
+    mine, theirs = dict(trainer.model.named_parameters()), dict(snap.model.named_parameters())
+    assert mine.keys() == theirs.keys()
+    for n, p in mine.items():
+        shared = theirs[n].data_ptr() == p.data_ptr()
+        assert shared == (not p.requires_grad), n  # the base is shared, the adapter copied
+        assert not theirs[n].requires_grad and torch.equal(theirs[n], p)
+    x = torch.tensor([PROMPT])
+    with torch.no_grad():
+        before = snap.model(input_ids=x).logits.clone()
+    trainer.forward_backward(rl_datums(trainer), "ppo")
+    trainer.optim_step(AdamParams(learning_rate=5e-2))
+    with torch.no_grad():
+        assert torch.equal(snap.model(input_ids=x).logits, before)  # the snapshot did not move with the trainer
+        assert not torch.allclose(trainer.model(input_ids=x).logits, before)
+    assert all(torch.equal(theirs[n], p) for n, p in mine.items() if not p.requires_grad)  # the base is untouched
+
+
 def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model, char_tokenizer, tmp_path):
     trainer.log_dir = tmp_path
     datums = rl_datums(trainer)
