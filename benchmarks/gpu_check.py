@@ -341,7 +341,7 @@ def ppo_throughput(
     steps, seconds = m["step"].to_numpy(), m["time/total"].to_numpy()
     ppo_rate = num_seeds * (steps[-1] - steps[0]) / (seconds[-1] - seconds[0])
 
-    env = TorchCartPole(num_envs, device=dev)
+    env = TorchCartPole(num_envs, device=dev, check_actions=False)  # as the trainers run it: no host sync
     obs, _ = env.reset(seed=0)
     policy = CategoricalPolicy(env.obs_dim, env.num_actions).to(dev)
     ro, obs, counter = collect_rollout(env, policy, obs, num_steps, dev)  # warm-up

@@ -42,6 +42,7 @@ class TorchCartPole:
         dtype: torch.dtype = torch.float32,
         max_episode_steps: int = 500,
         autoreset: bool = True,
+        check_actions: bool = True,
     ):
         if not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
@@ -54,6 +55,10 @@ class TorchCartPole:
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
         self.max_episode_steps = max_episode_steps
         self.autoreset = autoreset
+        self.check_actions = check_actions
+        """True: ``step`` refuses an action other than 0 or 1 (it would push left without a word). Each check reads
+        the actions back to the host, a sync on a GPU and about a tenth of a step at 8 envs on a CPU, so the course's
+        trainers, whose actions are 0 or 1 by construction, turn it off."""
         """False: an env that finishes is not reset (no random draw); it keeps stepping from where it ended, and
         the caller ignores it until the next ``reset`` (REINFORCE plays whole episodes this way)."""
         self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
@@ -113,6 +118,15 @@ class TorchCartPole:
         if not isinstance(actions, torch.Tensor) or actions.shape != (self.num_envs,):
             got = tuple(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
             raise ValueError(f"actions must be a tensor of shape ({self.num_envs},), got {got}.")
+        if self.check_actions:
+            bad = (actions != 0) & (actions != 1)
+            if bool(bad.any()):
+                shown = actions[bad][:5].tolist()
+                raise ValueError(
+                    f"actions must be 0 (push left) or 1 (push right), got {shown}{' ...' if int(bad.sum()) > 5 else ''}"
+                    f" in {int(bad.sum())} of {self.num_envs} envs. A policy over more actions than CartPole's 2, or "
+                    "sampled probabilities instead of actions, gives such values."
+                )
         # Gymnasium's equations, each line one or two tensor ops: with 8 envs on a CPU a step is all per-op
         # overhead (benchmarks/README.md), and on a GPU each op is a kernel launch
         x_dot, theta, theta_dot = self.state[:, 1], self.state[:, 2], self.state[:, 3]

@@ -306,7 +306,7 @@ def _fixed_batch():
     config = _UPDATE_CONFIG
     torch.manual_seed(5)
     device = torch.device("cpu")
-    env = TorchCartPole(config.num_envs, device=device)
+    env = TorchCartPole(config.num_envs, device=device, check_actions=False)
     obs, _ = env.reset(seed=config.seed)
     policy, value = CategoricalPolicy(env.obs_dim, env.num_actions, (32,)), ValueNet(env.obs_dim, (32,))
     batch, *_ = collect_batch(env, policy, value, obs, config, device)

@@ -32,7 +32,7 @@ def sample_trajectory(policy, value, *, seed: int = 0, max_steps: int = 500) -> 
     """Play one CartPole episode with ``policy`` and record the critic's V(s_t) and V(s_{t+1}). The episode runs
     on the policy's device (a policy trained on a GPU plays there)."""
     dev = module_device(policy)
-    env = TorchCartPole(1, max_episode_steps=max_steps, device=dev)
+    env = TorchCartPole(1, max_episode_steps=max_steps, device=dev, check_actions=False)
     obs, _ = env.reset(seed=seed)
     gen = torch.Generator(device=dev).manual_seed(seed)
     rows = {k: [] for k in ("states", "actions", "rewards", "next_obs", "terminated", "truncated")}
@@ -88,7 +88,7 @@ def rollouts_from(
     still running there.
     """
     B = states.shape[0]
-    env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9, device=states.device)
+    env = TorchCartPole(B, dtype=states.dtype, max_episode_steps=10**9, device=states.device, check_actions=False)
     env.reset(seed=int(torch.randint(0, 2**31, (1,), generator=generator, device=generator.device)))
     env.state = states.clone()
     obs = states.clone()

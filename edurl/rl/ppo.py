@@ -440,7 +440,9 @@ def make_env(config: PPOConfig, device: torch.device):
             raise ValueError(f"env_backend='torch' has only CartPole-v1, got env_id={config.env_id!r}.")
         from edurl.envs import TorchCartPole
 
-        env = TorchCartPole(config.num_envs * len(seeds), device=device, dtype=torch.get_default_dtype())
+        env = TorchCartPole(
+            config.num_envs * len(seeds), device=device, dtype=torch.get_default_dtype(), check_actions=False
+        )
         obs, _ = env.reset(seed=seeds if len(seeds) > 1 else config.seed)
         return env, obs, env.obs_dim, env.num_actions
     if config.env_backend == "gymnasium":

@@ -321,7 +321,9 @@ def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
     unit = "REINFORCE episodes" + (f" (per seed, {len(seeds)} seeds)" if len(seeds) > 1 else "")
     bar = progress(total=config.max_episodes, desc=unit, disable=not config.progress)
     while len(runs.logs[runs.live[0]]) < config.max_episodes:
-        env = TorchCartPole(len(runs.live) * E, device=device, dtype=torch.get_default_dtype(), autoreset=False)
+        env = TorchCartPole(
+            len(runs.live) * E, device=device, dtype=torch.get_default_dtype(), autoreset=False, check_actions=False
+        )
         batch = _play_stacked(
             env, stack, [x for s in runs.live for x in _episode_seeds(config, seeds[s], len(runs.logs[s]))]
         )

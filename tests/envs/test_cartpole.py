@@ -90,6 +90,22 @@ def test_bad_arguments():
         env.step(torch.tensor([1, 0, 1]))
 
 
+@pytest.mark.parametrize("bad", [[2, 0], [1, -1], [0.5, 1.0]])
+def test_an_action_other_than_0_or_1_is_refused_and_the_state_kept(bad):
+    """An action of 2 (a policy over 3 actions) or 0.5 (a probability) once pushed left without a word."""
+    env = TorchCartPole(2, dtype=torch.float64)
+    env.reset(seed=0)
+    state, elapsed = env.state.clone(), env.elapsed.clone()
+    with pytest.raises(ValueError, match="actions must be 0 \\(push left\\) or 1 \\(push right\\), got \\["):
+        env.step(torch.tensor(bad))
+    assert torch.equal(env.state, state) and torch.equal(env.elapsed, elapsed)  # nothing stepped
+    for fine in ([1, 0], [1.0, 0.0], [True, False]):
+        env.step(torch.tensor(fine))
+    quiet = TorchCartPole(2, check_actions=False)  # the trainers' setting: no host sync, values not read
+    quiet.reset(seed=0)
+    quiet.step(torch.tensor([2, 0]))
+
+
 def _compare_devices(other_device: str, other_seed: int) -> None:
     """Step a float64 CartPole on the CPU and on ``other_device`` from the same states with the same actions.
 
