@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -79,3 +82,11 @@ def qwen_dir(tmp_path_factory):
     Qwen2ForCausalLM(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def open_files(folder) -> list[str]:
+    """The files under ``folder`` that this process holds open (Linux's /proc/self/fd; elsewhere none are seen)."""
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        return []
+    return sorted(t for t in (os.readlink(f) for f in fds.iterdir() if f.exists()) if t.startswith(str(folder)))

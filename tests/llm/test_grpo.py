@@ -1,7 +1,6 @@
 import os
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import SFTConfig, _batch, continued_sft, load_or_train_sft, sft_loss
 from edurl.metrics import load_metrics
 
-from .conftest import SMALL
+from .conftest import SMALL, open_files
 
 TINY_SFT = SFTConfig(model=SMALL, max_steps=30, batch_size=16, warmup_steps=2, num_threads=1, target_pass_at_1=None)
 
@@ -254,11 +253,6 @@ def test_a_step_fn_replaces_grpo_step(tmp_path):
     assert own.final.pass_at_1 == library.final.pass_at_1
 
 
-def _open_files(folder) -> list[str]:
-    fds = Path("/proc/self/fd")
-    return sorted(t for t in (os.readlink(f) for f in fds.iterdir() if f.exists()) if t.startswith(str(folder)))
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads Linux's /proc/self/fd")
 def test_a_run_that_stops_midway_closes_its_metrics_file(tmp_path):
     """A step that raised (or a stopped notebook cell, whose traceback IPython keeps) left metrics.jsonl open; on
@@ -271,7 +265,7 @@ def test_a_run_that_stops_midway_closes_its_metrics_file(tmp_path):
 
     with pytest.raises(KeyboardInterrupt) as stopped:  # kept alive, as IPython keeps sys.last_traceback
         train_grpo(tiny(tmp_path, max_steps=3), step_fn=fails_at_step_1)
-    assert stopped.traceback and _open_files(tmp_path) == []
+    assert stopped.traceback and open_files(tmp_path) == []
     assert load_metrics(tmp_path / "run")["step"].tolist() == [0]
 
 

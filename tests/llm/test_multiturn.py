@@ -13,7 +13,7 @@ from edurl.llm.multiturn import (
 )
 from edurl.llm.renderer import ChatMLRenderer
 
-from .conftest import SMALL
+from .conftest import SMALL, open_files
 from .test_envs import ForgetfulRenderer
 
 TINY = dict(model=SMALL, max_steps=3, batch_size=4, warmup_steps=1, num_threads=1)
@@ -91,7 +91,7 @@ def test_warm_start_caches_and_grpo_runs_end_to_end(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt) as info:  # kept alive, as IPython keeps sys.last_traceback
         train_multiturn(replace(config, log_dir=str(tmp_path / "stopped")))
     assert info.traceback and (tmp_path / "stopped" / "metrics.jsonl").is_file()
-    assert not [f for f in _open_files() if f.startswith(str(tmp_path / "stopped"))]
+    assert not open_files(tmp_path / "stopped")
 
 
 @pytest.mark.parametrize("game", ["guess_number", "calculator"])
@@ -149,13 +149,6 @@ def test_a_missing_base_model_or_a_bad_lora_rank_is_named(tmp_path):
     with pytest.raises(ValueError, match="base_model must be None"):
         MultiTurnConfig(base_model="")
     assert MultiTurnConfig(base_model=tmp_path / "model").base_model == str(tmp_path / "model")  # a Path, as a str
-
-
-def _open_files() -> list[str]:
-    import os
-    from pathlib import Path
-
-    return [os.readlink(f) for f in Path("/proc/self/fd").iterdir() if f.exists()] if os.path.isdir("/proc") else []
 
 
 def test_multiturn_step_trains_on_the_kl_penalised_advantages(tmp_path, monkeypatch):
