@@ -49,7 +49,8 @@ class A2CConfig(TrainerConfig):
     normalize_advantages: bool = True
     """Standardise advantages over the batch before the policy loss."""
     total_steps: int = 300_000
-    """Env-step budget per seed."""
+    """Env-step budget per seed: batches are collected until it is spent, so a budget that is not a multiple of
+    num_envs * num_steps is rounded up (train_ppo rounds down, to whole updates of its annealing schedule)."""
     env_backend: str = "gymnasium"
     """"gymnasium": a Gymnasium vector env of ``num_envs`` (any ``env_id``); "torch": ``TorchCartPole``, batched
     in torch (CartPole-v1 only, much faster for many seeds)."""

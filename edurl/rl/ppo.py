@@ -83,7 +83,9 @@ class PPOConfig(TrainerConfig):
     hidden_sizes: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy and value MLPs."""
     total_steps: int = 200_000
-    """Env-step budget per seed (also the horizon of the learning-rate and clip schedules)."""
+    """Env-step budget per seed (also the horizon of the learning-rate and clip schedules): total_steps //
+    (num_envs * num_steps) updates, at least 1, so a budget that is not a multiple of the batch is rounded down
+    (train_a2c rounds up: it collects until the budget is spent)."""
     num_seeds: int = 1
     """Seeds trained side by side in one process: seed, seed + 1, ..., as a batch dimension
     (edurl.rl.seed_stack). Seed i's run is the run num_seeds=1 makes with seed + i; train_ppo then
