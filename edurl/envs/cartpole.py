@@ -55,12 +55,12 @@ class TorchCartPole:
         self.num_envs, self.device, self.dtype = num_envs, torch.device(device), dtype
         self.max_episode_steps = max_episode_steps
         self.autoreset = autoreset
+        """False: an env that finishes is not reset (no random draw); it keeps stepping from where it ended, and
+        the caller ignores it until the next ``reset`` (REINFORCE plays whole episodes this way)."""
         self.check_actions = check_actions
         """True: ``step`` refuses an action other than 0 or 1 (it would push left without a word). Each check reads
         the actions back to the host, a sync on a GPU and about a tenth of a step at 8 envs on a CPU, so the course's
         trainers, whose actions are 0 or 1 by construction, turn it off."""
-        """False: an env that finishes is not reset (no random draw); it keeps stepping from where it ended, and
-        the caller ignores it until the next ``reset`` (REINFORCE plays whole episodes this way)."""
         self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
         """(num_envs, 4): cart position, cart velocity, pole angle, pole angular velocity. Settable."""
         self.elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)

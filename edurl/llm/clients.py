@@ -704,7 +704,13 @@ class TrainingClient:
         """A sampler over a frozen copy of the current weights. Weights that are not trained (a LoRA adapter's frozen
         base) are shared with the snapshot, not copied: they cannot change, and a real model's base is most of its
         memory."""
-        frozen = {id(q): q for q in self.model.parameters() if not q.requires_grad}
+        # new Parameter objects over the same storage: a .to() or dtype cast of the snapshot replaces its own
+        # parameters' data, and must not move the trainer's (ProcessSampler moves its first snapshot to the CPU)
+        frozen = {
+            id(q): torch.nn.Parameter(q.detach(), requires_grad=False)
+            for q in self.model.parameters()
+            if not q.requires_grad
+        }
         snapshot = copy.deepcopy(self.model, memo=frozen).eval()
         for q in snapshot.parameters():
             q.requires_grad_(False)

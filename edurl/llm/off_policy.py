@@ -132,9 +132,10 @@ class LaggedSampler(_Lag):
     def state(self, next_step: int) -> dict[int, dict[str, torch.Tensor]]:
         """The weights that batches ``next_step`` onwards need and that the trainer no longer has (steps
         ``next_step - k`` to ``next_step - 1``): what a checkpoint must keep for a resumed run to repeat."""
+        trained = set(self.trainer._trainable_names())  # a LoRA snapshot's frozen base is the trainer's own
         with self._cond:
             return {
-                v: {name: p.detach().cpu().clone() for name, p in s.model.named_parameters()}
+                v: {name: p.detach().cpu().clone() for name, p in s.model.named_parameters() if name in trained}
                 for v, s in self._snapshots.items()
                 if self.version_for(next_step) <= v < next_step
             }
@@ -152,9 +153,11 @@ class LaggedSampler(_Lag):
     def _restore(self, weights: dict[str, torch.Tensor]) -> SamplingClient:
         sampler = self.trainer.save_weights_and_get_sampling_client("restored")
         named = dict(sampler.model.named_parameters())
+        trained = set(self.trainer._trainable_names())
         with torch.no_grad():
             for name, value in weights.items():
-                named[name].copy_(value)
+                if name in trained:  # a checkpoint from before the base was shared holds it too: never write it
+                    named[name].copy_(value)
         return sampler
 
     def _sample(self, step: int) -> Rollout | None:

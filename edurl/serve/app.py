@@ -158,7 +158,7 @@ class Backend:
             for model_id in session.models:
                 self.models.pop(model_id, None)
                 for path in [p for p in self.sampler_weights if p.startswith(f"tinker://{model_id}/")]:
-                    del self.sampler_weights[path]  # a full copy of the model each; samplers made from one keep it
+                    del self.sampler_weights[path]  # a copy of the adapter each (the base is shared); samplers keep it
             for sampler_id in session.samplers:
                 self.samplers.pop(sampler_id, None)
             for rid in [r for r, owner in self.future_owner.items() if owner == session_id]:

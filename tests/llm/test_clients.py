@@ -184,6 +184,7 @@ def test_a_lora_snapshot_shares_the_frozen_base_and_copies_the_adapter(small_mod
         assert shared == (not p.requires_grad), n  # the base is shared, the adapter copied
         assert not theirs[n].requires_grad and torch.equal(theirs[n], p)
     x = torch.tensor([PROMPT])
+    base = {n: p.detach().clone() for n, p in mine.items() if not p.requires_grad}
     with torch.no_grad():
         before = snap.model(input_ids=x).logits.clone()
     trainer.forward_backward(rl_datums(trainer), "ppo")
@@ -191,7 +192,12 @@ def test_a_lora_snapshot_shares_the_frozen_base_and_copies_the_adapter(small_mod
     with torch.no_grad():
         assert torch.equal(snap.model(input_ids=x).logits, before)  # the snapshot did not move with the trainer
         assert not torch.allclose(trainer.model(input_ids=x).logits, before)
-    assert all(torch.equal(theirs[n], p) for n, p in mine.items() if not p.requires_grad)  # the base is untouched
+    assert all(torch.equal(mine[n], b) for n, b in base.items())  # training left the shared base as it was
+    # moving or casting a snapshot (ProcessSampler moves its first one to the CPU) must leave the trainer's base
+    # where it is: a shared Parameter object would be moved with it
+    snap.model.to(torch.float64)
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert all(torch.equal(mine[n], b) for n, b in base.items())
 
 
 def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model, char_tokenizer, tmp_path):

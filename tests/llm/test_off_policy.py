@@ -69,6 +69,21 @@ def test_off_policy_run_resumes_exactly(tmp_path):
         run(tmp_path, "resumed", max_steps_off_policy=6, save_every=4, max_steps=12, resume=True)
 
 
+def test_a_lora_off_policy_checkpoint_keeps_the_adapters_and_resumes_exactly(tmp_path):
+    """A LoRA snapshot shares the trainer's frozen base, so a checkpoint keeps the stale samplers' adapters only (it
+    kept k copies of the whole model), and a resume writes nothing into the shared base."""
+    lora = dict(lora_rank=4, max_steps_off_policy=2, save_every=4)
+    whole = run(tmp_path, "whole", **lora)
+    run(tmp_path, "resumed", **lora, max_steps=4)
+    state = torch.load(tmp_path / "resumed" / "run" / "checkpoints" / "step_000004" / "state.pt", weights_only=False)
+    kept = state["extra"]["snapshots"]
+    assert sorted(kept) == [2, 3]
+    assert all(weights and all("lora_" in name for name in weights) for weights in kept.values())
+    resumed = run(tmp_path, "resumed", **lora, resume=True)
+    cols = ["test/pass_at_1", "test/format"]
+    same(whole.drop(columns=cols), resumed.drop(columns=cols))
+
+
 def test_an_error_in_the_sampler_thread_reaches_the_caller(tmp_path):
     def reward_fn(problems, prompts, completions):
         raise ValueError("the grader broke")
