@@ -317,6 +317,19 @@ def test_clients_on_cuda(small_model, char_tokenizer):
     trainer.optim_step(AdamParams(learning_rate=1e-3))
 
 
+@pytest.mark.cuda
+def test_moving_a_lora_snapshot_to_the_cpu_leaves_the_trainer_on_cuda(small_model, char_tokenizer):
+    """The snapshot shares the frozen base's storage; a first version shared its Parameter objects, so moving the
+    snapshot to the CPU (as ProcessSampler does) moved the trainer's base too (found by review, on the CPU by a dtype
+    cast; this is the device form, for `make gpu-check`)."""
+    trainer = ServiceClient(device="cuda").create_lora_training_client((small_model, char_tokenizer), rank=4)
+    snap = trainer.save_weights_and_get_sampling_client("s")
+    snap.model.to("cpu")
+    assert {p.device.type for p in trainer.model.parameters()} == {"cuda"}
+    trainer.forward_backward(rl_datums(trainer), "ppo").result()
+    trainer.optim_step(AdamParams(learning_rate=1e-3))
+
+
 # ---------------------------------------------------------------- review findings (each failed on the old code)
 
 

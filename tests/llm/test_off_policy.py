@@ -84,6 +84,14 @@ def test_a_lora_off_policy_checkpoint_keeps_the_adapters_and_resumes_exactly(tmp
     same(whole.drop(columns=cols), resumed.drop(columns=cols))
 
 
+@pytest.mark.cuda
+def test_a_lora_run_with_the_sampler_in_a_process_on_cuda(tmp_path):
+    """ProcessSampler moves its first snapshot to the CPU to send it; with a LoRA snapshot sharing the trainer's base,
+    that must not move the trainer's base off the GPU (it did, in a first version of the shared base)."""
+    m = run(tmp_path, "lora_process", lora_rank=4, max_steps_off_policy=1, sampler_process=True, device="cuda")
+    assert len(m) == 8 and m["optim/grad_norm"].notna().all()
+
+
 def test_an_error_in_the_sampler_thread_reaches_the_caller(tmp_path):
     def reward_fn(problems, prompts, completions):
         raise ValueError("the grader broke")
