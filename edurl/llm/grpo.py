@@ -52,10 +52,23 @@ from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
 from edurl.llm.sft import SFTConfig
 
+
+class CompletionTokens(list):
+    """One completion's token ids, a plain ``list`` of ints, that also carries the sampler's ``stop_reason``
+    (``"stop"``: it ended on a stop token; ``"length"``: ``max_tokens`` cut it off). Pass it on to
+    ``renderer.parse_response(tokens, tokens.stop_reason)``: the ids alone cannot tell a reply that ended on one of
+    the model's end-of-sequence tokens from one cut off there (Qwen2.5-Instruct stops on ``<|endoftext|>`` too)."""
+
+    def __init__(self, tokens, stop_reason: str | None = None):
+        super().__init__(tokens)
+        self.stop_reason = stop_reason
+
+
 RewardFn = Callable[[list, list[list[int]], list[list[list[int]]]], "torch.Tensor | tuple[torch.Tensor, dict]"]
 """A reward in place of the verifier's: ``reward_fn(problems, prompts, completions)`` with the step's P problems,
 their P rendered prompts (token ids) and the G completions of each (token ids, ending with the stop token when they
-stopped) returns the rewards, shape (P, G), or ``(rewards, metrics)`` where ``metrics`` is a dict of floats logged
+stopped; each a :class:`CompletionTokens`, a list of ints with the sampler's ``stop_reason`` as an attribute)
+returns the rewards, shape (P, G), or ``(rewards, metrics)`` where ``metrics`` is a dict of floats logged
 with the step (e.g. ``env/all/reward/gold``). See :class:`edurl.llm.preference.RewardModelReward`. Under torchrun
 each rank calls it with its own share of the P problems, so a reward that compares or normalises across the batch
 sees only that share, and its metrics, averaged over the ranks by name, must have the same names on every rank."""
@@ -551,7 +564,8 @@ def _check_data_parallel(config: GRPOConfig, world: World, step_fn) -> None:
 
 def _call_reward_fn(reward_fn, problems, prompts, responses, shape) -> tuple[torch.Tensor, dict[str, float]]:
     """``reward_fn``'s rewards as a float32 (P, G) tensor on the CPU, and its metrics, checked."""
-    out = reward_fn(problems, prompts, [[list(seq.tokens) for seq in r.sequences] for r in responses])
+    completions = [[CompletionTokens(seq.tokens, seq.stop_reason) for seq in r.sequences] for r in responses]
+    out = reward_fn(problems, prompts, completions)
     rewards, metrics = out if isinstance(out, tuple) else (out, {})
     rewards = torch.as_tensor(rewards, dtype=torch.float32).detach().cpu()
     if tuple(rewards.shape) != shape:
@@ -581,6 +595,7 @@ def kl_into_advantages(
 
 
 __all__ = [
+    "CompletionTokens",
     "GRPOConfig",
     "GRPOResult",
     "RewardFn",

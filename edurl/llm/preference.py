@@ -811,9 +811,10 @@ class RewardModelReward:
             ]
         ).cpu()
         self.reward_model.train(was_training)
-        # the reply's text only (whether it ended is not used here): a reward_fn gets tokens without the sampler's
-        # stop_reason, and "stop" leaves a special last token, such as an <|endoftext|> it stopped on, out of it
-        texts = [self.renderer.parse_response(c, "stop")[0]["content"] for c in flat]
+        # the reply's text only (whether it ended is not used here), read by the sampler's stop_reason, which
+        # train_grpo hands over with each completion (a plain list of ids from elsewhere is read as one that
+        # stopped): "stop" leaves a special last token, such as an <|endoftext|> it stopped on, out of the text
+        texts = [self.renderer.parse_response(c, getattr(c, "stop_reason", None) or "stop")[0]["content"] for c in flat]
         answers = [problems[i].answer for i in range(P) for _ in range(G)]
         return scores.view(P, G), {
             "env/all/reward/proxy": float(scores.mean()),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edurl.llm import losses as L
-from edurl.llm.grpo import GRPOConfig, problem_seed, train_grpo
+from edurl.llm.grpo import CompletionTokens, GRPOConfig, problem_seed, train_grpo
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import SFTConfig, _batch, continued_sft, load_or_train_sft, sft_loss
 from edurl.metrics import load_metrics
@@ -286,11 +286,13 @@ def test_a_reward_fn_replaces_the_verifiers_reward(tmp_path):
     A reward that is the verifier's own, returned through reward_fn, repeats the library's run exactly."""
     from edurl.llm.rewards import grade
 
-    calls = []
+    calls, stop_reasons = [], set()
 
     def verifier_again(problems, prompts, completions):
         renderer = ChatMLRenderer(load_or_train_sft(TINY_SFT, progress=False)[1])
         calls.append((len(problems), len(prompts), [len(g) for g in completions]))
+        stop_reasons.update(c.stop_reason for group in completions for c in group)
+        assert all(type(c) is CompletionTokens and isinstance(c, list) for g in completions for c in g)
         rewards = [
             [grade(*_content_and_ok(renderer, c), problems[i].answer) for c in group]
             for i, group in enumerate(completions)
@@ -300,6 +302,7 @@ def test_a_reward_fn_replaces_the_verifiers_reward(tmp_path):
     library = train_grpo(tiny(tmp_path / "library"))
     mine = train_grpo(tiny(tmp_path / "mine"), reward_fn=verifier_again)
     assert calls[0] == (4, 4, [4, 4, 4, 4]) and len(calls) == 6
+    assert stop_reasons == {"stop", "length"}  # the sampler's reason comes with each completion (8 tokens cut some)
     for key in ("env/all/correct", "env/all/reward/total", "optim/loss", "test/pass_at_1"):
         assert mine.metrics[key].tolist() == pytest.approx(library.metrics[key].tolist(), nan_ok=True), key
     assert (mine.metrics["env/all/reward/mine"] == 1.5).all()
@@ -315,7 +318,7 @@ def test_a_reward_fn_replaces_the_verifiers_reward(tmp_path):
 
 
 def _content_and_ok(renderer, tokens):
-    message, ok = renderer.parse_response(tokens)
+    message, ok = renderer.parse_response(tokens, tokens.stop_reason)
     return message["content"], ok
 
 
