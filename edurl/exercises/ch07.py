@@ -859,7 +859,7 @@ def _check_advantages(
     as_complete: torch.Tensor | None = None,
 ) -> str | None:
     rewards = rewards.double()
-    expected = rewards - rewards.mean(dim=1, keepdim=True)
+    expected = _centred(rewards)
     if got is None:
         return (
             f"step {n}: a completion's advantage varies along its tokens. Every sampled token of completion (i, j) "

@@ -87,12 +87,13 @@ def check_lora_rank(lora_rank) -> None:
 
 
 def new_training_client(
-    base, *, lora_rank: int | None, seed: int, keep_reference: bool, device=None, log_dir=None
+    base, *, lora_rank: int | None, seed: int, keep_reference: bool, device: torch.device, log_dir=None
 ) -> TrainingClient:
-    """A trainer on ``base`` (a warm start's ``(model, tokenizer)``, a model folder or a hub id): a LoRA adapter of
-    ``lora_rank`` (its switched-off adapter is the KL reference), or every weight, with a frozen copy as the
-    reference when ``keep_reference``. The caller's model is copied, never trained in place."""
-    service = ServiceClient(device=pick_device(device), log_dir=log_dir)
+    """A trainer on ``device`` (as :func:`edurl.utils.device` picked it) on ``base`` (a warm start's ``(model,
+    tokenizer)``, a model folder or a hub id): a LoRA adapter of ``lora_rank`` (its switched-off adapter is the KL
+    reference), or every weight, with a frozen copy as the reference when ``keep_reference``. The caller's model is
+    copied, never trained in place."""
+    service = ServiceClient(device=device, log_dir=log_dir)
     if lora_rank is not None:
         # the adapter's random initialisation comes from the run's seed (as edurl.serve seeds it from lora_config's),
         # not from whatever the global generator holds by now
@@ -103,7 +104,7 @@ def new_training_client(
 
 def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRenderer, object]:
     """The trainer (from the SFT checkpoint or ``base_model``), the renderer and the task."""
-    pick_device(config.device)  # a misspelt device is named before the warm start trains
+    device = pick_device(config.device)  # a misspelt device is named before the warm start trains
     if config.base_model is None:
         # the warm start is trained with GRPO's seed (GRPOConfig refuses an sft.seed that differs)
         model, tokenizer, _, _ = load_or_train_sft(replace(config.sft, seed=config.seed), progress=config.progress)
@@ -115,7 +116,7 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
         lora_rank=config.lora_rank,
         seed=config.seed,
         keep_reference=config.kl_coef > 0 or config.log_kl_ref,
-        device=config.device,
+        device=device,
         log_dir=config.log_dir,
     )
     trainer.score_zero_advantage = config.score_zero_advantage

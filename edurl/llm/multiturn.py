@@ -464,7 +464,7 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
     sft = replace(config.sft, seed=config.seed)  # the run's seed also seeds its warm start
     log_dir = Path(config.log_dir)
     with torch_threads(config.num_threads):
-        pick_device(config.device)  # a misspelt device is named before the warm start trains
+        device = pick_device(config.device)  # a misspelt device is named before the warm start trains
         if config.base_model is None:
             model, tokenizer, _, _ = load_or_train_game_sft(sft, progress_bar=config.progress)
             base = (model, tokenizer)
@@ -475,7 +475,7 @@ def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
             lora_rank=config.lora_rank,
             seed=config.seed,
             keep_reference=config.kl_coef > 0,
-            device=config.device,
+            device=device,
             log_dir=config.log_dir,
         )
         tokenizer = trainer.tokenizer
