@@ -57,7 +57,9 @@ class CompletionTokens(list):
     """One completion's token ids, a plain ``list`` of ints, that also carries the sampler's ``stop_reason``
     (``"stop"``: it ended on a stop token; ``"length"``: ``max_tokens`` cut it off). Pass it on to
     ``renderer.parse_response(tokens, tokens.stop_reason)``: the ids alone cannot tell a reply that ended on one of
-    the model's end-of-sequence tokens from one cut off there (Qwen2.5-Instruct stops on ``<|endoftext|>`` too)."""
+    the model's end-of-sequence tokens from one cut off there (Qwen2.5-Instruct stops on ``<|endoftext|>`` too).
+    A slice or a copy made by ``list`` (``tokens[:-1]``, ``list(tokens)``) is a plain list without it: read
+    ``stop_reason`` from the completion itself."""
 
     def __init__(self, tokens, stop_reason: str | None = None):
         super().__init__(tokens)
