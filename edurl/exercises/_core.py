@@ -187,7 +187,8 @@ def _where_it_raised(err: BaseException) -> str:
     ]
     if not frames:
         return ""
-    f = next((f for f in reversed(frames) if not _installed(f.filename)), frames[-1])
+    # "<string>": code that Python generated, such as a dataclass's __init__, has no line of the learner's
+    f = next((f for f in reversed(frames) if f.filename != "<string>" and not _installed(f.filename)), frames[-1])
     code = (f.line or "").strip()
     return f" (at line {f.lineno}: `{code}`)" if code else f" (at line {f.lineno})"
 

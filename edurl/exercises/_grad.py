@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from edurl.exercises._core import CheckFailure
+from edurl.exercises._core import CheckFailure, _where_it_raised
 
 
 def _as_loss(x, name: str) -> torch.Tensor:
@@ -45,7 +45,20 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
             args = list(args)
             for i in grad_args:
                 args[i] = args[i].detach().clone().requires_grad_(True)
-            out = fn(*args)
+            try:
+                out = fn(*args)
+            except RuntimeError as err:
+                if "leaf Variable that requires grad" not in str(err):
+                    raise
+                raise CheckFailure(  # torch refuses, before the checker's own comparison of the inputs could
+                    f"your function changed an input in place{_where_it_raised(err)} (torch refuses it on a tensor "
+                    "that needs a gradient). Work on a copy (or build a new tensor) so the caller's data stays intact."
+                ) from err
+            if out is None:
+                raise CheckFailure(
+                    f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got None "
+                    "(did you forget the `return` statement?)."
+                )
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)  # a list unpacks as a tuple does
             if len(outs) != len(loss_names):
                 raise CheckFailure(f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got {len(outs)}.")

@@ -159,6 +159,14 @@ def _backup_no_terminal_mask_at_all(V, policy, mdp, gamma):
     return (policy * (mdp.R + gamma * torch.einsum("sat,t->sa", mdp.P, V))).sum(-1)
 
 
+def _backup_terminal_not_zeroed(V, policy, mdp, gamma):
+    return (policy * (mdp.R + gamma * torch.einsum("sat,t->sa", mdp.P, V.masked_fill(mdp.terminal, 0.0)))).sum(-1)
+
+
+def _backup_terminal_keeps_V(V, policy, mdp, gamma):
+    return torch.where(mdp.terminal, V, _backup_terminal_not_zeroed(V, policy, mdp, gamma))
+
+
 def _backup_max(V, policy, mdp, gamma):
     Q = mdp.R + gamma * torch.einsum("sat,t->sa", mdp.P, V.masked_fill(mdp.terminal, 0.0))
     return Q.max(-1).values.masked_fill(mdp.terminal, 0.0)
@@ -185,6 +193,14 @@ _NO_MASK_HINT = (
 _BACKUP_DIAGNOSES = [
     Diagnosis(_backup_no_terminal_mask, _NO_MASK_HINT),
     Diagnosis(_backup_no_terminal_mask_at_all, _NO_MASK_HINT),
+    *(
+        Diagnosis(
+            wrong,
+            "V(s') = 0 after a terminal state is right, but a terminal state itself must get V'(s) = 0: the "
+            "episode has ended there, so no reward follows. Set V' to 0 where mdp.terminal is True.",
+        )
+        for wrong in (_backup_terminal_not_zeroed, _backup_terminal_keeps_V)
+    ),
     Diagnosis(
         _backup_max,
         "you took the max over actions: that is value iteration's optimality backup. "

@@ -37,7 +37,10 @@ _DIAGNOSES = [
         "as the advantage: the baseline must stay a constant for the policy gradient.",
     ),
     Diagnosis(
-        _flipped_advantage, "the advantage is upside down: it is G_t - V(s_t), better than expected is positive."
+        _flipped_advantage,
+        "the policy loss has the wrong sign: either the advantage is upside down (it is G_t - V(s_t), better than "
+        "expected is positive) or the loss lacks its minus sign (minimise -mean(log pi * (G_t - V(s_t))): the two "
+        "give the same numbers.",
     ),
     Diagnosis(_no_baseline, "the policy loss ignores the baseline: weight log pi by G_t - V(s_t), not G_t."),
 ]

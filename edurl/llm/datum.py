@@ -25,6 +25,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 DATUM_FIELDS = ("target_tokens", "logprobs", "advantages", "mask")
@@ -38,7 +39,10 @@ class ModelInput:
 
     @classmethod
     def from_ints(cls, tokens: Sequence[int]) -> ModelInput:
-        tokens = tokens.tolist() if isinstance(tokens, torch.Tensor) else list(tokens)
+        if isinstance(tokens, (torch.Tensor, np.ndarray)):
+            tokens = tokens.tolist()
+        else:  # NumPy's integers (from an array's items) are ids too
+            tokens = [int(t) if isinstance(t, np.integer) else t for t in tokens]
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise TypeError(f"ModelInput.from_ints takes int token ids, got {tokens[:5]!r}...")
         return cls(tuple(tokens))
@@ -59,6 +63,11 @@ class Datum:
     loss_fn_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model_input, ModelInput):
+            raise TypeError(
+                f"model_input must be a ModelInput, got {type(self.model_input).__name__}: build it from the token "
+                "ids with ModelInput.from_ints(tokens)"
+            )
         n = self.model_input.length
         fixed = {}
         for key, value in self.loss_fn_inputs.items():

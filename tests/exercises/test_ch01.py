@@ -133,6 +133,16 @@ def backup_wrong_axis(V, policy, mdp, gamma):
     return torch.where(mdp.terminal, 0.0, out)
 
 
+def backup_terminal_not_zeroed(V, policy, mdp, gamma):
+    V = torch.where(mdp.terminal, 0.0, V)
+    return (policy * (mdp.R + gamma * mdp.P @ V)).sum(1)  # masks V(s') but a terminal s keeps a value
+
+
+def backup_terminal_keeps_V(V, policy, mdp, gamma):
+    out = backup_terminal_not_zeroed(V, policy, mdp, gamma)
+    return torch.where(mdp.terminal, V, out)  # a terminal s keeps its old value
+
+
 @pytest.mark.parametrize("fn", [bellman_backup, solutions.bellman_backup])
 def test_backup_checker_passes_correct_versions(fn):
     verdict = exercises.check_bellman_backup(fn, verbose=False)
@@ -147,6 +157,8 @@ def test_backup_checker_passes_correct_versions(fn):
         (backup_ignores_policy, "averaged over actions uniformly"),
         (backup_discounts_reward, "immediate reward is not discounted"),
         (backup_wrong_axis, "wrong axis of P"),
+        (backup_terminal_not_zeroed, "a terminal state itself must get V'(s) = 0"),
+        (backup_terminal_keeps_V, "a terminal state itself must get V'(s) = 0"),
     ],
 )
 def test_backup_checker_rejects_buggy_versions(buggy, message):

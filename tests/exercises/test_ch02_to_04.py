@@ -88,6 +88,21 @@ def bl_flipped(logprobs, returns, values):
     return -(logprobs * adv).mean(), 0.5 * ((values - returns) ** 2).mean()
 
 
+def bl_no_minus(logprobs, returns, values):
+    adv = (returns - values).detach()
+    return (logprobs * adv).mean(), 0.5 * ((values - returns) ** 2).mean()  # the advantage is right, the sign not
+
+
+def bl_no_return(logprobs, returns, values):
+    adv = (returns - values).detach()
+    policy_loss, value_loss = -(logprobs * adv).mean(), 0.5 * ((values - returns) ** 2).mean()  # noqa: F841
+
+
+def bl_in_place(logprobs, returns, values):
+    values -= returns  # the critic's output edited in place
+    return -(logprobs * (-values).detach()).mean(), 0.5 * (values**2).mean()
+
+
 def bl_value_loss_no_half(logprobs, returns, values):
     adv = (returns - values).detach()
     return -(logprobs * adv).mean(), ((values - returns) ** 2).mean()
@@ -113,6 +128,9 @@ def test_baseline_checker_passes(fn):
         (bl_not_detached, "sends gradients into the critic"),
         (bl_value_detached, "value_loss has no gradient"),
         (bl_flipped, "upside down"),
+        (bl_no_minus, "lacks its minus sign"),
+        (bl_no_return, "forget the `return` statement"),
+        (bl_in_place, "changed an input in place (at line"),
         (bl_value_loss_no_half, "value_loss: values differ"),
         (bl_no_baseline, "ignores the baseline"),
     ],

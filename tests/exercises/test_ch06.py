@@ -32,6 +32,35 @@ def _mask_only_advantages(prompt_tokens, completion_tokens, sampling_logprobs, a
     return Datum(d.model_input, {**d.loss_fn_inputs, "mask": torch.ones(d.model_input.length)})
 
 
+def _numpy_datum(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+    """Correct, with NumPy's ints as the ids (rejected by ModelInput.from_ints before)."""
+    import numpy as np
+
+    tokens = np.asarray([*prompt_tokens, *completion_tokens])
+    n, k = len(prompt_tokens), len(completion_tokens)
+    logprobs = np.concatenate([np.zeros(n - 1), np.asarray(sampling_logprobs, dtype=np.float32)])
+    mask = np.concatenate([np.zeros(n - 1), np.ones(k)])
+    fields = dict(target_tokens=tokens[1:], logprobs=logprobs, advantages=mask * advantage, mask=mask)
+    return Datum(ModelInput.from_ints(list(tokens[:-1])), {k: torch.as_tensor(v) for k, v in fields.items()})
+
+
+def test_numpy_ids_pass():
+    verdict = exercises.check_build_datum(_numpy_datum, verbose=False)
+    assert verdict.status == PASSED, verdict.message
+
+
+def test_a_list_for_model_input_is_named_at_the_learners_line():
+    def list_as_input(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+        tokens = list(prompt_tokens) + list(completion_tokens)
+        fields = {"target_tokens": torch.tensor(tokens[1:])}
+        return Datum(model_input=tokens[:-1], loss_fn_inputs=fields)  # no ModelInput.from_ints
+
+    verdict = assert_rejected(
+        exercises.check_build_datum, list_as_input, "build it from the token ids with ModelInput.from_ints"
+    )
+    assert "(at line" in verdict.message and "no ModelInput.from_ints" in verdict.message  # not <string>'s line
+
+
 @pytest.mark.parametrize(
     "buggy, message",
     [

@@ -37,6 +37,21 @@ def test_a2c_with_the_learners_baseline_losses_matches_the_built_in_losses():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_a2c_takes_one_element_losses_as_the_checker_does():
+    """check_baseline_losses accepts any one-element loss, e.g. mean(0, keepdim=True), shape (1,); train_a2c must
+    too (it stacked the seeds' losses and failed on shape (1,))."""
+    import torch
+
+    from edurl.exercises.solutions.ch03 import baseline_losses
+
+    def keepdim(logprobs, returns, values):
+        return tuple(x.reshape(1) for x in baseline_losses(logprobs, returns, values))
+
+    config = A2CConfig(seed=4, num_seeds=2, env_backend="torch", device="cpu", total_steps=2 * 8 * 64, progress=False)
+    for ours, mine in zip(train_a2c(config, losses_fn=baseline_losses), train_a2c(config, losses_fn=keepdim)):
+        assert torch.equal(_flat(ours.policy), _flat(mine.policy))
+
+
 def _flat(module):
     import torch
 
