@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from edurl.exercises._core import (
     Case,
@@ -40,13 +41,20 @@ def _summed(chosen, rejected):
     return _library_bt(chosen, rejected) * chosen.numel()
 
 
-#: -log sigmoid(x) written the ways that overflow: each is right for moderate margins, inf or NaN at x = -100
+_EPSILONS = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10, 1e-12)
+
+#: -log sigmoid(x) written the ways that overflow: each is right for moderate margins, inf or NaN at x = -100 (or,
+#: for the last two, wrong at x = -1000)
 _NAIVE_NEG_LOG_SIGMOID = (
     lambda x: -torch.log(torch.sigmoid(x)),
     lambda x: torch.log(1 + torch.exp(-x)),
     lambda x: -torch.log(1 / (1 + torch.exp(-x))),
     lambda x: -torch.log(torch.exp(x) / (1 + torch.exp(x))),
-    lambda x: -torch.log(torch.sigmoid(x) + 1e-8),  # finite, but capped at -log(1e-8) = 18.4 per pair
+    # finite, but capped at -log(eps): 18.4 per pair for 1e-8 (the epsilons learners reach for, added or clamped)
+    *(lambda x, eps=eps: -torch.log(torch.sigmoid(x) + eps) for eps in _EPSILONS),
+    *(lambda x, eps=eps: -torch.log(torch.sigmoid(x).clamp(min=eps)) for eps in _EPSILONS),
+    lambda x: -torch.log(torch.sigmoid(x.double())).to(x.dtype),  # float64 only moves the overflow to x = -745
+    lambda x: -F.logsigmoid(x.clamp(-100, 100)),  # the clamp caps the loss, and its gradient is 0 past it
 )
 
 
@@ -61,7 +69,8 @@ _SWAPPED_HINT = (
 _SUM_HINT = "you took the sum over pairs; take the mean over pairs, so the loss does not grow with the batch size."
 _UNSTABLE_HINT = (
     "the loss is not numerically stable: sigmoid(-100) rounds to 0 in float32 and its log to -inf (an epsilon "
-    "inside the log only caps the loss instead). Use torch.nn.functional.logsigmoid, which computes log(sigmoid(x)) "
+    "inside the log, or a clamp on the margin, only caps the loss instead; float64 only moves the overflow to a "
+    "margin of -745). Use torch.nn.functional.logsigmoid, which computes log(sigmoid(x)) "
     "without forming sigmoid(x), so it stays finite at any margin."
 )
 
@@ -98,6 +107,18 @@ def _rejected_detached(chosen_rewards, rejected_rewards):
     return _library_bt(chosen_rewards, rejected_rewards.detach())
 
 
+def _kinked_at_zero(relu):
+    """-log sigmoid(x) = max(-x, 0) + log(1 + exp(-|x|)), right everywhere, but with max(-x, 0) written as a clamp
+    or a relu, whose derivative at x = 0 torch takes from one side (-1 or 0; the true one is -1/2)."""
+    return lambda c, r: ((relu(r - c)) + torch.log1p(torch.exp(-(c - r).abs()))).mean()
+
+
+_KINK_HINT = (
+    "the loss is right, but its gradient at a margin of exactly 0 is not: max(-x, 0) written with clamp or relu "
+    "takes its derivative at 0 from one side, and -log sigmoid(x) has slope -1/2 there. Use "
+    "torch.nn.functional.logsigmoid (or torch.maximum, which splits the tie)."
+)
+
 _NO_LOG_HINT = (
     "the loss uses the sigmoid without the log. Bradley-Terry's sigmoid(r_c - r_r) is the probability of the "
     "label; the loss is its negative log-likelihood, whose gradient does not vanish when the model is badly wrong."
@@ -119,6 +140,8 @@ _BT_DIAGNOSES = [
     ),
     Diagnosis(_chosen_detached, _DETACHED_HINT),
     Diagnosis(_rejected_detached, _DETACHED_HINT),
+    Diagnosis(_kinked_at_zero(lambda x: x.clamp(min=0)), _KINK_HINT),
+    Diagnosis(_kinked_at_zero(torch.relu), _KINK_HINT),
 ]
 
 
@@ -140,10 +163,10 @@ def _bt_cases() -> list[Case]:
             dict(chosen_rewards=torch.randn(8, generator=g) * 2, rejected_rewards=torch.randn(8, generator=g) * 2),
         ),
         Case(
-            "large margins ±50 and ±100: a confident reward model, right and wrong",
+            "large margins ±50, ±100 and ±1000: a confident reward model, right and wrong",
             dict(
-                chosen_rewards=torch.tensor([60.0, 10.0, 100.0, 0.0]),
-                rejected_rewards=torch.tensor([10.0, 60.0, 0.0, 100.0]),
+                chosen_rewards=torch.tensor([60.0, 10.0, 100.0, 0.0, 1000.0, 0.0]),
+                rejected_rewards=torch.tensor([10.0, 60.0, 0.0, 100.0, 0.0, 1000.0]),
             ),
         ),
         Case(

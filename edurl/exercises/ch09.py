@@ -16,6 +16,7 @@ from edurl.exercises._core import (
     Diagnosis,
     Hints,
     Verdict,
+    _where_it_raised,
     run_checker,
     with_hints,
 )
@@ -199,8 +200,9 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
     ob, stop = start
     if ob.length == 0:
         raise _Problem("initial_observation() returned an empty observation; the model needs a prompt to read")
-    if not (isinstance(stop, list) and stop and all(isinstance(t, int) for t in stop)):
+    if not (isinstance(stop, (list, tuple)) and stop and all(isinstance(t, int) for t in stop)):
         raise _Problem(f"the stop condition must be a non-empty list of token ids, got {stop!r}")
+    stop = list(stop)
     turns = []
     for _ in range(max_turns):
         action = _random_reply(rng, tokenizer, stop)
@@ -236,25 +238,43 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
     )
 
 
-def _replay(env, replies: list[list[int]]) -> list[tuple]:
+def _replay(env, replies: list[list[int]], beside: tuple | None = None) -> list[tuple]:
     """What ``env`` answers to ``replies`` (each closed with the env's stop tokens) in turn, until its episode ends:
-    (reward, done, next observation) per turn."""
+    (reward, done, next observation) per turn. ``beside=(other_env, other_replies)`` plays another env turn by turn
+    with it, each started and stepped right after ``env``."""
     _, stop = env.initial_observation()
+    if beside is not None:
+        other, other_replies = beside
+        _, other_stop = other.initial_observation()
+        other_live = True
     out = []
-    for action in replies:
+    for k, action in enumerate(replies):
         result = env.step(list(action) + list(stop))
         out.append((result.reward, result.episode_done, result.next_observation.to_ints()))
+        if beside is not None and other_live and k < len(other_replies):
+            other_live = not other.step(list(other_replies[k]) + list(other_stop)).episode_done
         if result.episode_done:
             break
     return out
 
 
-def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int = 20, verbose: bool = True) -> Verdict:
+def check_env(
+    make_env: Callable[[], Env],
+    *,
+    right_reply: str | None = None,
+    episodes: int = 30,
+    max_turns: int = 20,
+    verbose: bool = True,
+) -> Verdict:
     """Play ``episodes`` episodes of ``make_env()`` with random replies (some cut off) and check that the
     environment follows the rules of :class:`edurl.llm.envs.Env`: the right return types, finite rewards,
     episodes that end, observations that extend each other token for token, no crash on any reply, and no
     state shared between two environments. The verdict's ``implementation`` is ``make_env`` on a pass, else a
-    factory of the worked solution's environment (reverse the word "stop")."""
+    factory of the worked solution's environment (reverse the word "stop").
+
+    Random replies rarely earn a reward, so ``right_reply``, a reply the environment should reward (``"pots"``
+    for the reversed "stop"), is played too, as the first reply of a new environment: it must be answered without
+    a crash, with a finite reward above the lowest that a random first reply got."""
     from edurl.llm.renderer import ChatMLRenderer
     from edurl.llm.tokenizer import build_char_tokenizer
 
@@ -272,6 +292,10 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
 
     if not callable(make_env):
         return verdict(FAILED, f"expected a function that returns a new Env, got {type(make_env).__name__}")
+    if right_reply is not None and not isinstance(right_reply, str):
+        return verdict(
+            FAILED, f"right_reply must be the text of a reply (a str) or None, got {type(right_reply).__name__}"
+        )
     rng = random.Random(92)
     try:
         first = make_env()
@@ -284,35 +308,57 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
             FAILED, f"make_env() returned {type(first).__name__}; subclass edurl.llm.envs.Env (or MessageEnv)"
         )
     try:
+        if make_env() is first:
+            return verdict(
+                FAILED,
+                "make_env() returned the same Env object twice; it must build a new one on every call (a group's "
+                "episodes are played side by side, each by its own environment). Make the environment inside "
+                "make_env, e.g. return ReverseWordEnv(...), not an environment made once outside it",
+            )
+    except Exception as err:
+        return verdict(FAILED, f"make_env() raised {type(err).__name__} on its second call: {err}")
+    try:
         # the same three envs, started before and after the others play: an env that draws its problem when it is
         # made (a random word) starts the same both times, and one whose conversation lives on the class grows
         # (comparing three other fresh envs after play once failed correct envs whose prompts differ in length)
         probes = [make_env() for _ in range(3)]
+        try:  # started after play as copies made now, so that no env's initial_observation is called twice
+            late_probes = copy.deepcopy(probes)
+        except Exception:
+            late_probes = probes
         # and one env twice, as made (a deep copy): the same replies to both, one before the others play and one
         # after, must get the same answers (state kept on the class once let an env end after one wrong reply
         # once three others had been played, and only the prompt's length was compared)
         script_rng = random.Random(29)
         script = [_random_reply(script_rng, tokenizer, [])[:8] for _ in range(max_turns)]
-        twin = make_env()
+        twin, pair = make_env(), make_env()
         try:
-            twin_copy = copy.deepcopy(twin)
+            twin_copy, pair_alone = copy.deepcopy(twin), copy.deepcopy(pair)
             replayed = _replay(twin, script)
         except NotImplementedError:
             raise
         except Exception:  # an env that cannot be copied, or a broken one (the episodes below name what is wrong)
             replayed = None
         fresh = [p.initial_observation()[0].length for p in probes]
-        rewards = []
+        rewards, first_rewards = [], []
         for _ in range(episodes):
             turns = _play(make_env(), rng, tokenizer, max_turns)
             rewards.append(sum(r.reward for _, _, r in turns))
-        after = [p.initial_observation()[0].length for p in probes]
+            first_rewards.append(turns[0][2].reward)
+        after = [p.initial_observation()[0].length for p in late_probes]
         grew = [(a, b) for a, b in zip(fresh, after) if b > a]
         if grew:
             raise _Problem(
                 f"an environment's first observation grew from {grew[0][0]} to {grew[0][1]} tokens when it started "
-                "again after other episodes were played: the environments share state (a list defined on the "
-                "class, not in __init__?). Each Env must keep its own conversation"
+                "after other episodes were played: the environments share state (a list defined on the class, not "
+                "in __init__?)"
+                + (
+                    ", or initial_observation() adds to the conversation each time it is called instead of "
+                    "starting it afresh"
+                    if late_probes is probes
+                    else ""
+                )
+                + ". Each Env must keep its own conversation"
             )
         if replayed is not None:
             again = _replay(twin_copy, script)
@@ -323,6 +369,26 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
                     "environments share state (a list or a counter defined on the class, not in __init__?), or "
                     "draw from a global random generator (give each env its own, e.g. random.Random(seed) in "
                     "__init__). Each Env must keep its own conversation"
+                )
+            # and a new env played turn by turn beside another, as a group's episodes are played, against its copy
+            # played alone: state that envs share and each resets when it starts (a mutable default argument,
+            # messages=[], which a copy does not share) shows only here
+            other_script = [_random_reply(script_rng, tokenizer, [])[:8] for _ in range(max_turns)]
+            alone = _replay(pair_alone, script)
+            try:
+                beside = _replay(pair, script, beside=(make_env(), other_script))
+            except NotImplementedError:
+                raise
+            except Exception as err:
+                beside = f"{type(err).__name__}: {err}"
+            if beside != alone:
+                raise _Problem(
+                    "one new environment answered the same replies differently when another environment was played "
+                    "beside it, turn by turn, as a group's episodes are played"
+                    + (f" (it raised {beside})" if isinstance(beside, str) else "")
+                    + ": the environments share state (a list defined on the class, or a mutable default argument "
+                    "such as messages=[] in __init__, which every env made without it shares). Each Env must keep "
+                    "its own conversation"
                 )
     except NotImplementedError:
         return verdict(
@@ -335,10 +401,45 @@ def check_env(make_env: Callable[[], Env], *, episodes: int = 30, max_turns: int
         )
     except Exception as err:
         return verdict(FAILED, f"your environment raised {type(err).__name__}: {err}")
+    played = ""
+    if right_reply is not None:
+        try:
+            env = make_env()
+            _, stop = env.initial_observation()
+            result = env.step(tokenizer.encode(right_reply, add_special_tokens=False) + list(stop))
+            reward = result.reward
+        except NotImplementedError:
+            return verdict(
+                NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
+            )
+        except Exception as err:
+            return verdict(
+                FAILED,
+                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {right_reply!r}: {err}. "
+                "The branch of your environment that rewards a right answer must run too",
+            )
+        if not isinstance(reward, (int, float)) or not math.isfinite(reward) or reward <= min(first_rewards):
+            return verdict(
+                FAILED,
+                f"the right reply {right_reply!r} got the reward {reward!r}, "
+                + (
+                    "which is not a finite number: a reward must be one"
+                    if not isinstance(reward, (int, float)) or not math.isfinite(reward)
+                    else f"no more than the lowest a random first reply got ({min(first_rewards):g}): does reply() "
+                    "recognise a right answer (compare the reply's text, stripped of spaces, with the answer)?"
+                ),
+            )
+        played = f" The right reply {right_reply!r} got {reward:g}."
+    elif min(rewards) == max(rewards):
+        played = (
+            f" Every episode scored {min(rewards):g}: random replies never earned a reward, so the part of your "
+            "environment that rewards a right answer was not run. Pass one, check_env(make_env, right_reply=...), "
+            "to play it too."
+        )
     return verdict(
         PASSED,
         f"{episodes} episodes of random replies played by the rules (total rewards from {min(rewards):g} to "
-        f"{max(rewards):g}). The notebook now uses your environment.",
+        f"{max(rewards):g}).{played} The notebook now uses your environment.",
     )
 
 

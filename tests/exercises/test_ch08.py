@@ -35,6 +35,24 @@ def bt_clamped_sigmoid(chosen, rejected):
     return -torch.log(torch.sigmoid(chosen - rejected).clamp(min=1e-8)).mean()
 
 
+def bt_epsilon_1e6(chosen, rejected):
+    return -torch.log(torch.sigmoid(chosen - rejected) + 1e-6).mean()  # only 1e-8 was named before
+
+
+def bt_in_float64(chosen, rejected):
+    # the overflow moves from a margin of -104 to -745: passed before the checker's margin of -1000
+    return -torch.log(torch.sigmoid((chosen - rejected).double())).mean().to(chosen.dtype)
+
+
+def bt_clamped_margin(chosen, rejected):
+    return -F.logsigmoid((chosen - rejected).clamp(-100, 100)).mean()  # passed too: wrong only past |margin| 100
+
+
+def bt_relu_form(chosen, rejected):
+    x = chosen - rejected  # -log sigmoid(x) = max(-x, 0) + log(1 + exp(-|x|)), stable, but kinked at x = 0
+    return (torch.relu(-x) + torch.log1p(torch.exp(-x.abs()))).mean()
+
+
 def bt_sigmoid_no_log(chosen, rejected):
     return torch.sigmoid(rejected - chosen).mean()
 
@@ -70,6 +88,7 @@ def bt_per_pair(chosen, rejected):
         ch08.bradley_terry_loss,
         lambda c, r: F.softplus(r - c).mean(),
         lambda c, r: F.binary_cross_entropy_with_logits(c - r, torch.ones_like(c)),
+        lambda c, r: (torch.maximum(r - c, torch.zeros_like(c)) + torch.log1p(torch.exp(-(c - r).abs()))).mean(),
     ],
 )
 def test_bradley_terry_checker_passes(fn):
@@ -85,6 +104,10 @@ def test_bradley_terry_checker_passes(fn):
         (bt_log_of_sigmoid, "not numerically stable"),
         (bt_log_one_plus_exp, "not numerically stable"),
         (bt_clamped_sigmoid, "not numerically stable"),
+        (bt_epsilon_1e6, "not numerically stable"),
+        (bt_in_float64, "not numerically stable"),
+        (bt_clamped_margin, "not numerically stable"),
+        (bt_relu_form, "its gradient at a margin of exactly 0 is not"),
         (bt_sigmoid_no_log, "the sigmoid without the log"),
         (bt_minus_sigmoid, "the sigmoid without the log"),
         (bt_log_of_difference, "the log of the reward difference"),

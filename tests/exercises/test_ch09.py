@@ -215,6 +215,77 @@ def test_check_env_rejects_broken_environments_by_name(make_env, hint):
     assert isinstance(verdict.implementation(), ch09.ReverseWordEnv)  # the notebook goes on with the reference
 
 
+class DefaultArgumentHistory(Env):
+    """A mutable default argument: every env made without ``messages`` shares one list, which each empties when it
+    starts. Played one after another the episodes look right; played side by side, as a group's are, they mix."""
+
+    def __init__(self, messages=[]):  # noqa: B006 (the mistake under test)
+        self.messages, self.turns = messages, 0
+
+    def initial_observation(self):
+        self.messages[:] = [{"role": "user", "content": "Reverse: cat"}]
+        return ModelInput.from_ints(R.build_generation_prompt(self.messages)), [4]
+
+    def step(self, action):
+        self.turns += 1
+        message, _ = R.parse_response(action)
+        self.messages += [message, {"role": "user", "content": "no"}]
+        done = self.turns >= 3
+        ob = [] if done else R.build_generation_prompt(self.messages)
+        return StepResult(0.0, done, ModelInput.from_ints(ob), [4], {})
+
+
+class StartsByAppending(DefaultArgumentHistory):
+    """Correct: its own list, to which initial_observation appends the first message (it is called once per
+    episode). The checker once called it twice on one env and blamed state shared on the class."""
+
+    def __init__(self):
+        super().__init__(messages=[])
+
+    def initial_observation(self):
+        self.messages.append({"role": "user", "content": "Reverse: cat"})
+        return ModelInput.from_ints(R.build_generation_prompt(self.messages)), (4,)  # a tuple of stop ids, too
+
+
+class CrashesOnTheRightAnswer(ch09.ReverseWordEnv):
+    def reply(self, text):
+        if text.strip() == self.word[::-1]:
+            return 1.0, True, [], {"win": self.wins + 1}  # no such attribute: random replies never get here
+        return super().reply(text)
+
+
+class NoRewardForTheRightAnswer(ch09.ReverseWordEnv):
+    def reply(self, text):
+        reward, done, new, metrics = super().reply(text[::-1])  # reverses the reply, not the word
+        return reward, done, new, metrics
+
+
+def test_check_env_plays_envs_side_by_side_and_makes_a_new_one_per_call():
+    verdict = exercises.check_env(DefaultArgumentHistory, verbose=False)
+    assert verdict.status == FAILED and "played beside it" in verdict.message, verdict.message
+    assert "mutable default argument" in verdict.message
+    one = ch09.ReverseWordEnv("cat", R)
+    verdict = exercises.check_env(lambda: one, verbose=False)
+    assert verdict.status == FAILED and "the same Env object twice" in verdict.message, verdict.message
+    verdict = exercises.check_env(StartsByAppending, verbose=False)
+    assert verdict.status == PASSED, verdict.message
+
+
+def test_check_env_plays_the_right_reply():
+    make = lambda: ch09.ReverseWordEnv("stop", R)  # noqa: E731
+    verdict = exercises.check_env(make, verbose=False)
+    assert verdict.status == PASSED and "was not run" in verdict.message, verdict.message
+    verdict = exercises.check_env(make, right_reply="pots", verbose=False)
+    assert verdict.status == PASSED and "'pots' got 1" in verdict.message, verdict.message
+    crashes = exercises.check_env(lambda: CrashesOnTheRightAnswer("stop", R), right_reply="pots", verbose=False)
+    assert crashes.status == FAILED and "raised AttributeError (at line" in crashes.message, crashes.message
+    ignored = exercises.check_env(lambda: NoRewardForTheRightAnswer("stop", R), right_reply="pots", verbose=False)
+    assert ignored.status == FAILED and "recognise a right answer" in ignored.message, ignored.message
+    assert exercises.check_env(lambda: NoRewardForTheRightAnswer("stop", R), verbose=False).status == PASSED
+    wrong_type = exercises.check_env(make, right_reply=["pots"], verbose=False)
+    assert wrong_type.status == FAILED and "must be the text of a reply" in wrong_type.message
+
+
 def test_check_env_names_its_turn_limit_and_how_to_raise_it():
     """A valid environment with more tries than the checker plays was once told to end "after a fixed number of
     tries", which it does."""
