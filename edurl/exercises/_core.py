@@ -232,6 +232,8 @@ def compare_tensors(got: Any, expected: torch.Tensor, *, rtol: float = 1e-5, ato
                 " torch.zeros(T, N), torch.empty(...) and torch.tensor(a_list) make the default dtype; build the "
                 "result with torch.zeros_like(input), or end with .to(input.dtype)."
             )
+        elif got.is_floating_point() and expected.dtype.is_floating_point:
+            hint = " Compute in any precision you like, and end with .to(input.dtype)."
         return f"expected dtype {expected.dtype} (the same as the input), got {got.dtype}.{hint}"
     if got.device != expected.device:
         return f"expected the result on {expected.device}, got it on {got.device}."

@@ -51,8 +51,10 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
                 if "leaf Variable that requires grad" not in str(err):
                     raise
                 raise CheckFailure(  # torch refuses, before the checker's own comparison of the inputs could
-                    f"your function changed an input in place{_where_it_raised(err)} (torch refuses it on a tensor "
-                    "that needs a gradient). Work on a copy (or build a new tensor) so the caller's data stays intact."
+                    f"your function changed a tensor that needs a gradient in place{_where_it_raised(err)}, which "
+                    "torch refuses. If it is an input, work on a copy (or build a new tensor) so the caller's data "
+                    "stays intact; if you made it with requires_grad=True, build it from the inputs with out-of-place "
+                    "operations (x = x + y, not x += y)."
                 ) from err
             if out is None:
                 raise CheckFailure(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from edurl.exercises._core import (
     FAILED,
@@ -261,7 +261,7 @@ def _replay(env, replies: list[list[int]], beside: tuple | None = None) -> list[
 def check_env(
     make_env: Callable[[], Env],
     *,
-    right_reply: str | None = None,
+    right_reply: str | Sequence[str] | None = None,
     episodes: int = 30,
     max_turns: int = 20,
     verbose: bool = True,
@@ -273,8 +273,10 @@ def check_env(
     factory of the worked solution's environment (reverse the word "stop").
 
     Random replies rarely earn a reward, so ``right_reply``, a reply the environment should reward (``"pots"``
-    for the reversed "stop"), is played too, as the first reply of a new environment: it must be answered without
-    a crash, with a finite reward above the lowest that a random first reply got."""
+    for the reversed "stop"), or a list of replies that wins an episode turn by turn, is played too, on a new
+    environment from ``make_env()``: it must be answered without a crash, and its total reward must be finite and
+    above what a random wrong reply got on a turn that left the episode going (or, if none did, the lowest a random
+    first reply got)."""
     from edurl.llm.renderer import ChatMLRenderer
     from edurl.llm.tokenizer import build_char_tokenizer
 
@@ -292,9 +294,14 @@ def check_env(
 
     if not callable(make_env):
         return verdict(FAILED, f"expected a function that returns a new Env, got {type(make_env).__name__}")
-    if right_reply is not None and not isinstance(right_reply, str):
+    right_script = [right_reply] if isinstance(right_reply, str) else right_reply
+    if right_reply is not None and not (
+        isinstance(right_script, (list, tuple)) and right_script and all(isinstance(r, str) for r in right_script)
+    ):
         return verdict(
-            FAILED, f"right_reply must be the text of a reply (a str) or None, got {type(right_reply).__name__}"
+            FAILED,
+            "right_reply must be the text of a reply (a str), a list of replies that win an episode turn by turn, "
+            f"or None; got {right_reply!r}",
         )
     rng = random.Random(92)
     try:
@@ -340,11 +347,12 @@ def check_env(
         except Exception:  # an env that cannot be copied, or a broken one (the episodes below name what is wrong)
             replayed = None
         fresh = [p.initial_observation()[0].length for p in probes]
-        rewards, first_rewards = [], []
+        rewards, first_rewards, going_rewards = [], [], []
         for _ in range(episodes):
             turns = _play(make_env(), rng, tokenizer, max_turns)
             rewards.append(sum(r.reward for _, _, r in turns))
             first_rewards.append(turns[0][2].reward)
+            going_rewards += [r.reward for _, _, r in turns if not r.episode_done]  # wrong, with tries left
         after = [p.initial_observation()[0].length for p in late_probes]
         grew = [(a, b) for a, b in zip(fresh, after) if b > a]
         if grew:
@@ -387,8 +395,9 @@ def check_env(
                     "beside it, turn by turn, as a group's episodes are played"
                     + (f" (it raised {beside})" if isinstance(beside, str) else "")
                     + ": the environments share state (a list defined on the class, or a mutable default argument "
-                    "such as messages=[] in __init__, which every env made without it shares). Each Env must keep "
-                    "its own conversation"
+                    "such as messages=[] in __init__, which every env made without it shares), or draw from a "
+                    "random generator they share (give each env its own, e.g. random.Random(seed) in __init__). "
+                    "Each Env must keep its own conversation"
                 )
     except NotImplementedError:
         return verdict(
@@ -403,11 +412,23 @@ def check_env(
         return verdict(FAILED, f"your environment raised {type(err).__name__}: {err}")
     played = ""
     if right_reply is not None:
+        # what a right answer must beat: a wrong reply that left the episode going (its reward is not a loss's
+        # penalty for a malformed reply, which even a broken winning branch that pays 0 would beat)
+        bar, bar_is = (
+            (max(going_rewards), "a random wrong reply got on a turn that left the episode going")
+            if going_rewards
+            else (min(first_rewards), "the lowest a random first reply got")
+        )
+        total, turns = 0.0, 0
         try:
             env = make_env()
             _, stop = env.initial_observation()
-            result = env.step(tokenizer.encode(right_reply, add_special_tokens=False) + list(stop))
-            reward = result.reward
+            for reply in right_script:
+                result = env.step(tokenizer.encode(reply, add_special_tokens=False) + list(stop))
+                total, turns = total + result.reward, turns + 1
+                if result.episode_done:
+                    break
+                stop = result.next_stop_condition
         except NotImplementedError:
             return verdict(
                 NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
@@ -415,21 +436,24 @@ def check_env(
         except Exception as err:
             return verdict(
                 FAILED,
-                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {right_reply!r}: {err}. "
-                "The branch of your environment that rewards a right answer must run too",
+                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {right_script[turns]!r}: "
+                f"{err}. The branch of your environment that rewards a right answer must run too",
             )
-        if not isinstance(reward, (int, float)) or not math.isfinite(reward) or reward <= min(first_rewards):
+        shown = repr(right_reply)
+        if not isinstance(total, (int, float)) or not math.isfinite(total):
+            return verdict(
+                FAILED, f"the right reply {shown} got the reward {total!r}: a reward must be a finite number"
+            )
+        if total <= bar:
             return verdict(
                 FAILED,
-                f"the right reply {right_reply!r} got the reward {reward!r}, "
-                + (
-                    "which is not a finite number: a reward must be one"
-                    if not isinstance(reward, (int, float)) or not math.isfinite(reward)
-                    else f"no more than the lowest a random first reply got ({min(first_rewards):g}): does reply() "
-                    "recognise a right answer (compare the reply's text, stripped of spaces, with the answer)?"
-                ),
+                f"the right reply {shown} got {total:g} in all, no more than {bar_is} ({bar:g}): does reply() "
+                "recognise a right answer (compare the reply's text, stripped of spaces, with the answer)? It is "
+                "played on a new environment from make_env(), so it must win whatever make_env builds; if your "
+                "environment pays only later in the episode, pass the replies of a whole winning episode as a list; "
+                "if make_env draws its problem at random, no fixed reply wins, so check with right_reply=None",
             )
-        played = f" The right reply {right_reply!r} got {reward:g}."
+        played = f" The right reply {shown} got {total:g} in {turns} turn{'s' if turns > 1 else ''}."
     elif min(rewards) == max(rewards):
         played = (
             f" Every episode scored {min(rewards):g}: random replies never earned a reward, so the part of your "

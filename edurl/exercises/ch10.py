@@ -8,7 +8,17 @@ import math
 
 import torch
 
-from edurl.exercises._core import Case, Diagnosis, Hints, Verdict, compare_tensors, finish, run_checker, with_hints
+from edurl.exercises._core import (
+    Case,
+    CheckFailure,
+    Diagnosis,
+    Hints,
+    Verdict,
+    compare_tensors,
+    finish,
+    run_checker,
+    with_hints,
+)
 from edurl.exercises.solutions import ch10 as _solutions
 from edurl.llm.losses import soft_advantages as _library_soft
 from edurl.llm.losses import truncated_importance_weights as _library_tis
@@ -49,6 +59,10 @@ def _capped_log_ratio(train_logprobs, sampling_logprobs, mask, cap):
 
 def _unmasked(train_logprobs, sampling_logprobs, mask, cap):
     return torch.exp(train_logprobs - sampling_logprobs).detach().clamp(max=cap)
+
+
+def _mask_in_exp(train_logprobs, sampling_logprobs, mask, cap):
+    return torch.exp((train_logprobs - sampling_logprobs).detach() * mask).clamp(max=cap)
 
 
 def _sequence_ratio(train_logprobs, sampling_logprobs, mask, cap):
@@ -92,9 +106,14 @@ _TIS_DIAGNOSES = [
         "to correct for. Give every other position 0.",
     ),
     Diagnosis(
+        _mask_in_exp,
+        "the positions off the mask got a weight of 1: a log-ratio multiplied by a mask of 0 is 0, and exp(0) = 1. "
+        "Apply the mask to the weights, after the exp.",
+    ),
+    Diagnosis(
         _sequence_ratio,
-        "you used one ratio per sequence (the product of its tokens' ratios). This exercise weights each token by "
-        "its own ratio; a sequence's product of 20 ratios is almost always far outside the cap.",
+        "you used one ratio per sequence (from the sum, or the mean, of its tokens' log-ratios). This exercise "
+        "weights each token by its own ratio; a sequence's product of 20 ratios is almost always far outside the cap.",
     ),
 ]
 
@@ -157,7 +176,15 @@ def check_truncated_importance_weights(fn, *, verbose: bool = True) -> Verdict:
 
     def with_grad(f):
         def call(train_logprobs, sampling_logprobs, mask, cap):
-            return f(train_logprobs.clone().requires_grad_(True), sampling_logprobs, mask, cap)
+            given = train_logprobs.clone().requires_grad_(True)
+            out = f(given, sampling_logprobs, mask, cap)
+            if not torch.equal(given.detach(), train_logprobs):  # through .detach() or .data, which share its memory
+                raise CheckFailure(
+                    "your function changed its input `train_logprobs` in place (a tensor from .detach() or .data "
+                    "shares the input's memory). Work on a copy (or build a new tensor) so the caller's data stays "
+                    "intact."
+                )
+            return out
 
         return call
 

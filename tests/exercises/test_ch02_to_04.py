@@ -130,7 +130,7 @@ def test_baseline_checker_passes(fn):
         (bl_flipped, "upside down"),
         (bl_no_minus, "lacks its minus sign"),
         (bl_no_return, "forget the `return` statement"),
-        (bl_in_place, "changed an input in place (at line"),
+        (bl_in_place, "changed a tensor that needs a gradient in place (at line"),
         (bl_value_loss_no_half, "value_loss: values differ"),
         (bl_no_baseline, "ignores the baseline"),
     ],

@@ -260,6 +260,34 @@ class NoRewardForTheRightAnswer(ch09.ReverseWordEnv):
         return reward, done, new, metrics
 
 
+class PenaltyAndABrokenWin(ch09.ReverseWordEnv):
+    """A malformed reply costs 0.1, and the winning branch compares with the word, not the word reversed: the right
+    reply gets 0, above the penalty, which a rule that only asked to beat the worst random reply let pass."""
+
+    def reply(self, text):
+        if text.strip() == self.word:
+            return 1.0, True, [], {"win": 1.0}
+        done = self.turns >= self.tries
+        return 0.0 if text.strip().isalpha() else -0.1, done, [] if done else [{"role": "user", "content": "no"}], {}
+
+
+class PaysAfterConfirming(ch09.ReverseWordEnv):
+    """Correct: a right answer is asked to confirm ("yes"), and only that pays."""
+
+    def __init__(self, word, renderer):
+        super().__init__(word, renderer)
+        self.max_turns, self.got = 4, False
+
+    def reply(self, text):
+        if self.got:
+            return float(text.strip() == "yes"), True, [], {}
+        if text.strip() == self.word[::-1]:
+            self.got = True
+            return 0.0, False, [{"role": "user", "content": "sure? say yes"}], {}
+        done = self.turns >= self.tries
+        return 0.0, done, [] if done else [{"role": "user", "content": "no"}], {}
+
+
 def test_check_env_plays_envs_side_by_side_and_makes_a_new_one_per_call():
     verdict = exercises.check_env(DefaultArgumentHistory, verbose=False)
     assert verdict.status == FAILED and "played beside it" in verdict.message, verdict.message
@@ -282,8 +310,17 @@ def test_check_env_plays_the_right_reply():
     ignored = exercises.check_env(lambda: NoRewardForTheRightAnswer("stop", R), right_reply="pots", verbose=False)
     assert ignored.status == FAILED and "recognise a right answer" in ignored.message, ignored.message
     assert exercises.check_env(lambda: NoRewardForTheRightAnswer("stop", R), verbose=False).status == PASSED
-    wrong_type = exercises.check_env(make, right_reply=["pots"], verbose=False)
+    wrong_type = exercises.check_env(make, right_reply=[4, 5], verbose=False)
     assert wrong_type.status == FAILED and "must be the text of a reply" in wrong_type.message
+    # the bar is a wrong reply with tries left, not a malformed reply's penalty
+    broken = exercises.check_env(lambda: PenaltyAndABrokenWin("stop", R), right_reply="pots", verbose=False)
+    assert broken.status == FAILED and "recognise a right answer" in broken.message, broken.message
+    # a reward that comes later in the episode: a whole winning episode, as a list
+    later = lambda: PaysAfterConfirming("stop", R)  # noqa: E731
+    verdict = exercises.check_env(later, right_reply="pots", verbose=False)
+    assert verdict.status == FAILED and "as a list" in verdict.message, verdict.message
+    verdict = exercises.check_env(later, right_reply=["pots", "yes"], verbose=False)
+    assert verdict.status == PASSED and "got 1 in 2 turns" in verdict.message, verdict.message
 
 
 def test_check_env_names_its_turn_limit_and_how_to_raise_it():
