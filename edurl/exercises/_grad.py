@@ -61,6 +61,11 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
                     f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got None "
                     "(did you forget the `return` statement?)."
                 )
+            if len(loss_names) == 1 and isinstance(out, (tuple, list)):
+                raise CheckFailure(
+                    f"expected {loss_names[0]} as a scalar tensor, got a {type(out).__name__} of {len(out)} (a "
+                    "trailing comma after the return value?): return the tensor itself."
+                )
             outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)  # a list unpacks as a tuple does
             if len(outs) != len(loss_names):
                 raise CheckFailure(f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got {len(outs)}.")

@@ -38,12 +38,20 @@ def _reference(logprobs, returns):
     return _library_loss(logprobs, returns, normalize_advantages=True)
 
 
+def _standardised(returns):
+    return (returns - returns.mean()) / (returns.std() + 1e-8)
+
+
+# Each mistake below keeps the returns in the graph, as a learner who forgot to detach them would; the diagnoses
+# also try each one on detached returns (_detached), the same mistake made by a learner who remembered.
+
+
 def _no_minus(logprobs, returns):
-    return -_reference(logprobs, returns)
+    return (logprobs * _standardised(returns)).mean()
 
 
 def _not_normalised(logprobs, returns):
-    return _library_loss(logprobs, returns, normalize_advantages=False)
+    return -(logprobs * returns).mean()
 
 
 def _centred_only(logprobs, returns):
@@ -59,25 +67,44 @@ def _no_epsilon(logprobs, returns):
 
 
 def _summed(logprobs, returns):
-    return _reference(logprobs, returns) * logprobs.numel()
+    return -(logprobs * _standardised(returns)).sum()
+
+
+def _returns_not_detached(logprobs, returns):
+    return -(logprobs * _standardised(returns)).mean()
 
 
 def _probabilities(logprobs, returns):
-    return _reference(logprobs.exp(), returns)
+    return -(logprobs.exp() * _standardised(returns)).mean()
 
 
-_DIAGNOSES = [
-    Diagnosis(
+def _detached(buggy):
+    """A mistake made by a learner who did detach the returns (the check differentiates through them too)."""
+    return lambda logprobs, returns: buggy(logprobs, returns.detach())
+
+
+_MISTAKES = [
+    (
         _no_minus,
         "the sign is flipped. Optimisers minimise, and we want to *increase* sum log pi * G: return the negative.",
     ),
-    Diagnosis(_not_normalised, "the returns are not normalised: use (G - G.mean()) / (G.std() + 1e-8)."),
-    Diagnosis(_centred_only, "you subtracted the mean but did not divide by the std (+ 1e-8)."),
-    Diagnosis(_population_std, "use torch's default returns.std() (the unbiased one), not std(unbiased=False)."),
-    Diagnosis(_no_epsilon, "when every return is equal, the std is 0 and you divide by zero: add 1e-8 to the std."),
-    Diagnosis(_summed, "take the mean over steps, not the sum: the loss should not grow with the batch size."),
+    (_not_normalised, "the returns are not normalised: use (G - G.mean()) / (G.std() + 1e-8)."),
+    (_centred_only, "you subtracted the mean but did not divide by the std (+ 1e-8)."),
+    (_population_std, "use torch's default returns.std() (the unbiased one), not std(unbiased=False)."),
+    (_no_epsilon, "when every return is equal, the std is 0 and you divide by zero: add 1e-8 to the std."),
+    (_summed, "take the mean over steps, not the sum: the loss should not grow with the batch size."),
+    (_probabilities, "use the log-probabilities as given; the gradient estimator needs grad log pi, not grad pi."),
+]
+_DIAGNOSES = [
     Diagnosis(
-        _probabilities, "use the log-probabilities as given; the gradient estimator needs grad log pi, not grad pi."
+        _returns_not_detached,
+        "the loss sends a gradient into the returns. They are the data the policy is judged by, not something to "
+        "train: detach them (returns.detach()) before you use them.",
+    ),
+    *(Diagnosis(_detached(mistake), hint) for mistake, hint in _MISTAKES),  # made by a learner who did detach
+    *(  # and by one who did not
+        Diagnosis(mistake, f"{hint} Detach the returns too: no gradient may flow into them.")
+        for mistake, hint in _MISTAKES
     ),
 ]
 
@@ -117,15 +144,16 @@ _HINTS_REINFORCE_LOSS = Hints(
 
 @with_hints(_HINTS_REINFORCE_LOSS)
 def check_reinforce_loss(fn, *, verbose: bool = True) -> Verdict:
-    """Check a learner's ``reinforce_loss(logprobs, returns)``: its value and its gradient."""
+    """Check a learner's ``reinforce_loss(logprobs, returns)``: its value and its gradients (none through the
+    returns)."""
     return run_checker(
         "Exercise 2.1 reinforce_loss",
         fn,
         _reference,
         _cases(),
         diagnoses=_DIAGNOSES,
-        wrap=with_gradients(["loss"], [("loss", 0)]),
-        compare=compare_outputs(["loss", "d loss / d logprobs"], rtol=1e-4, atol=1e-6),
+        wrap=with_gradients(["loss"], [("loss", 0), ("loss", 1)]),
+        compare=compare_outputs(["loss", "d loss / d logprobs", "d loss / d returns"], rtol=1e-4, atol=1e-6),
         verbose=verbose,
         hints=_HINTS_REINFORCE_LOSS,
     )

@@ -123,18 +123,18 @@ def _cases() -> list[Case]:
                 lam=0.8,
             ),
         ),
-        Case(
-            "lam = 0 and lam = 1 columns",
-            dict(
-                rewards=torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 0.5]]),
-                values=torch.tensor([[0.2, 0.1], [0.3, 0.2], [0.1, 0.4], [0.6, 0.3]]),
-                next_values=torch.tensor([[0.3, 0.2], [0.1, 5.0], [0.6, 0.3], [0.9, 0.8]]),
-                terminated=torch.tensor([[F, F], [F, F], [T, F], [F, F]]),
-                truncated=torch.tensor([[F, F], [F, T], [F, F], [F, F]]),
-                gamma=0.99,
-                lam=1.0,
-            ),
-        ),
+    ]
+    two_envs = dict(
+        rewards=torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 1.0], [1.0, 0.5]]),
+        values=torch.tensor([[0.2, 0.1], [0.3, 0.2], [0.1, 0.4], [0.6, 0.3]]),
+        next_values=torch.tensor([[0.3, 0.2], [0.1, 5.0], [0.6, 0.3], [0.9, 0.8]]),
+        terminated=torch.tensor([[F, F], [F, F], [T, F], [F, F]]),
+        truncated=torch.tensor([[F, F], [F, T], [F, F], [F, F]]),
+        gamma=0.99,
+    )
+    cases += [
+        Case("two envs, lam = 1 (Monte Carlo returns minus the values)", dict(two_envs, lam=1.0)),
+        Case("two envs, lam = 0 (each advantage is its one-step TD error)", dict(two_envs, lam=0.0)),
     ]
     for i, (steps, envs) in enumerate([(12, 3), (64, 8)]):
         # values as a real rollout has them: next_values[t] is values[t + 1] inside an episode, and a fresh value
@@ -162,6 +162,23 @@ def _cases() -> list[Case]:
         Case(
             "the random 12x3 rollout in float64",
             {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in last.items()},
+        )
+    )
+    # one long episode in float32: (gamma * lam) ** (t - k) over all pairs (a matrix form) overflows for k > t
+    steps = 500
+    table = torch.randn(steps + 1, 1, generator=g)
+    cases.append(
+        Case(
+            "a 500-step episode in float32, lam = 0.5",
+            dict(
+                rewards=torch.randn(steps, 1, generator=g),
+                values=table[:-1],
+                next_values=table[1:],
+                terminated=torch.zeros(steps, 1, dtype=torch.bool),
+                truncated=torch.zeros(steps, 1, dtype=torch.bool),
+                gamma=0.99,
+                lam=0.5,
+            ),
         )
     )
     return cases

@@ -74,7 +74,8 @@ def _raw_rewards(rewards):
 
 
 _STD_HINT = (
-    "you divided by the group's std (GRPO's scaling). This exercise asks for centring only, as in Dr. GRPO: "
+    "you divided by a std (the group's, as GRPO scales, or the batch's). This exercise asks for centring only, as "
+    "in Dr. GRPO: "
     "A = R - mean over the group, with no division (which also avoids 0 / 0 = NaN on a group whose rewards "
     "are all equal)."
 )

@@ -14,37 +14,57 @@ from .conftest import assert_rejected
 
 
 def rl_no_minus(logprobs, returns):
+    returns = returns.detach()
     w = (returns - returns.mean()) / (returns.std() + 1e-8)
     return (logprobs * w).mean()
 
 
 def rl_raw_returns(logprobs, returns):
+    returns = returns.detach()
     return -(logprobs * returns).mean()
 
 
 def rl_centred_only(logprobs, returns):
+    returns = returns.detach()
     return -(logprobs * (returns - returns.mean())).mean()  # subtracts the mean but never divides by the std
 
 
 def rl_population_std(logprobs, returns):
+    returns = returns.detach()
     w = (returns - returns.mean()) / (returns.std(unbiased=False) + 1e-8)  # the population std, not torch's default
     return -(logprobs * w).mean()
 
 
 def rl_probabilities(logprobs, returns):
+    returns = returns.detach()
     probs = logprobs.exp()  # weights the probabilities instead of the log-probabilities
     return -(probs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean()
 
 
 def rl_no_eps(logprobs, returns):
+    returns = returns.detach()
     return -(logprobs * (returns - returns.mean()) / returns.std()).mean()
 
 
 def rl_sum(logprobs, returns):
+    returns = returns.detach()
     return -(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).sum()
 
 
+def rl_not_detached(logprobs, returns):
+    return -(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean()  # passed before
+
+
+def rl_no_minus_not_detached(logprobs, returns):
+    return (logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean()
+
+
+def rl_a_trailing_comma(logprobs, returns):
+    return (-(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean(),)  # passed, then 2.2 failed
+
+
 def rl_item(logprobs, returns):
+    returns = returns.detach()
     return -(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean().item()
 
 
@@ -64,6 +84,10 @@ def test_reinforce_loss_checker_passes(fn):
         (rl_no_eps, "add 1e-8"),
         (rl_sum, "mean over steps, not the sum"),
         (rl_item, "did you call .item()"),
+        (rl_not_detached, "the loss sends a gradient into the returns"),
+        (rl_no_minus_not_detached, "sign is flipped. Optimisers minimise"),
+        (rl_no_minus_not_detached, "Detach the returns too"),
+        (rl_a_trailing_comma, "a trailing comma"),
     ],
 )
 def test_reinforce_loss_checker_rejects(buggy, message):
@@ -209,6 +233,20 @@ def gae_as_lambda_returns(r, v, nv, term, trunc, gamma, lam):
     return returns - v, returns
 
 
+def gae_as_a_matrix(rewards, values, next_values, terminated, truncated, gamma, lam):
+    """A vectorised form whose (gamma * lam) ** (k - t) is inf for k < t (0 ** -1, or an overflow on a long
+    episode), masked by multiplying with 0: NaN. It passed when no case ran lam = 0 or a long episode."""
+    T = rewards.shape[0]
+    deltas = rewards + gamma * next_values * (~terminated) - values
+    done = (terminated | truncated).to(rewards.dtype)
+    episode = torch.cumsum(torch.cat([torch.zeros_like(done[:1]), done[:-1]]), 0)
+    t = torch.arange(T, dtype=rewards.dtype)
+    power = t[None, :] - t[:, None]
+    weights = (gamma * lam) ** power * (power >= 0)
+    advantages = torch.einsum("tkn,kn->tn", weights[:, :, None] * (episode[:, None] == episode[None, :]), deltas)
+    return advantages, advantages + values
+
+
 def gae_as_a_list(r, v, nv, term, trunc, gamma, lam):
     """[advantages, returns]: every caller unpacks it, and it was once rejected with "expected a tuple"."""
     return list(ch04.gae(r, v, nv, term, trunc, gamma, lam))
@@ -230,6 +268,7 @@ def test_gae_checker_passes(fn):
         (gae_returns_are_advantages, "returns should be advantages + values"),
         (gae_float32_always, "expected dtype torch.float64"),
         (gae_float32_always, "build the result with torch.zeros_like(input)"),
+        (gae_as_a_matrix, "lam = 0 (each advantage is its one-step TD error)': advantages: got NaN"),
     ],
 )
 def test_gae_checker_rejects(buggy, message):
