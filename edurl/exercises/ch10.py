@@ -5,6 +5,7 @@ run beside :func:`edurl.llm.offline.offline_step`."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -328,10 +329,28 @@ def check_soft_advantages(fn, *, verbose: bool = True) -> Verdict:
 # and a mistake is named from the records: a sampler used at all, groups that are not the step's draw, log-probs that
 # are not the logged ones, a baseline other than each group's mean, the wrong loss or beta.
 
-#: the checked steps' settings: 4 groups x 4 completions, DRO with beta 0.5, two steps
+#: the checked steps' settings: 4 groups x 4 completions, DRO, two steps. Each is away from GRPOConfig's default and
+#: the notebook's, so that a value written into the step instead of read from the config shows: the seed (4: a
+#: step that draws with seed 0 draws other groups), max_tokens (11, which cuts off the replies with a 3-digit sum,
+#: so that some of the drawn groups' rewards carry the format penalty and differ from their correctness), the
+#: aggregation and the temperature. The second step runs with half the first's learning rate and beta
+#: (SECOND_STEP), so that a number written in that matches one step's config misses the other's.
 OFFLINE_CHECK = dict(
-    batch_size=4, group_size=4, loss_fn="dro", dro_beta=0.5, learning_rate=1e-3, max_steps=2, temperature=0.9
+    batch_size=4,
+    group_size=4,
+    loss_fn="dro",
+    dro_beta=0.5,
+    learning_rate=1e-3,
+    max_steps=2,
+    temperature=0.9,
+    max_tokens=11,
+    seed=4,
+    aggregation="seq_mean_token_mean",
 )
+SECOND_STEP = dict(dro_beta=0.25, learning_rate=5e-4)
+
+#: the metrics the notebook reads from each step's row (it plots and tabulates them after training offline)
+NOTEBOOK_READS = ("optim/kl_sample_train_v2",)
 
 
 def _reference_offline_step(config, trainer, buffer, step):
@@ -363,13 +382,19 @@ def _offline_setup(base=None, config=None):
     return config, trainers, buffer
 
 
-def _offline_advantages(got, rewards, config, n: int) -> str | None:
+def _offline_advantages(got, rewards, correct, config, n: int) -> str | None:
     if got is None:
         return f"step {n}: a completion's advantage varies along its tokens; every action token of it carries one."
     rewards = rewards.double()
     expected = rewards - rewards.mean(dim=1, keepdim=True)
     if torch.allclose(got, expected, atol=1e-5):
         return None
+    correct = correct.double()
+    if torch.allclose(got, correct - correct.mean(dim=1, keepdim=True), atol=1e-5):
+        return (
+            f"step {n}: the advantages come from the correctness (buffer.correct), not the reward (buffer.rewards). "
+            "The reward also holds the format term: a reply cut off before its answer is boxed loses 0.1."
+        )
     if torch.allclose(got, _library_soft(rewards, config.dro_beta), atol=1e-5):
         return (
             f"step {n}: the advantages are DRO's soft ones. This step uses GRPO's: each group's mean reward "
@@ -395,12 +420,25 @@ def _offline_problem(log, row, ref_log, config, buffer, step) -> str | None:
     if not log.forward_backward:
         return f"step {n}: forward_backward was never called, so no gradient reached the weights."
     datums, ref_datums = _datums(log), _datums(ref_log)
+    calls = log.forward_backward
+    if len(calls) > 1 and all(
+        len(c[0]) == len(ref_datums) and _match(list(c[0]), ref_datums) is not None for c in calls
+    ):
+        return (
+            f"step {n}: forward_backward ran {len(calls)} times on the step's datums. Each call adds its gradient to "
+            "the last, so the update took the sum; call it once (its result holds the loss and the metrics)."
+        )
     order = _match(datums, ref_datums) if len(datums) == len(ref_datums) else None
     if order is None or sorted(order) != list(range(len(ref_datums))):
+        count = (
+            ""
+            if len(datums) == len(ref_datums)
+            else f" ({len(datums)} datums; expected config.batch_size x config.group_size = {len(ref_datums)})"
+        )
         return (
-            f"step {n}: your datums are not this step's groups ({len(datums)} datums; expected config.batch_size x "
-            f"config.group_size = {len(ref_datums)}). Draw the groups with draw_groups(buffer, config.batch_size, "
-            "config.seed, step), and build one datum per completion from buffer.prompts[i] and the completion."
+            f"step {n}: your datums are not this step's groups{count}. Draw the groups with draw_groups(buffer, "
+            "config.batch_size, config.seed, step), and build one datum per completion from buffer.prompts[i] and "
+            "the completion."
         )
     for k, (d, i) in enumerate(zip(datums, order)):
         r = ref_datums[i]
@@ -416,29 +454,50 @@ def _offline_problem(log, row, ref_log, config, buffer, step) -> str | None:
         return problem
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])
+    correct = torch.tensor([buffer.correct[i] for i in drawn])
     problem = _offline_advantages(
-        _advantage_matrix(datums, order, (config.batch_size, config.group_size)), rewards, config, n
+        _advantage_matrix(datums, order, (config.batch_size, config.group_size)), rewards, correct, config, n
     ) or _check_update(log, ref_log, config, n)
-    if problem is None and not isinstance(row, dict):
-        problem = f"step {n}: expected the step's metrics as a dict, got {type(row).__name__}."
-    return problem
+    return problem or _row_problem(row, n)
+
+
+def _row_problem(row, n: int) -> str | None:
+    """What is wrong with the metrics row a step returned, for train_offline's log and the notebook's table."""
+    from edurl.metrics import _to_json_value
+
+    if not isinstance(row, dict):
+        return f"step {n}: expected the step's metrics as a dict, got {type(row).__name__}."
+    for key, value in row.items():
+        try:
+            _to_json_value(key, value)
+        except (TypeError, ValueError) as err:
+            return f"step {n}: the metrics row cannot be logged: {err}"
+    missing = [k for k in NOTEBOOK_READS if k not in row]
+    if missing:
+        return (
+            f"step {n}: the metrics row lacks {', '.join(map(repr, missing))}, which the notebook reads after training "
+            "with your step. Return forward_backward's metrics (its result's .metrics) in the row, with anything "
+            "you add."
+        )
+    return None
 
 
 def _compare_offline_steps(fn, base=None, config=None) -> Verdict:
     from edurl.exercises.ch07 import compare_two_steps
 
     config, trainers, buffer = _offline_setup(base, config)
+    configs = [config, *[replace(config, **SECOND_STEP)] * (config.max_steps - 1)]  # see OFFLINE_CHECK
     return compare_two_steps(
         "Exercise 10.3 offline_step",
         fn,
         _reference_offline_step,
         trainers,
         config.max_steps,
-        lambda f, trainer, step: f(config, trainer, buffer, step),
-        lambda log, row, ref_log, ref_row, step: _offline_problem(log, row, ref_log, config, buffer, step),
-        f"{config.max_steps} steps of {config.batch_size} logged groups x {config.group_size} completions: the same "
-        "datums, advantages, loss and gradients as the library's offline_step, and the same weights after each "
-        "update. The notebook now trains offline with your step.",
+        lambda f, trainer, step: f(configs[step], trainer, buffer, step),
+        lambda log, row, ref_log, ref_row, step: _offline_problem(log, row, ref_log, configs[step], buffer, step),
+        f"{config.max_steps} steps of {config.batch_size} logged groups x {config.group_size} completions, each with "
+        "its own learning rate and beta: the same datums, advantages, loss and gradients as the library's "
+        "offline_step, and the same weights after each update. The notebook now trains offline with your step.",
     )
 
 

@@ -70,9 +70,27 @@ def tis_per_sequence(lp, q, mask, cap):
     return seq * mask
 
 
+def tis_mask_in_exp(lp, q, mask, cap):
+    return ((lp - q).detach() * mask).exp().clamp(max=cap)  # exp(0) = 1 off the mask
+
+
+def tis_writes_over_its_input(lp, q, mask, cap):
+    x = lp.detach()  # shares lp's memory: the caller's log-probs are overwritten (this passed)
+    x -= q
+    return x.exp().clamp(max=cap) * mask
+
+
+def tis_mean_log_ratio(lp, q, mask, cap):
+    mean = ((lp - q) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)
+    return mean.detach().exp().clamp(max=cap) * mask
+
+
 @pytest.mark.parametrize(
     "buggy, message",
     [
+        (tis_mask_in_exp, "a log-ratio multiplied by a mask of 0 is 0, and exp(0) = 1"),
+        (tis_writes_over_its_input, "changed its input `train_logprobs` in place"),
+        (tis_mean_log_ratio, "one ratio per sequence (from the sum, or the mean"),
         (tis_inverted, "the ratio is upside down"),
         (tis_no_cap, "the weights are not truncated"),
         (tis_both_sides, "clipped the ratio from below"),
@@ -155,9 +173,14 @@ def soft_mean_out(r, tau):
     return r - tau * (mid + (s - mid).exp().mean(1, keepdim=True).log())
 
 
+def soft_in_float64(r, tau):
+    return ch10.soft_advantages(r.double(), tau)  # right, but float64 for float32 rewards
+
+
 @pytest.mark.parametrize(
     "buggy, message",
     [
+        (soft_in_float64, "Compute in any precision you like, and end with .to(input.dtype)"),
         (soft_mean, "you subtracted the group mean"),
         (soft_max, "you subtracted the group's maximum"),
         (soft_lse, "log of a sum"),

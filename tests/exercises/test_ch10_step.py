@@ -24,9 +24,9 @@ def buggy_step(bug: str):
     def step_fn(config, trainer, buffer, step):
         if bug == "samples":
             trainer.save_weights_and_get_sampling_client("fresh")
-        seed = step if bug == "unseeded draw" else config.seed
+        seed = {"unseeded draw": step, "seed 0": 0}.get(bug, config.seed)
         drawn = draw_groups(buffer, config.batch_size, seed, step if bug != "unseeded draw" else 1000 + step)
-        rewards = torch.tensor([buffer.rewards[i] for i in drawn])
+        rewards = torch.tensor([buffer.correct[i] if bug == "correctness" else buffer.rewards[i] for i in drawn])
         if bug == "soft advantages":
             adv = solutions.soft_advantages(rewards, config.dro_beta)
         elif bug == "batch mean":
@@ -43,15 +43,24 @@ def buggy_step(bug: str):
         loss_config = {} if bug in ("wrong loss", "no beta") else config.loss_fn_config()
         if bug == "no beta":
             loss_config = {"beta": 0.05}
+        if bug == "beta written in":  # the first checked step's beta, and not the second's
+            loss_config = {"beta": 0.5}
         kwargs = dict(aggregation=config.aggregation, max_tokens=config.max_tokens, temperature=config.temperature)
         if bug == "no temperature":  # scored at the default 1.0; the buffer was sampled at config.temperature
             del kwargs["temperature"]
         out = trainer.forward_backward(datums, loss_fn, loss_config, **kwargs).result()
+        if bug == "forward_backward twice":  # once more "to read the loss"
+            out = trainer.forward_backward(datums, loss_fn, loss_config, **kwargs).result()
+        lr = 1e-3 if bug == "lr written in" else config.learning_rate  # the first checked step's, not the second's
         if bug != "no update":
-            trainer.optim_step(llm.AdamParams(learning_rate=config.learning_rate)).result()
+            trainer.optim_step(llm.AdamParams(learning_rate=lr)).result()
         if bug == "optim_step twice":
-            trainer.optim_step(llm.AdamParams(learning_rate=config.learning_rate)).result()
-        return {"optim/loss": out.loss}
+            trainer.optim_step(llm.AdamParams(learning_rate=lr)).result()
+        if bug == "loss only":  # the notebook reads optim/kl_sample_train_v2 from the rows
+            return {"optim/loss": out.loss}
+        if bug == "a tensor in the row":
+            return {**out.metrics, "buffer/group_reward": rewards.mean(1)}
+        return {**out.metrics, "optim/loss": out.loss}
 
     return step_fn
 
@@ -76,6 +85,15 @@ def test_offline_step_checker_passes(fn, base):
         ("no update", "the weights never changed"),
         ("optim_step twice", "2 optimizer steps in one step; take exactly one"),
         ("no temperature", "temperature='its default'"),
+        # each passed before: the checked config had every reward equal to its correctness, one lr and beta for both
+        # steps (the ones written in here), and seed 0, the default
+        ("correctness", "the advantages come from the correctness"),
+        ("beta written in", "forward_backward was called with loss_fn_config={'beta': 0.5} where the config asks for"),
+        ("lr written in", "step 2: optim_step ran with learning rate 0.001"),
+        ("seed 0", "step 1: your datums are not this step's groups. Draw"),
+        ("forward_backward twice", "forward_backward ran 2 times on the step's datums"),
+        ("loss only", "lacks 'optim/kl_sample_train_v2', which the notebook reads"),
+        ("a tensor in the row", "metric 'buffer/group_reward' is a tensor of shape (4,)"),
     ],
 )
 def test_offline_step_checker_names_the_mistake(bug, message, base):
@@ -84,6 +102,23 @@ def test_offline_step_checker_names_the_mistake(bug, message, base):
     assert message in verdict.message, verdict.message
     verdict.hints = ch10.check_offline_step.hints
     assert_gives_nothing_away(verdict)
+
+
+def test_the_checked_draws_hold_replies_that_max_tokens_cuts_off():
+    """Chapter 6's checkpoint boxes every answer, so without cut-off replies its rewards equal its correctness, and a
+    step that took advantages from the correctness passed. Which problems the checked steps draw does not depend on
+    the model (collect_buffer's problems and draw_groups are seeded): each step must draw some whose reference reply
+    is longer than max_tokens."""
+    from edurl.llm.sft import reply_lengths
+
+    config = GRPOConfig(**ch10.OFFLINE_CHECK)
+    renderer, task = llm.ChatMLRenderer(llm.build_char_tokenizer()), config.sft.task()
+    problems = task.sample(12, split="train", seed=llm.problem_seed(10, 1_000_000))  # _offline_setup's buffer
+    lengths = reply_lengths(renderer, problems)
+    for step in range(config.max_steps):
+        drawn = [lengths[i] for i in torch.randperm(12, generator=torch.Generator().manual_seed(
+            llm.problem_seed(config.seed, step)))[: config.batch_size].tolist()]  # fmt: skip
+        assert sum(n > config.max_tokens for n in drawn) >= 1, drawn
 
 
 def test_offline_step_not_attempted_and_the_run_uses_the_learners_step(base, tmp_path, monkeypatch):
@@ -102,11 +137,16 @@ def test_offline_step_not_attempted_and_the_run_uses_the_learners_step(base, tmp
     config, (trainer, _), buffer = ch10._offline_setup(base, GRPOConfig(sft=WARM, **ch10.OFFLINE_CHECK))
     monkeypatch.setattr("edurl.llm.loop.make_training_client", lambda c: (trainer._trainer, *ch10_renderer_task(base)))
     result = train_offline(
-        GRPOConfig(sft=WARM, **{**ch10.OFFLINE_CHECK, "eval_every": 2, "num_eval": 4}, log_dir=str(tmp_path)),
+        # max_tokens as the notebook runs it: the checked steps' 11 cuts off replies on purpose, and the loop warns so
+        GRPOConfig(
+            sft=WARM, **{**ch10.OFFLINE_CHECK, "eval_every": 2, "num_eval": 4, "max_tokens": 16}, log_dir=str(tmp_path)
+        ),
         buffer,
         step_fn=mine,
     )
     assert calls == [0, 1] and list(result.metrics["step"]) == [0, 1]
+    # the notebook reads it after training with the learner's step (the worked solution's row lacked it)
+    assert result.metrics["optim/kl_sample_train_v2"].notna().all()
 
 
 def ch10_renderer_task(base):

@@ -38,7 +38,8 @@ def offline_step(config, trainer, buffer, step):
     No sampling: the buffer holds each group's prompt, its completions with the log-probs of the policy that
     sampled them, and their rewards. Draw this step's groups, centre each group's rewards (GRPO's advantage), build
     one datum per completion with the *logged* log-probs (DRO's penalty measures the drift from them), and take one
-    update with the config's loss (dro) and beta.
+    update with the config's loss (dro) and beta. Return forward_backward's metrics, with the loss and the drawn
+    groups' mean reward.
     """
     from edurl.llm import AdamParams, build_datum
     from edurl.llm.offline import draw_groups
@@ -59,4 +60,4 @@ def offline_step(config, trainer, buffer, step):
         temperature=config.temperature,
     ).result()
     trainer.optim_step(AdamParams(learning_rate=config.learning_rate)).result()
-    return {"optim/loss": out.loss, "buffer/reward": float(rewards.mean())}
+    return {**out.metrics, "optim/loss": out.loss, "buffer/reward": float(rewards.mean())}
