@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,6 +32,14 @@ def _as_loss(x, name: str) -> torch.Tensor:
     return x.reshape(())
 
 
+def _parameter_name(fn: Callable, i: int) -> str:
+    """The name the learner gave ``fn``'s argument ``i`` (they may rename them), or its position."""
+    try:
+        return list(inspect.signature(fn).parameters)[i]
+    except (TypeError, ValueError, IndexError):
+        return f"number {i + 1}"
+
+
 def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]]) -> Callable[[Callable], Callable]:
     """Wrap ``fn(*args) -> loss or tuple of losses`` into ``(*losses, *grads)``.
 
@@ -43,6 +52,7 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
     def wrap(fn: Callable) -> Callable:
         def run(*args):
             args = list(args)
+            given = {i: args[i] for i in grad_args}  # the checker's own check of the inputs sees these, not the clones
             for i in grad_args:
                 args[i] = args[i].detach().clone().requires_grad_(True)
             try:
@@ -56,6 +66,14 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
                     "stays intact; if you made it with requires_grad=True, build it from the inputs with out-of-place "
                     "operations (x = x + y, not x += y)."
                 ) from err
+            for i, original in given.items():  # through .detach() or .data, which share the clone's memory
+                now = args[i].detach()
+                if not ((now == original) | (now.isnan() & original.isnan())).all():
+                    raise CheckFailure(
+                        f"your function changed its input `{_parameter_name(fn, i)}` in place (a tensor from "
+                        ".detach() or .data shares the input's memory). Work on a copy (or build a new tensor) so the "
+                        "caller's data stays intact."
+                    )
             if out is None:
                 raise CheckFailure(
                     f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got None "

@@ -63,6 +63,13 @@ def rl_a_trailing_comma(logprobs, returns):
     return (-(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean(),)  # passed, then 2.2 failed
 
 
+def rl_writes_over_returns(logprobs, G):
+    w = G.detach()  # shares the caller's memory (passed once 2.1 differentiated through the returns)
+    w -= w.mean()
+    w /= w.std() + 1e-8
+    return -(logprobs * w).mean()
+
+
 def rl_item(logprobs, returns):
     returns = returns.detach()
     return -(logprobs * (returns - returns.mean()) / (returns.std() + 1e-8)).mean().item()
@@ -88,6 +95,7 @@ def test_reinforce_loss_checker_passes(fn):
         (rl_no_minus_not_detached, "sign is flipped. Optimisers minimise"),
         (rl_no_minus_not_detached, "Detach the returns too"),
         (rl_a_trailing_comma, "a trailing comma"),
+        (rl_writes_over_returns, "changed its input `G` in place"),
     ],
 )
 def test_reinforce_loss_checker_rejects(buggy, message):
