@@ -69,6 +69,13 @@ def _group_population_std(rewards):
     return (rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True, unbiased=False) + 1e-6)
 
 
+def _std_scaled(eps: float, unbiased: bool):
+    """Centred, then divided by the group's std plus ``eps`` (the epsilons learners reach for)."""
+    return lambda rewards: (
+        (rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True, unbiased=unbiased) + eps)
+    )
+
+
 def _raw_rewards(rewards):
     return rewards.clone()
 
@@ -85,6 +92,7 @@ _GROUP_ADVANTAGES_DIAGNOSES = [
     Diagnosis(_group_std_scaled, _STD_HINT),
     Diagnosis(_group_std_no_eps, _STD_HINT),
     Diagnosis(_group_population_std, _STD_HINT),
+    *(Diagnosis(_std_scaled(eps, unbiased), _STD_HINT) for eps in (1e-4, 1e-5, 1e-8) for unbiased in (True, False)),
     Diagnosis(
         _batch_mean,
         "you subtracted the mean over the whole batch. The baseline is per group: each prompt's "

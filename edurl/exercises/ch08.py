@@ -75,12 +75,26 @@ _UNSTABLE_HINT = (
 )
 
 
+def _kinked_at_zero(relu):
+    """-log sigmoid(x) = max(-x, 0) + log(1 + exp(-|x|)), right everywhere, but with max(-x, 0) written as a clamp
+    or a relu, whose derivative at x = 0 torch takes from one side (-1 or 0; the true one is -1/2)."""
+    return lambda c, r: ((relu(r - c)) + torch.log1p(torch.exp(-(c - r).abs()))).mean()
+
+
+_KINK_HINT = (
+    "the loss is right, but its gradient at a margin of exactly 0 is not: max(-x, 0) written with clamp or relu "
+    "takes its derivative at 0 from one side, and -log sigmoid(x) has slope -1/2 there. Use "
+    "torch.nn.functional.logsigmoid (or torch.maximum, which splits the tie)."
+)
+
+
 def _shared_diagnoses(swapped_hint: str, on_rewards=lambda buggy: buggy) -> list[Diagnosis]:
     """The mistakes both losses share, turned into the exercise's signature by ``on_rewards``."""
     return [
         Diagnosis(on_rewards(_swapped), swapped_hint),
         Diagnosis(on_rewards(_summed), _SUM_HINT),
         *(Diagnosis(on_rewards(_naive(f)), _UNSTABLE_HINT) for f in _NAIVE_NEG_LOG_SIGMOID),
+        *(Diagnosis(on_rewards(_kinked_at_zero(relu)), _KINK_HINT) for relu in (lambda x: x.clamp(min=0), torch.relu)),
     ]
 
 
@@ -107,18 +121,6 @@ def _rejected_detached(chosen_rewards, rejected_rewards):
     return _library_bt(chosen_rewards, rejected_rewards.detach())
 
 
-def _kinked_at_zero(relu):
-    """-log sigmoid(x) = max(-x, 0) + log(1 + exp(-|x|)), right everywhere, but with max(-x, 0) written as a clamp
-    or a relu, whose derivative at x = 0 torch takes from one side (-1 or 0; the true one is -1/2)."""
-    return lambda c, r: ((relu(r - c)) + torch.log1p(torch.exp(-(c - r).abs()))).mean()
-
-
-_KINK_HINT = (
-    "the loss is right, but its gradient at a margin of exactly 0 is not: max(-x, 0) written with clamp or relu "
-    "takes its derivative at 0 from one side, and -log sigmoid(x) has slope -1/2 there. Use "
-    "torch.nn.functional.logsigmoid (or torch.maximum, which splits the tie)."
-)
-
 _NO_LOG_HINT = (
     "the loss uses the sigmoid without the log. Bradley-Terry's sigmoid(r_c - r_r) is the probability of the "
     "label; the loss is its negative log-likelihood, whose gradient does not vanish when the model is badly wrong."
@@ -140,8 +142,6 @@ _BT_DIAGNOSES = [
     ),
     Diagnosis(_chosen_detached, _DETACHED_HINT),
     Diagnosis(_rejected_detached, _DETACHED_HINT),
-    Diagnosis(_kinked_at_zero(lambda x: x.clamp(min=0)), _KINK_HINT),
-    Diagnosis(_kinked_at_zero(torch.relu), _KINK_HINT),
 ]
 
 

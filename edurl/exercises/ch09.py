@@ -425,7 +425,11 @@ def check_env(
             _, stop = env.initial_observation()
             for reply in right_script:
                 result = env.step(tokenizer.encode(reply, add_special_tokens=False) + list(stop))
-                total, turns = total + result.reward, turns + 1
+                turns += 1
+                if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+                    total = result.reward  # named below
+                    break
+                total += result.reward
                 if result.episode_done:
                     break
                 stop = result.next_stop_condition

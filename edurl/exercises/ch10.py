@@ -247,7 +247,8 @@ _SOFT_DIAGNOSES = [
     Diagnosis(
         _sum_not_mean,
         "the baseline uses the log of a sum over the group, not of a mean: it is too high by tau * log G, so "
-        "every advantage is pushed down by the group size.",
+        "every advantage is pushed down by the group size. (In this case, of two rewards, a sum divided by G - 1 "
+        "looks the same: a mean divides by G.)",
     ),
     Diagnosis(
         _tau_missing_outside,

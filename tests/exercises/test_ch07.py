@@ -63,6 +63,7 @@ def test_group_advantages_checker_passes(fn):
         (ga_batch_mean, "mean over the whole batch"),
         (ga_grpo_std, "divided by a std (the group's"),
         (ga_std_no_eps, "divided by a std (the group's"),
+        (lambda r: (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4), "divided by a std (the group's"),
         (ga_raw, "returned the rewards unchanged"),
         (ga_dim0, "mean over dim=0"),
         (ga_no_keepdim, "keepdim=True"),

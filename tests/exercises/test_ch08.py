@@ -184,6 +184,11 @@ def test_dpo_checker_passes(fn):
     assert verdict.status == PASSED and verdict.implementation is fn
 
 
+def dpo_relu_form(pc, pr, rc, rr, beta):
+    x = beta * ((pc - rc) - (pr - rr))  # stable, but max(-x, 0) as a relu has slope 0 at a margin of 0 (no hint before)
+    return (torch.relu(-x) + torch.log1p(torch.exp(-x.abs()))).mean()
+
+
 @pytest.mark.parametrize(
     "buggy, message",
     [
@@ -197,6 +202,7 @@ def test_dpo_checker_passes(fn):
         (dpo_references_crossed, "the reference log-probs enter with the wrong sign"),
         (dpo_sum, "take the mean over pairs"),
         (dpo_log_of_sigmoid, "not numerically stable"),
+        (dpo_relu_form, "its gradient at a margin of exactly 0 is not"),
         (lambda pc, pr, rc, rr, beta: dpo_sum(pc, pr, rc, rr, beta).detach(), "loss has no gradient"),
     ],
 )

@@ -271,6 +271,12 @@ class PenaltyAndABrokenWin(ch09.ReverseWordEnv):
         return 0.0 if text.strip().isalpha() else -0.1, done, [] if done else [{"role": "user", "content": "no"}], {}
 
 
+class TextRewardOnTheRightAnswer(ch09.ReverseWordEnv):
+    def reply(self, text):
+        reward, done, new, metrics = super().reply(text)
+        return ("win" if reward else reward), done, new, metrics  # random replies never get here
+
+
 class PaysAfterConfirming(ch09.ReverseWordEnv):
     """Correct: a right answer is asked to confirm ("yes"), and only that pays."""
 
@@ -312,6 +318,8 @@ def test_check_env_plays_the_right_reply():
     assert exercises.check_env(lambda: NoRewardForTheRightAnswer("stop", R), verbose=False).status == PASSED
     wrong_type = exercises.check_env(make, right_reply=[4, 5], verbose=False)
     assert wrong_type.status == FAILED and "must be the text of a reply" in wrong_type.message
+    text = exercises.check_env(lambda: TextRewardOnTheRightAnswer("stop", R), right_reply="pots", verbose=False)
+    assert text.status == FAILED and "'win'" in text.message, text.message  # MessageEnv's float() names it
     # the bar is a wrong reply with tries left, not a malformed reply's penalty
     broken = exercises.check_env(lambda: PenaltyAndABrokenWin("stop", R), right_reply="pots", verbose=False)
     assert broken.status == FAILED and "recognise a right answer" in broken.message, broken.message

@@ -181,6 +181,7 @@ def soft_in_float64(r, tau):
     "buggy, message",
     [
         (soft_in_float64, "Compute in any precision you like, and end with .to(input.dtype)"),
+        (lambda r, tau: r - tau * (torch.logsumexp(r / tau, 1, keepdim=True) - math.log(r.shape[1] - 1)), "G - 1"),
         (soft_mean, "you subtracted the group mean"),
         (soft_max, "you subtracted the group's maximum"),
         (soft_lse, "log of a sum"),
