@@ -1,10 +1,12 @@
 import io
 import itertools
+import os
 import platform
 import random
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,3 +222,24 @@ def test_seed_stack_trainers_keep_freed_memory(monkeypatch, trainer):
     else:
         rl.train_reinforce(rl.ReinforceConfig(max_episodes=16, **kw))
     assert calls == [1]
+
+
+@pytest.mark.parametrize("preset", [None, "3"])
+def test_xdist_workers_get_cores_over_workers_threads_unless_set(preset):
+    """conftest.py caps each pytest-xdist worker (and so each notebook kernel it starts) at cores / workers threads,
+    as make test does, and leaves a cap the user set alone."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EDURL_MAX_THREADS", "OMP_NUM_THREADS")}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env["PROBE_EXPECT"] = preset or str(max(1, cores // 2))
+    if preset:
+        env["EDURL_MAX_THREADS"] = preset
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", "tests/_xdist_threads_probe.py"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
