@@ -32,6 +32,18 @@ def _as_loss(x, name: str) -> torch.Tensor:
     return x.reshape(())
 
 
+def refuse_overwrite(name: str, given: torch.Tensor, original: torch.Tensor) -> None:
+    """Raise unless ``given``, the copy of ``original`` handed to the learner as a leaf with ``requires_grad``, still
+    holds its values: the checker's own check of the inputs sees ``original``, and a tensor from ``.detach()`` or
+    ``.data`` shares the copy's memory, so a write through one is seen only here."""
+    now = given.detach()
+    if not ((now == original) | (now.isnan() & original.isnan())).all():
+        raise CheckFailure(
+            f"your function changed its input `{name}` in place (a tensor from .detach() or .data shares the input's "
+            "memory). Work on a copy (or build a new tensor) so the caller's data stays intact."
+        )
+
+
 def _parameter_name(fn: Callable, i: int) -> str:
     """The name the learner gave ``fn``'s argument ``i`` (they may rename them), or its position."""
     try:
@@ -66,14 +78,8 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
                     "stays intact; if you made it with requires_grad=True, build it from the inputs with out-of-place "
                     "operations (x = x + y, not x += y)."
                 ) from err
-            for i, original in given.items():  # through .detach() or .data, which share the clone's memory
-                now = args[i].detach()
-                if not ((now == original) | (now.isnan() & original.isnan())).all():
-                    raise CheckFailure(
-                        f"your function changed its input `{_parameter_name(fn, i)}` in place (a tensor from "
-                        ".detach() or .data shares the input's memory). Work on a copy (or build a new tensor) so the "
-                        "caller's data stays intact."
-                    )
+            for i, original in given.items():
+                refuse_overwrite(_parameter_name(fn, i), args[i], original)
             if out is None:
                 raise CheckFailure(
                     f"expected {len(loss_names)} output(s) ({', '.join(loss_names)}), got None "

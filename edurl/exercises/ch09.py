@@ -252,9 +252,11 @@ def _replay(env, replies: list[list[int]], beside: tuple | None = None) -> list[
         result = env.step(list(action) + list(stop))
         out.append((result.reward, result.episode_done, result.next_observation.to_ints()))
         if beside is not None and other_live and k < len(other_replies):
-            other_live = not other.step(list(other_replies[k]) + list(other_stop)).episode_done
+            other_result = other.step(list(other_replies[k]) + list(other_stop))
+            other_live, other_stop = not other_result.episode_done, other_result.next_stop_condition
         if result.episode_done:
             break
+        stop = result.next_stop_condition
     return out
 
 
@@ -419,20 +421,9 @@ def check_env(
             if going_rewards
             else (min(first_rewards), "the lowest a random first reply got")
         )
-        total, turns = 0.0, 0
+        shown = repr(right_reply)
         try:
-            env = make_env()
-            _, stop = env.initial_observation()
-            for reply in right_script:
-                result = env.step(tokenizer.encode(reply, add_special_tokens=False) + list(stop))
-                turns += 1
-                if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
-                    total = result.reward  # named below
-                    break
-                total += result.reward
-                if result.episode_done:
-                    break
-                stop = result.next_stop_condition
+            answers = _replay(make_env(), [tokenizer.encode(r, add_special_tokens=False) for r in right_script])
         except NotImplementedError:
             return verdict(
                 NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
@@ -440,14 +431,16 @@ def check_env(
         except Exception as err:
             return verdict(
                 FAILED,
-                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {right_script[turns]!r}: "
-                f"{err}. The branch of your environment that rewards a right answer must run too",
+                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {shown}: {err}. The "
+                "branch of your environment that rewards a right answer must run too",
             )
-        shown = repr(right_reply)
-        if not isinstance(total, (int, float)) or not math.isfinite(total):
+        turns, paid = len(answers), [r for r, *_ in answers]
+        bad = [r for r in paid if not isinstance(r, (int, float)) or not math.isfinite(r)]
+        if bad:
             return verdict(
-                FAILED, f"the right reply {shown} got the reward {total!r}: a reward must be a finite number"
+                FAILED, f"the right reply {shown} got the reward {bad[0]!r}: a reward must be a finite number"
             )
+        total = sum(paid)
         if total <= bar:
             return verdict(
                 FAILED,

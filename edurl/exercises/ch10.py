@@ -11,7 +11,6 @@ import torch
 
 from edurl.exercises._core import (
     Case,
-    CheckFailure,
     Diagnosis,
     Hints,
     Verdict,
@@ -20,6 +19,7 @@ from edurl.exercises._core import (
     run_checker,
     with_hints,
 )
+from edurl.exercises._grad import refuse_overwrite
 from edurl.exercises.solutions import ch10 as _solutions
 from edurl.llm.losses import soft_advantages as _library_soft
 from edurl.llm.losses import truncated_importance_weights as _library_tis
@@ -179,12 +179,7 @@ def check_truncated_importance_weights(fn, *, verbose: bool = True) -> Verdict:
         def call(train_logprobs, sampling_logprobs, mask, cap):
             given = train_logprobs.clone().requires_grad_(True)
             out = f(given, sampling_logprobs, mask, cap)
-            if not torch.equal(given.detach(), train_logprobs):  # through .detach() or .data, which share its memory
-                raise CheckFailure(
-                    "your function changed its input `train_logprobs` in place (a tensor from .detach() or .data "
-                    "shares the input's memory). Work on a copy (or build a new tensor) so the caller's data stays "
-                    "intact."
-                )
+            refuse_overwrite("train_logprobs", given, train_logprobs)
             return out
 
         return call

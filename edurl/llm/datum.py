@@ -31,6 +31,10 @@ import torch
 DATUM_FIELDS = ("target_tokens", "logprobs", "advantages", "mask")
 
 
+def _all_ints(tokens: list) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in tokens)
+
+
 @dataclass(frozen=True)
 class ModelInput:
     """The token ids a model reads."""
@@ -39,12 +43,11 @@ class ModelInput:
 
     @classmethod
     def from_ints(cls, tokens: Sequence[int]) -> ModelInput:
-        if isinstance(tokens, (torch.Tensor, np.ndarray)):
-            tokens = tokens.tolist()
-        else:  # NumPy's integers (from an array's items) are ids too
-            tokens = [int(t) if isinstance(t, np.integer) else t for t in tokens]
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            raise TypeError(f"ModelInput.from_ints takes int token ids, got {tokens[:5]!r}...")
+        tokens = tokens.tolist() if isinstance(tokens, (torch.Tensor, np.ndarray)) else list(tokens)
+        if not _all_ints(tokens):
+            tokens = [int(t) if isinstance(t, np.integer) else t for t in tokens]  # NumPy's integers are ids too
+            if not _all_ints(tokens):
+                raise TypeError(f"ModelInput.from_ints takes int token ids, got {tokens[:5]!r}...")
         return cls(tuple(tokens))
 
     def to_ints(self) -> list[int]:

@@ -158,7 +158,7 @@ class NanReward(ch09.ReverseWordEnv):
 class SharedHistory(Env):
     """A list on the class: every instance appends to the same conversation."""
 
-    messages = []
+    messages, tries = [], 2
 
     def __init__(self):
         self.turns = 0
@@ -171,7 +171,7 @@ class SharedHistory(Env):
         self.turns += 1
         message, _ = R.parse_response(action)
         self.messages += [message, {"role": "user", "content": "no"}]
-        done = self.turns >= 2
+        done = self.turns >= self.tries
         ob = [] if done else R.build_generation_prompt(self.messages)
         return StepResult(0.0, done, ModelInput.from_ints(ob), [4], {})
 
@@ -215,9 +215,12 @@ def test_check_env_rejects_broken_environments_by_name(make_env, hint):
     assert isinstance(verdict.implementation(), ch09.ReverseWordEnv)  # the notebook goes on with the reference
 
 
-class DefaultArgumentHistory(Env):
+class DefaultArgumentHistory(SharedHistory):
     """A mutable default argument: every env made without ``messages`` shares one list, which each empties when it
-    starts. Played one after another the episodes look right; played side by side, as a group's are, they mix."""
+    starts (SharedHistory's step). Played one after another the episodes look right; played side by side, as a
+    group's are, they mix (from the third turn: one env's second reply is in the other's third observation)."""
+
+    tries = 3
 
     def __init__(self, messages=[]):  # noqa: B006 (the mistake under test)
         self.messages, self.turns = messages, 0
@@ -225,14 +228,6 @@ class DefaultArgumentHistory(Env):
     def initial_observation(self):
         self.messages[:] = [{"role": "user", "content": "Reverse: cat"}]
         return ModelInput.from_ints(R.build_generation_prompt(self.messages)), [4]
-
-    def step(self, action):
-        self.turns += 1
-        message, _ = R.parse_response(action)
-        self.messages += [message, {"role": "user", "content": "no"}]
-        done = self.turns >= 3
-        ob = [] if done else R.build_generation_prompt(self.messages)
-        return StepResult(0.0, done, ModelInput.from_ints(ob), [4], {})
 
 
 class StartsByAppending(DefaultArgumentHistory):
