@@ -24,7 +24,7 @@ LAB_ROOT_FLAG := $(shell [ "$$(id -u 2>/dev/null)" = 0 ] && echo --allow-root)
 # Extra `jupyter lab` options, e.g. LAB_ARGS="--no-browser --port=8890" (the browser tests pass a port and a token).
 LAB_ARGS ?=
 
-.PHONY: setup lab lint format test unit notebooks book browser-tests gpu-check clean-venv
+.PHONY: setup lab lint format test unit notebooks solved-notebooks book browser-tests gpu-check clean-venv
 
 setup: $(VENV)/.edurl-installed
 
@@ -66,6 +66,10 @@ unit: setup
 
 notebooks: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope notebooks --nbval-lax --nbval-current-env
+
+# The notebooks as a learner who solved every exercise runs them (tests/solved_notebooks.py); not part of `test`.
+solved-notebooks: setup
+	$(TEST_ENV) $(BIN)/python tests/solved_notebooks.py --workers $(PYTEST_WORKERS)
 
 # The book (Sphinx + MyST-NB, offline): notebooks without a fresh executed copy in _build/executed run first,
 # under the same nbval command; then Sphinx with -W. Open _build/html/index.html.
