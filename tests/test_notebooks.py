@@ -53,6 +53,18 @@ def test_no_committed_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_a_unique_id(path):
+    """nbformat 4.5 gives every cell an id; a cell added by a script without one makes nbformat warn on every read
+    (a hard error in future versions)."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), f"{path.name}: save it as nbformat 4.5 or later"
+    ids = [cell.get("id") for cell in nb["cells"]]
+    missing = [i for i, cell_id in enumerate(ids) if not cell_id]
+    assert not missing, f"{path.name}: cells {missing} have no id (nbformat.validator.normalize adds them)"
+    assert len(set(ids)) == len(ids), f"{path.name}: two cells share an id"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_first_cell_imports_edurl_seeds_and_prints_device(path):
     first = _source(_code_cells(path)[0])
     assert "import edurl" in first and "edurl.seed_everything(" in first and "edurl.device()" in first
