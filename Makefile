@@ -13,7 +13,7 @@ TORCH_CPU_SPEC ?= torch==2.13.0
 PYTEST_WORKERS ?= 2
 # torch threads per test process: cores / workers (at least 1). Two notebooks that each took both cores of a
 # 2-core machine ran about 15x slower than one alone; edurl.cpu_threads caps every thread count at this.
-TEST_THREADS ?= $(shell c=$$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1); w=$(PYTEST_WORKERS); case $$w in (''|*[!0-9]*) w=$$c;; esac; \
+TEST_THREADS ?= $(shell c=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1); w=$(PYTEST_WORKERS); case $$w in (''|*[!0-9]*) w=$$c;; esac; \
 	t=$$((c / w)); [ $$t -ge 1 ] || t=1; echo $$t)
 TEST_ENV = EDURL_MAX_THREADS=$(TEST_THREADS) OMP_NUM_THREADS=$(TEST_THREADS)
 BIN := $(VENV)/bin

@@ -10,10 +10,11 @@ def pytest_configure(config):
     took every core (cells ran many times slower, past nbval's cell timeout), and each warm start was looked up in
     the cache under the uncapped thread count (``edurl.llm.sft.checkpoint_key``), so missed it and trained again.
     The notebooks' kernels inherit this environment."""
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
-    if not workers or os.environ.get("EDURL_MAX_THREADS"):
+    worker = getattr(config, "workerinput", None)  # set in xdist's workers only (an environment variable would
+    if worker is None or os.environ.get("EDURL_MAX_THREADS"):  # leak into a pytest -n started inside a worker)
         return
+    workers = worker["workercount"]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = str(max(1, cores // int(workers)))
+    threads = str(max(1, cores // workers))
     os.environ["EDURL_MAX_THREADS"] = threads
     os.environ.setdefault("OMP_NUM_THREADS", threads)

@@ -1,10 +1,14 @@
 """The two ways to install (pip with pyproject.toml, conda with environment.yml) ask for the same packages,
 and the README, Makefile and CI agree on the commands."""
 
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 if sys.version_info >= (3, 11):
@@ -77,3 +81,14 @@ def test_the_local_server_launcher_imports_without_the_tinker_sdk():
         [sys.executable, "-c", block + "from edurl.serve import create_app"], capture_output=True, text=True
     )
     assert app.returncode != 0 and "pip install -e '.[tinker]'" in app.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None or not hasattr(os, "sched_getaffinity"), reason="needs make and Linux")
+def test_make_gives_each_test_worker_cores_over_workers_threads_whatever_omp_says():
+    """GNU nproc obeys OMP_NUM_THREADS, so with OMP_NUM_THREADS=8 exported, make test once gave each of 2 workers
+    4 threads on a 2-core machine (and warm-start cache keys that conftest.py's cap does not give)."""
+    cores = len(os.sched_getaffinity(0))
+    env = {**os.environ, "OMP_NUM_THREADS": "8", "OMP_THREAD_LIMIT": "8"}
+    env.pop("TEST_THREADS", None)
+    dry = subprocess.run(["make", "-n", "unit"], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    assert f"EDURL_MAX_THREADS={max(1, cores // 2)} " in dry, dry

@@ -228,7 +228,11 @@ def test_seed_stack_trainers_keep_freed_memory(monkeypatch, trainer):
 def test_xdist_workers_get_cores_over_workers_threads_unless_set(preset):
     """conftest.py caps each pytest-xdist worker (and so each notebook kernel it starts) at cores / workers threads,
     as make test does, and leaves a cap the user set alone."""
-    env = {k: v for k, v in os.environ.items() if k not in ("EDURL_MAX_THREADS", "OMP_NUM_THREADS")}
+    env = {  # as from a shell: this test may itself run in an xdist worker
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("EDURL_MAX_THREADS", "OMP_NUM_THREADS") and not k.startswith("PYTEST_XDIST")
+    }
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     env["PROBE_EXPECT"] = preset or str(max(1, cores // 2))
     if preset:
