@@ -37,7 +37,7 @@ def refuse_overwrite(name: str, given: torch.Tensor, original: torch.Tensor) -> 
     holds its values: the checker's own check of the inputs sees ``original``, and a tensor from ``.detach()`` or
     ``.data`` shares the copy's memory, so a write through one is seen only here."""
     now = given.detach()
-    if not ((now == original) | (now.isnan() & original.isnan())).all():
+    if now.shape != original.shape or not ((now == original) | (now.isnan() & original.isnan())).all():
         raise CheckFailure(
             f"your function changed its input `{name}` in place (a tensor from .detach() or .data shares the input's "
             "memory). Work on a copy (or build a new tensor) so the caller's data stays intact."

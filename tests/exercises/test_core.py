@@ -204,3 +204,19 @@ def test_every_solution_named_in_a_solutions_docstring_is_registered():
         module = importlib.import_module(f"edurl.exercises.solutions.ch{chapter:02d}")
         for name in re.findall(r'"(\w+)"', module.__doc__):
             assert name in exercises.EXERCISES, f"{module.__name__}'s docstring names {name!r}, not an exercise"
+
+
+def test_refuse_overwrite_sees_new_values_and_a_new_shape_but_not_nan_where_nan_was():
+    from edurl.exercises._core import CheckFailure
+    from edurl.exercises._grad import refuse_overwrite
+
+    original = torch.tensor([[1.0, float("nan"), 3.0]])
+    given = original.clone().requires_grad_(True)
+    refuse_overwrite("x", given, original)  # untouched, NaN included
+    given.data = given.data[0]  # (3,) against (1, 3): broadcasting would call it equal
+    with pytest.raises(CheckFailure, match="changed its input `x` in place"):
+        refuse_overwrite("x", given, original)
+    given = original.clone().requires_grad_(True)
+    given.detach()[0, 0] = 2.0
+    with pytest.raises(CheckFailure, match="changed its input `x`"):
+        refuse_overwrite("x", given, original)
