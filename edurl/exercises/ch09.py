@@ -190,6 +190,16 @@ def _random_reply(rng: random.Random, tokenizer, stop: list[int]) -> list[int]:
     return ids if rng.random() < 0.1 else ids + list(stop)
 
 
+def _stop_ids(stop, where: str) -> list[int]:
+    """``stop`` as a list, if it is what the sampler needs to end the model's next turn: a non-empty list of ids."""
+    if not (isinstance(stop, (list, tuple)) and stop and all(isinstance(t, int) for t in stop)):
+        raise _Problem(
+            f"{where} gave the stop condition {stop!r}; while the episode goes on it must be a non-empty list of "
+            "token ids (the sampler ends the model's next turn on them), e.g. renderer.get_stop_sequences()"
+        )
+    return list(stop)
+
+
 def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int], StepResult]]:
     start = env.initial_observation()
     if not (isinstance(start, tuple) and len(start) == 2 and isinstance(start[0], ModelInput)):
@@ -200,9 +210,7 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
     ob, stop = start
     if ob.length == 0:
         raise _Problem("initial_observation() returned an empty observation; the model needs a prompt to read")
-    if not (isinstance(stop, (list, tuple)) and stop and all(isinstance(t, int) for t in stop)):
-        raise _Problem(f"the stop condition must be a non-empty list of token ids, got {stop!r}")
-    stop = list(stop)
+    stop = _stop_ids(stop, "initial_observation()")
     turns = []
     for _ in range(max_turns):
         action = _random_reply(rng, tokenizer, stop)
@@ -230,7 +238,7 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
                 "must start with everything the model has seen and said (re-render the whole conversation, the "
                 "model's reply included)"
             )
-        ob = nxt
+        ob, stop = nxt, _stop_ids(result.next_stop_condition, "step()'s next_stop_condition")
     raise _Problem(
         f"the episode did not end within {max_turns} turns of random replies (the checker plays at most "
         f"max_turns={max_turns}); end it (episode_done=True) after a fixed number of tries. If your environment "
@@ -250,13 +258,14 @@ def _replay(env, replies: list[list[int]], beside: tuple | None = None) -> list[
     out = []
     for k, action in enumerate(replies):
         result = env.step(list(action) + list(stop))
-        out.append((result.reward, result.episode_done, result.next_observation.to_ints()))
+        # an ended episode's observation is never read (the rollout keeps None), so it need not be a ModelInput
+        out.append(
+            (result.reward, result.episode_done, None if result.episode_done else result.next_observation.to_ints())
+        )
         if beside is not None and other_live and k < len(other_replies):
-            other_result = other.step(list(other_replies[k]) + list(other_stop))
-            other_live, other_stop = not other_result.episode_done, other_result.next_stop_condition
+            other_live = not other.step(list(other_replies[k]) + list(other_stop)).episode_done
         if result.episode_done:
             break
-        stop = result.next_stop_condition
     return out
 
 
@@ -421,9 +430,20 @@ def check_env(
             if going_rewards
             else (min(first_rewards), "the lowest a random first reply got")
         )
-        shown = repr(right_reply)
+        total, turns = 0.0, 0
         try:
-            answers = _replay(make_env(), [tokenizer.encode(r, add_special_tokens=False) for r in right_script])
+            env = make_env()
+            _, stop = env.initial_observation()
+            for reply in right_script:
+                result = env.step(tokenizer.encode(reply, add_special_tokens=False) + list(stop))
+                turns += 1
+                if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+                    total = result.reward  # named below
+                    break
+                total += result.reward
+                if result.episode_done:
+                    break
+                stop = result.next_stop_condition
         except NotImplementedError:
             return verdict(
                 NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
@@ -431,16 +451,14 @@ def check_env(
         except Exception as err:
             return verdict(
                 FAILED,
-                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {shown}: {err}. The "
-                "branch of your environment that rewards a right answer must run too",
+                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {right_script[turns]!r}: "
+                f"{err}. The branch of your environment that rewards a right answer must run too",
             )
-        turns, paid = len(answers), [r for r, *_ in answers]
-        bad = [r for r in paid if not isinstance(r, (int, float)) or not math.isfinite(r)]
-        if bad:
+        shown = repr(right_reply)
+        if not isinstance(total, (int, float)) or not math.isfinite(total):
             return verdict(
-                FAILED, f"the right reply {shown} got the reward {bad[0]!r}: a reward must be a finite number"
+                FAILED, f"the right reply {shown} got the reward {total!r}: a reward must be a finite number"
             )
-        total = sum(paid)
         if total <= bar:
             return verdict(
                 FAILED,

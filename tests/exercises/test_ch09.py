@@ -300,6 +300,40 @@ def test_check_env_plays_envs_side_by_side_and_makes_a_new_one_per_call():
     assert verdict.status == PASSED, verdict.message
 
 
+class NoStopAfterTheFirstTurn(ch09.ReverseWordEnv):
+    """Forgets the stop condition while the episode goes on: the rollout's sampler would get None."""
+
+    def step(self, action):
+        r = super().step(action)
+        return r if r.episode_done else StepResult(r.reward, False, r.next_observation, None, r.metrics)
+
+
+class NothingAfterTheEnd(ch09.ReverseWordEnv):
+    """Correct: None for an ended episode's observation and stop condition, which nothing reads."""
+
+    def step(self, action):
+        r = super().step(action)
+        return StepResult(r.reward, True, None, None, r.metrics) if r.episode_done else r
+
+
+class DefaultArgumentHistoryNothingAfterTheEnd(DefaultArgumentHistory):
+    """DefaultArgumentHistory's mistake, with None as an ended episode's observation: reading that observation once
+    made the checker skip its side-by-side play, and pass."""
+
+    def step(self, action):
+        r = super().step(action)
+        return StepResult(r.reward, True, None, None, r.metrics) if r.episode_done else r
+
+
+def test_check_env_needs_a_stop_condition_only_while_the_episode_goes_on():
+    verdict = exercises.check_env(lambda: NoStopAfterTheFirstTurn("stop", R), verbose=False)
+    assert verdict.status == FAILED and "next_stop_condition gave the stop condition None" in verdict.message
+    verdict = exercises.check_env(lambda: NothingAfterTheEnd("stop", R), right_reply="pots", verbose=False)
+    assert verdict.status == PASSED, verdict.message
+    verdict = exercises.check_env(DefaultArgumentHistoryNothingAfterTheEnd, verbose=False)
+    assert verdict.status == FAILED and "played beside it" in verdict.message, verdict.message
+
+
 def test_check_env_plays_the_right_reply():
     make = lambda: ch09.ReverseWordEnv("stop", R)  # noqa: E731
     verdict = exercises.check_env(make, verbose=False)

@@ -335,6 +335,24 @@ def test_an_env_that_never_ends_is_stopped_with_a_clear_error(char_tokenizer, sm
         do_group_rollouts([builder], SamplingClient(small_model, char_tokenizer), SamplingParams(max_tokens=4), 3)
 
 
+class _NothingAfterTheEnd(GuessNumberEnv):
+    """Returns None for the observation and the stop condition of an ended episode, which the rollout never reads."""
+
+    def step(self, action):
+        result = super().step(action)
+        if not result.episode_done:
+            return result
+        return StepResult(result.reward, True, None, None, result.metrics)
+
+
+def test_an_ended_episodes_observation_and_stop_condition_are_not_read(char_tokenizer, small_model):
+    r = ChatMLRenderer(char_tokenizer)
+    builder = ProblemGroupBuilder(lambda: _NothingAfterTheEnd(3, r), 2)
+    sampler = SamplingClient(small_model, char_tokenizer)
+    (group,) = do_group_rollouts([builder], sampler, SamplingParams(max_tokens=4, seed=0), 3)
+    assert all(t.transitions[-1].episode_done for t in group.trajectories)
+
+
 def test_builder_rejects_an_env_factory_that_reuses_one_env(char_tokenizer):
     env = GuessNumberEnv(3, ChatMLRenderer(char_tokenizer))
     with pytest.raises(ValueError, match="same Env"):

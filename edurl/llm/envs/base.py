@@ -338,7 +338,8 @@ def _play(
                 ac = TokensWithLogprobs(list(seq.tokens), list(seq.logprobs), seq.stop_reason)
                 transitions[i].append(Transition(obs[i], ac, result.reward, result.episode_done, dict(result.metrics)))
                 obs[i] = None if result.episode_done else result.next_observation
-                stops[i] = list(result.next_stop_condition)
+                if not result.episode_done:  # an ended episode's stop condition is never used
+                    stops[i] = list(result.next_stop_condition)
     return [Trajectory(t, ModelInput.from_ints([])) for t in transitions]
 
 
