@@ -33,3 +33,9 @@ def test_a_check_without_a_worked_solution_is_refused():
     nb = {"cells": [{"cell_type": "code", "source": "v = exercises.check_gae(no_such_function)\n"}]}
     with pytest.raises(ValueError, match="has no `no_such_function`"):
         solve_notebook(nb, 4)
+
+
+def test_a_cell_with_two_checks_is_refused():
+    nb = {"cells": [{"cell_type": "code", "source": "v = exercises.check_gae(gae)\nw = exercises.check_gae(gae)\n"}]}
+    with pytest.raises(ValueError, match="two exercise checks"):
+        solve_notebook(nb, 4)
