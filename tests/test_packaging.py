@@ -88,7 +88,7 @@ def test_make_gives_each_test_worker_cores_over_workers_threads_whatever_omp_say
     """GNU nproc obeys OMP_NUM_THREADS, so with OMP_NUM_THREADS=8 exported, make test once gave each of 2 workers
     4 threads on a 2-core machine (and warm-start cache keys that conftest.py's cap does not give)."""
     cores = len(os.sched_getaffinity(0))
-    env = {**os.environ, "OMP_NUM_THREADS": "8", "OMP_THREAD_LIMIT": "8"}
-    env.pop("TEST_THREADS", None)
+    outer = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL", "TEST_THREADS", "PYTEST_WORKERS")  # make test X=1
+    env = {k: v for k, v in os.environ.items() if k not in outer} | {"OMP_NUM_THREADS": "8", "OMP_THREAD_LIMIT": "8"}
     dry = subprocess.run(["make", "-n", "unit"], cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     assert f"EDURL_MAX_THREADS={max(1, cores // 2)} " in dry, dry

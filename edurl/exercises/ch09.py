@@ -195,7 +195,8 @@ def _stop_ids(stop, where: str) -> list[int]:
     if not (isinstance(stop, (list, tuple)) and stop and all(isinstance(t, int) for t in stop)):
         raise _Problem(
             f"{where} gave the stop condition {stop!r}; while the episode goes on it must be a non-empty list of "
-            "token ids (the sampler ends the model's next turn on them), e.g. renderer.get_stop_sequences()"
+            "token ids as Python ints (the sampler ends the model's next turn on them), e.g. "
+            "renderer.get_stop_sequences(), or [int(t) for t in ids]"
         )
     return list(stop)
 
@@ -263,9 +264,13 @@ def _replay(env, replies: list[list[int]], beside: tuple | None = None) -> list[
             (result.reward, result.episode_done, None if result.episode_done else result.next_observation.to_ints())
         )
         if beside is not None and other_live and k < len(other_replies):
-            other_live = not other.step(list(other_replies[k]) + list(other_stop)).episode_done
+            other_result = other.step(list(other_replies[k]) + list(other_stop))
+            other_live = not other_result.episode_done
+            if other_live:  # each turn closed with the stop condition the rollout would sample with
+                other_stop = _stop_ids(other_result.next_stop_condition, "step()'s next_stop_condition")
         if result.episode_done:
             break
+        stop = _stop_ids(result.next_stop_condition, "step()'s next_stop_condition")
     return out
 
 
@@ -430,10 +435,12 @@ def check_env(
             if going_rewards
             else (min(first_rewards), "the lowest a random first reply got")
         )
-        total, turns = 0.0, 0
+        total, turns, doing = 0.0, 0, "make_env()"
         try:
             env = make_env()
+            doing = "initial_observation()"
             _, stop = env.initial_observation()
+            doing = "step()"
             for reply in right_script:
                 result = env.step(tokenizer.encode(reply, add_special_tokens=False) + list(stop))
                 turns += 1
@@ -443,16 +450,21 @@ def check_env(
                 total += result.reward
                 if result.episode_done:
                     break
-                stop = result.next_stop_condition
+                stop = _stop_ids(
+                    result.next_stop_condition, f"step()'s next_stop_condition after the right reply {reply!r}"
+                )
         except NotImplementedError:
             return verdict(
                 NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
             )
+        except _Problem as err:
+            return verdict(FAILED, f"{err}.\n  The notebook continues with the reference environment.")
         except Exception as err:
+            where = f"on the right reply {right_script[turns]!r}" if doing == "step()" else "before the right reply"
             return verdict(
                 FAILED,
-                f"step() raised {type(err).__name__}{_where_it_raised(err)} on the right reply {right_script[turns]!r}: "
-                f"{err}. The branch of your environment that rewards a right answer must run too",
+                f"{doing} raised {type(err).__name__}{_where_it_raised(err)} {where}: {err}. The branch of your "
+                "environment that rewards a right answer must run too",
             )
         shown = repr(right_reply)
         if not isinstance(total, (int, float)) or not math.isfinite(total):

@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -325,6 +326,43 @@ class DefaultArgumentHistoryNothingAfterTheEnd(DefaultArgumentHistory):
         return StepResult(r.reward, True, None, None, r.metrics) if r.episode_done else r
 
 
+class LaterStopShared(ch09.ReverseWordEnv):
+    """Counts steps on the class, and after 40 of them anywhere puts an id before its stop condition: shared state that
+    shows only in a later turn's stop condition, with which the rollout closes the next reply."""
+
+    steps = 0
+
+    def step(self, action):
+        r = super().step(action)
+        type(self).steps += 1
+        if r.episode_done:
+            return r
+        extra = R.tokenizer.encode("x", add_special_tokens=False) if type(self).steps > 40 else []
+        return StepResult(r.reward, False, r.next_observation, extra + list(r.next_stop_condition), r.metrics)
+
+
+class RightBranchBadStop(ch09.ReverseWordEnv):
+    """A right first reply earns 0.5 and one more turn, whose stop condition is ``bad`` (random replies never get
+    there)."""
+
+    bad = None
+
+    def reply(self, text):
+        if text.strip() == "pots" and self.turns == 1:
+            return 0.5, False, [{"role": "user", "content": "again"}], {}
+        return super().reply(text)
+
+    def step(self, action):
+        r = super().step(action)
+        if not r.episode_done and r.reward == 0.5:
+            return StepResult(r.reward, False, r.next_observation, self.bad, r.metrics)
+        return r
+
+
+class RightBranchNumpyStop(RightBranchBadStop):
+    bad = [np.int64(4)]
+
+
 def test_check_env_needs_a_stop_condition_only_while_the_episode_goes_on():
     verdict = exercises.check_env(lambda: NoStopAfterTheFirstTurn("stop", R), verbose=False)
     assert verdict.status == FAILED and "next_stop_condition gave the stop condition None" in verdict.message
@@ -332,6 +370,16 @@ def test_check_env_needs_a_stop_condition_only_while_the_episode_goes_on():
     assert verdict.status == PASSED, verdict.message
     verdict = exercises.check_env(DefaultArgumentHistoryNothingAfterTheEnd, verbose=False)
     assert verdict.status == FAILED and "played beside it" in verdict.message, verdict.message
+    LaterStopShared.steps = 0
+    verdict = exercises.check_env(lambda: LaterStopShared("stop", R), verbose=False)
+    assert verdict.status == FAILED and "answered the same 20 replies differently" in verdict.message, verdict.message
+    # the right reply's branch: the checker's own list(None) was once reported as a crash of step()
+    for env, said in ((RightBranchBadStop, "gave the stop condition None"), (RightBranchNumpyStop, "Python ints")):
+        verdict = exercises.check_env(lambda env=env: env("stop", R), right_reply=["pots", "pots"], verbose=False)
+        assert (
+            verdict.status == FAILED and said in verdict.message and "after the right reply 'pots'" in verdict.message
+        )
+        assert "step() raised" not in verdict.message, verdict.message
 
 
 def test_check_env_plays_the_right_reply():
