@@ -61,10 +61,12 @@ def solve_notebook(nb: dict, chapter: int) -> tuple[dict, list[str]]:
         if match is None:
             raise ValueError(f"chapter {chapter}: an exercise cell has no `v = exercises.check_...(name...)` line")
         verdict, checker, name = match.groups()
-        needed = "ReverseWordEnv" if name == "make_env" else name
-        if not hasattr(solutions, needed):
-            raise ValueError(f"{module} has no `{needed}` for {checker}; add the worked solution, or a BINDINGS entry")
         binding = BINDINGS.get(name, f"{name} = _solved.{name}")
+        for needed in re.findall(r"_solved\.(\w+)", binding):
+            if not hasattr(solutions, needed):
+                raise ValueError(
+                    f"{module} has no `{needed}` for {checker}; add the worked solution or a BINDINGS entry"
+                )
         lines = source.split("\n")
         call = next(
             node

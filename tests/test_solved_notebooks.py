@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.solved_notebooks import solve_notebook
+from tests.solved_notebooks import BINDINGS, solve_notebook
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -22,6 +22,13 @@ def test_every_exercise_cell_binds_its_worked_solution(path):
         if c["cell_type"] == "code" and "exercises.check_" in "".join(c["source"])
     ]
     assert bound == checked and bound
+    cells = [c["source"] for c in solved["cells"] if c["cell_type"] == "code" and "exercises.check_" in c["source"]]
+    for name, src in zip(bound, cells):  # the solution bound before the check, the assert after it
+        verdict = src.split(" = exercises.check_", 1)[0].rsplit("\n", 1)[-1]
+        check = src.index(f"{verdict} = exercises.check_")
+        binding = BINDINGS.get(name, f"{name} = _solved.{name}")
+        assert src.index("import edurl.exercises.solutions.ch") < src.index(binding) < check
+        assert src.index(f"assert {verdict}.passed", check) > check
     for cell in solved["cells"]:
         if cell["cell_type"] == "code":
             src = cell["source"]
