@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import statistics
 import tempfile
 import threading
@@ -37,7 +36,7 @@ from _args import positive_int  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm import grpo
 from edurl.llm.grpo import GRPOConfig, train_grpo
-from edurl.utils import torch_threads
+from edurl.utils import torch_threads, usable_cores
 
 
 def sample_half(config, trainer, renderer, task, step):
@@ -167,7 +166,7 @@ def beside_process(fn, other: str, at: int, cores: int, reps: int, threads: int,
 
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cores", type=positive_int, default=os.cpu_count() or 2, help="CPU cores the run may use")
+    parser.add_argument("--cores", type=positive_int, default=usable_cores(), help="CPU cores the run may use")
     parser.add_argument("--at", type=int, default=5, help="the recipe step whose batch is timed")
     parser.add_argument("--reps", type=positive_int, default=7, help="timed calls per measurement (median)")
     parser.add_argument(

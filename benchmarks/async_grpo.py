@@ -32,7 +32,6 @@ on 3 seeds.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from dataclasses import replace
 
@@ -40,6 +39,7 @@ import pandas as pd
 from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm.grpo import GRPOConfig, train_grpo
+from edurl.utils import usable_cores
 
 TARGET_SPEEDUP, TARGET_GAP = 1.2, 0.05
 
@@ -69,7 +69,7 @@ def main(argv=None) -> pd.DataFrame:
         default=8,
         help="completions per problem (8: Chapter 10's runs; 4: Chapter 7's default)",
     )
-    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="CPU cores the run may use")
+    parser.add_argument("--cores", type=int, default=usable_cores(), help="CPU cores the run may use")
     parser.add_argument(
         "--async-threads", type=int, default=None, help="torch threads of each async side (default: cores // 2)"
     )

@@ -220,7 +220,9 @@ def check_cuda_tests(timeout: float, failures_dir: Path | None = None) -> tuple[
 
 
 def threads_per_worker(workers: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+    from edurl.utils import usable_cores
+
+    return max(1, usable_cores() // max(1, workers))
 
 
 def code_cells(notebook: Path) -> int:
@@ -593,11 +595,13 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from edurl.utils import usable_cores
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="gpu_check.json", help="where to write the table as JSON")
     ap.add_argument("--only", nargs="+", choices=CHECKS, default=list(DEFAULT_CHECKS), help="run only these checks")
     ap.add_argument(
-        "--workers", type=int, default=min(10, os.cpu_count() or 1), help="pytest-xdist workers for the notebooks"
+        "--workers", type=int, default=min(10, usable_cores()), help="pytest-xdist workers for the notebooks"
     )
     ap.add_argument("--num-envs", type=int, default=4096, help="TorchCartPole envs for the PPO check")
     ap.add_argument("--tests-timeout", type=float, default=150, help="seconds allowed for pytest -m cuda")

@@ -101,6 +101,18 @@ _pick_device = device  # torch_threads' own argument is called device
 MAX_THREADS_ENV = "EDURL_MAX_THREADS"
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its CPU affinity where the OS keeps one (Linux: ``taskset``, a
+    container's or a Slurm job's cpuset), else :func:`os.cpu_count`. ``os.cpu_count()`` counts the whole machine,
+    so inside a 2-core cpuset on a 64-core host it says 64, and thread counts made from it oversubscribe the 2.
+    """
+    if hasattr(os, "process_cpu_count"):  # Python 3.13: the affinity where there is one
+        return os.process_cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def cpu_threads(num_threads: int) -> int:
     """``num_threads``, or ``$EDURL_MAX_THREADS`` when that is set and smaller.
 

@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 import edurl
-from edurl.utils import progress
+from edurl.utils import progress, usable_cores
 
 
 def test_device_defaults_to_cuda_if_available_else_cpu():
@@ -224,6 +224,19 @@ def test_seed_stack_trainers_keep_freed_memory(monkeypatch, trainer):
     assert calls == [1]
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is a Linux call")
+def test_usable_cores_counts_the_cores_this_process_may_run_on():
+    """os.cpu_count() counts the machine: a process pinned to one core (taskset, a container's cpuset) still got
+    the machine's count, and thread counts made from it oversubscribed that core."""
+    allowed = os.sched_getaffinity(0)
+    assert usable_cores() == len(allowed)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        assert usable_cores() == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 @pytest.mark.parametrize("preset", [None, "3"])
 def test_xdist_workers_get_cores_over_workers_threads_unless_set(preset):
     """conftest.py caps each pytest-xdist worker (and so each notebook kernel it starts) at cores / workers threads,
@@ -233,7 +246,7 @@ def test_xdist_workers_get_cores_over_workers_threads_unless_set(preset):
         for k, v in os.environ.items()
         if k not in ("EDURL_MAX_THREADS", "OMP_NUM_THREADS") and not k.startswith("PYTEST_XDIST")
     }
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     env["PROBE_EXPECT"] = preset or str(max(1, cores // 2))
     if preset:
         env["EDURL_MAX_THREADS"] = preset

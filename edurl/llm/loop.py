@@ -29,7 +29,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import load_or_train_sft, reply_lengths
 from edurl.metrics import MetricsLogger, load_metrics, truncate_metrics
 from edurl.utils import device as pick_device
-from edurl.utils import progress, torch_threads
+from edurl.utils import progress, torch_threads, usable_cores
 
 if TYPE_CHECKING:
     from edurl.llm.grpo import GRPOConfig
@@ -179,7 +179,7 @@ def _check_same_config(config: GRPOConfig, desc: str, world: World) -> None:
             "log_dir (rank 0 alone writes there). Pass the same arguments to every rank."
         )
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if world.is_main and world.device == "cpu" and config.num_threads * ranks_here > cores:
         warnings.warn(
             f"num_threads={config.num_threads} in each of {ranks_here} ranks on this machine is "

@@ -17,6 +17,7 @@ from edurl.llm.distributed import SINGLE, World, init_world, launch, loss_share
 from edurl.llm.grpo import GRPOConfig, Rollout, train_grpo, update
 from edurl.llm.model import build_tiny_lm
 from edurl.llm.tokenizer import build_char_tokenizer
+from edurl.utils import usable_cores
 
 from .conftest import SMALL
 
@@ -110,11 +111,21 @@ def _config_checks(rank, world) -> dict:
         _check_same_config(GRPOConfig(log_dir=f"runs/rank{rank}", num_threads=1), "grpo", world)
     except ValueError as error:
         out[f"config refused on rank {rank}"] = str(error)
-    for threads in (1, os.cpu_count()):
+    for threads in (1, usable_cores()):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             _check_same_config(GRPOConfig(num_threads=threads), "grpo", world)
         out[f"warnings with {threads} threads"] = [str(w.message) for w in caught]
+    if hasattr(os, "sched_setaffinity"):  # a rank pinned to one core (taskset, a cpuset) counts that core alone
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(allowed)})
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _check_same_config(GRPOConfig(num_threads=1), "grpo", world)
+        finally:
+            os.sched_setaffinity(0, allowed)
+        out["warnings pinned to one core"] = [str(w.message) for w in caught]
     return out
 
 
@@ -143,9 +154,13 @@ def test_every_rank_refuses_a_config_that_differs_between_ranks(two_ranks):
     rate trained copies that drifted apart while rank 0 alone saved."""
     message = two_ranks["config refused on rank 0"]
     assert "log_dir: 'runs/rank0' on rank 0, 'runs/rank1' on rank 1" in message, message
-    assert two_ranks["warnings with 1 threads"] == [] or os.cpu_count() < 2
-    (oversubscribed,) = two_ranks[f"warnings with {os.cpu_count()} threads"]
-    assert f"is {2 * os.cpu_count()} threads for {os.cpu_count()} cores" in oversubscribed
+    cores = usable_cores()
+    assert two_ranks["warnings with 1 threads"] == [] or cores < 2
+    (oversubscribed,) = two_ranks[f"warnings with {cores} threads"]
+    assert f"is {2 * cores} threads for {cores} cores" in oversubscribed
+    if hasattr(os, "sched_setaffinity"):  # os.cpu_count() said 2 cores there, so no warning
+        (pinned,) = two_ranks["warnings pinned to one core"]
+        assert "is 2 threads for 1 cores" in pinned and "Pass num_threads=1" in pinned, pinned
 
 
 @pytest.mark.parametrize("mode", MODES)
