@@ -64,6 +64,15 @@ def test_each_observation_extends_the_previous_turn(renderer):
     assert is_prefix_consistent(traj)
 
 
+def test_a_scripted_episode_ends_as_a_rollout_does(renderer):
+    """play_actions returned the last turn's observation as an ended episode's final_ob, where Trajectory and the
+    rollout have it empty; with actions left to play, final_ob is the turn that was not played."""
+    ended = _play_scripted(GuessNumberEnv(21, renderer), renderer, GAME)
+    assert ended.transitions[-1].episode_done and ended.final_ob.to_ints() == []
+    cut = _play_scripted(GuessNumberEnv(21, renderer), renderer, GAME[:2])
+    assert not cut.transitions[-1].episode_done and cut.final_ob.length > cut.transitions[-1].ob.length
+
+
 def _char_by_char(renderer, text):
     """A legal but non-canonical tokenization: one token per character, as a sampler may produce."""
     ids = [renderer.tokenizer.convert_tokens_to_ids(renderer.tokenizer.tokenize(ch))[0] for ch in text]

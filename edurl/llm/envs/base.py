@@ -348,7 +348,9 @@ def play_actions(
 ) -> Trajectory:
     """Play ``env`` with fixed actions (token ids, each with its stop token) until the episode ends or the
     actions run out: a scripted player, for worked examples and tests. Turn k's tokens get the sampling
-    log-prob ``turn_logprobs[k]`` each (0.0 by default: a made-up, certain sampler)."""
+    log-prob ``turn_logprobs[k]`` each (0.0 by default: a made-up, certain sampler). The trajectory's
+    ``final_ob`` is the next turn's observation when the actions ran out first, and empty when the episode
+    ended, as in a rollout."""
     ob, stop = env.initial_observation()
     transitions = []
     for k, action in enumerate(actions):
@@ -361,7 +363,7 @@ def play_actions(
         ac = TokensWithLogprobs(action, [lp] * len(action), "stop" if ended else "length")
         transitions.append(Transition(ob, ac, result.reward, result.episode_done, dict(result.metrics)))
         if result.episode_done:
-            break
+            return Trajectory(transitions, ModelInput.from_ints([]))  # an ended episode's observation is not read
         ob, stop = result.next_observation, result.next_stop_condition
     return Trajectory(transitions, ob)
 
