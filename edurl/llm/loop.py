@@ -190,6 +190,19 @@ def _check_same_config(config: GRPOConfig, desc: str, world: World) -> None:
         )
 
 
+def _same_setting(key: str, saved, now) -> bool:
+    """Whether a resumed run's ``now`` is the saved run's setting: equal, or for ``base_model`` two spellings of
+    one folder (``./qwen`` and ``/home/me/qwen``, or the path through a symlink), which load the same weights."""
+    if saved == now:
+        return True
+    if key != "base_model" or not (isinstance(saved, str) and isinstance(now, str)):
+        return False
+    try:
+        return os.path.samefile(saved, now)
+    except OSError:  # either is not a path here (a hub id, or a folder since moved): the strings decide
+        return False
+
+
 def _earlier_run(log_dir: Path) -> tuple[list[Path], int]:
     """An earlier run in ``log_dir``: its checkpoints, oldest first, and how many steps its metrics.jsonl logged."""
     metrics = log_dir / "metrics.jsonl"
@@ -253,7 +266,7 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
         differ = [
             k
             for k in sorted(saved.keys() | now.keys())
-            if k.split(".")[0] not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k)
+            if k.split(".")[0] not in RESUME_MAY_CHANGE and not _same_setting(k, saved.get(k), now.get(k))
         ]
         if differ:
             shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in differ[:6])

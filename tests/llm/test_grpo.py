@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from dataclasses import replace
 
@@ -427,6 +428,19 @@ def test_a_resume_whose_config_computes_something_else_is_refused(tmp_path):
         train_grpo(replace(config, resume=True, max_steps=2))
     resumed = train_grpo(replace(config, resume=True, max_steps=6, eval_every=2, num_threads=2))  # these may change
     assert list(resumed.metrics["step"]) == list(range(6))
+
+
+def test_a_resume_may_name_the_same_base_model_folder_another_way(tmp_path, qwen_dir):
+    """A LoRA run resumed with base_model spelt another way (through a symlink, or relative) was refused as a
+    config that computes something else; a copy of the folder, which could hold other weights, still is."""
+    config = _earlier_run(tmp_path, base_model=str(qwen_dir), lora_rank=4)
+    link = tmp_path / "model_link"
+    link.symlink_to(qwen_dir, target_is_directory=True)
+    resumed = train_grpo(replace(config, resume=True, max_steps=5, base_model=str(link)))
+    assert list(resumed.metrics["step"]) == list(range(5))
+    copy = shutil.copytree(qwen_dir, tmp_path / "model_copy")
+    with pytest.raises(ValueError, match=r"1 field\(s\).*base_model: .*model_copy"):
+        train_grpo(replace(config, resume=True, max_steps=6, base_model=str(copy)))
 
 
 def test_a_resume_with_nothing_to_resume_from_keeps_the_metrics(tmp_path):
