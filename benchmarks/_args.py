@@ -28,3 +28,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def seed_count(text: str) -> int:
+    """``--seeds N`` in the scripts that run seeds 0 .. N-1 (cartpole.py, cartpole_pg.py, length_bias.py,
+    assert_margins.py). Most other scripts take a list, so a list here is named as such, with the count to write."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > 1 and all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a list of seeds, but --seeds here is how many seeds to run (0 .. N-1): for {len(parts)} "
+            f"seeds write --seeds {len(parts)}"
+        )
+    return positive_int(text)
+
+
+def seed_lists(parser: argparse.ArgumentParser, texts: list[list[int]]) -> list[int]:
+    """Join ``--seeds`` given as ``nargs="+"`` of :func:`seed_list` (``0 1 2`` or ``0,1,2``) into one list."""
+    seeds = [s for part in texts for s in part]
+    if len(set(seeds)) != len(seeds):
+        parser.error(f"argument --seeds: {seeds} names a seed twice; each seed runs once")
+    return seeds

@@ -65,7 +65,7 @@ import gymnasium as gym
 import numpy as np
 import pandas as pd
 import torch
-from _args import positive_int  # benchmarks/ is on sys.path when a script runs
+from _args import seed_count  # benchmarks/ is on sys.path when a script runs
 from tqdm.auto import tqdm
 
 from edurl import rl
@@ -800,7 +800,7 @@ def _read_runs(path: Path) -> list[dict]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--notebooks", default="01,02,03,04,05", help="comma-separated, e.g. 02,05")
-    parser.add_argument("--seeds", type=positive_int, default=10, help="number of study seeds: 0 .. N-1 per variant")
+    parser.add_argument("--seeds", type=seed_count, default=10, help="number of study seeds: 0 .. N-1 per variant")
     parser.add_argument("--variants", default="default,generic", help=f"comma-separated, of: {', '.join(VARIANTS)}")
     parser.add_argument(
         "--experiments",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from _args import positive_int  # benchmarks/ is on sys.path when a script runs
+from _args import seed_count  # benchmarks/ is on sys.path when a script runs
 from _common import print_table, run_edurl, run_edurl_stacked, run_sb3, warm_up
 
 from edurl.rl import PPOConfig, train_ppo
@@ -53,7 +53,7 @@ def sb3_ppo(seed):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=positive_int, default=5, help="number of seeds: 0 .. N-1 for each library")
+    parser.add_argument("--seeds", type=seed_count, default=5, help="number of seeds: 0 .. N-1 for each library")
     parser.add_argument("--no-sb3", action="store_true", help="skip Stable-Baselines3")
     parser.add_argument("--stack", type=int, default=8, help="seeds to train in one process (0: skip)")
     parser.add_argument("--stack-threads", type=int, default=2, help="torch threads for the second stacked run")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 import pandas as pd
-from _args import positive_int  # benchmarks/ is on sys.path when a script runs
+from _args import seed_count  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm.length_bias import length_bias_study
 
@@ -29,7 +29,7 @@ MODES = ("seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=positive_int, default=50, help="number of seeds: 0..N-1, in blocks of 10")
+    parser.add_argument("--seeds", type=seed_count, default=50, help="number of seeds: 0..N-1, in blocks of 10")
     args = parser.parse_args()
     study = length_bias_study(MODES, seeds=range(args.seeds))
     start = study["length/wrong"].iloc[0]

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _args import seed_list, seed_lists  # benchmarks/ is on sys.path when a script runs
+
 from edurl import load_metrics
 from edurl.llm.grpo import GRPOConfig, train_grpo
 from edurl.llm.sft import SFTConfig, load_or_train_sft
@@ -78,7 +80,7 @@ def run_http(args, seed: int, url: str, log_dir: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--seeds", type=seed_list, nargs="+", default=[[0, 1, 2, 3, 4]], help="seeds: 0 1 2 or 0,1,2")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--problems", type=int, default=32)
     parser.add_argument("--group", type=int, default=8)
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads, in process and in the server")
     parser.add_argument("--plot", default=None, help="save the held-out curves of every run to this PNG")
     args = parser.parse_args()
+    args.seeds = seed_lists(parser, args.seeds)
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     os.environ["TINKER_API_KEY"] = KEY
     os.environ["EDURL_MAX_THREADS"] = str(args.threads)

@@ -380,6 +380,34 @@ def test_seed_lists_and_counts_are_checked_by_argparse():
             args.positive_int(bad)
 
 
+def test_a_seed_list_where_a_count_is_wanted_says_which_count_to_write():
+    """cartpole.py --seeds 0,1,2 said only "'0,1,2' is not an int": most scripts take a list there."""
+    import argparse
+
+    args = _benchmark("_args")
+    assert args.seed_count("5") == 5
+    with pytest.raises(argparse.ArgumentTypeError, match="how many seeds to run.*write --seeds 3"):
+        args.seed_count("0,1,2")
+    for bad in ("0", "x", "0,a"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            args.seed_count(bad)
+
+
+def test_serve_grpo_takes_seeds_with_spaces_or_commas():
+    """serve_grpo.py was the one script whose --seeds took 0 1 2 and refused 0,1,2, the form every other list takes."""
+    import argparse
+
+    args = _benchmark("_args")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=args.seed_list, nargs="+", default=[[0, 1]])
+    for argv, seeds in ((["--seeds", "0", "1", "2"], [0, 1, 2]), (["--seeds", "0,1,2"], [0, 1, 2]), ([], [0, 1])):
+        assert args.seed_lists(parser, parser.parse_args(argv).seeds) == seeds
+    with pytest.raises(SystemExit):
+        args.seed_lists(parser, parser.parse_args(["--seeds", "0,1", "1"]).seeds)
+    source = (REPO / "benchmarks" / "serve_grpo.py").read_text(encoding="utf-8")
+    assert 'type=seed_list, nargs="+"' in source and "seed_lists(parser, args.seeds)" in source
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
