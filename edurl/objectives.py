@@ -71,6 +71,9 @@ def clipped_surrogate_grad(
     -r * A, and 0 where the clip binds (A > 0 and r > hi, or A < 0 and r < lo). The gradient autograd takes
     through it, boundary included (``tests/rl/test_ppo.py``); for code that backpropagates by hand
     (:meth:`edurl.rl.seed_stack.ActorCriticStack.backward_rows`)."""
+    check_same_shape(train_logprobs, sampling_logprobs, "train_logprobs", "sampling_logprobs")
+    check_same_shape(train_logprobs, advantages, "train_logprobs", "advantages")
+    check_clip_range(clip_low_threshold, clip_high_threshold)
     ratio = torch.exp(train_logprobs - sampling_logprobs)
     binds = ((advantages > 0) & (ratio > clip_high_threshold)) | ((advantages < 0) & (ratio < clip_low_threshold))
     return torch.where(binds, 0.0, -ratio * advantages)
@@ -94,6 +97,7 @@ def clip_fraction(
     [0.7, 1.0, 1.25, 1.2] with [0.8, 1.2] give 0.5 (1.2 itself is inside).
     """
     check_same_shape(train_logprobs, sampling_logprobs, "train_logprobs", "sampling_logprobs")
+    check_clip_range(clip_low_threshold, clip_high_threshold)
     keep = torch.ones_like(train_logprobs, dtype=torch.bool) if mask is None else mask != 0
     if mask is not None:
         check_same_shape(train_logprobs, mask, "train_logprobs", "mask")

@@ -67,3 +67,18 @@ def test_one_clip_for_the_whole_course():
 def test_a_reversed_range_is_refused():
     with pytest.raises(ValueError, match="clip_low_threshold <= clip_high_threshold"):
         clipped_surrogate(torch.zeros(1), torch.zeros(1), torch.ones(1), 1.2, 0.8)
+
+
+def test_the_closed_form_gradient_checks_its_inputs_as_the_loss_does():
+    """clipped_surrogate_grad broadcast (3,) against (3, 1) into a (3, 3) gradient, and with the clip range the
+    wrong way round it gave zeros; clip_fraction gave 1.0 there. clipped_surrogate refuses both."""
+    lp, adv = torch.zeros(3), torch.ones(3)
+    with pytest.raises(ValueError, match="same shape"):
+        objectives.clipped_surrogate_grad(lp, torch.zeros(3, 1), adv, 0.8, 1.2)
+    with pytest.raises(ValueError, match="same shape"):
+        objectives.clipped_surrogate_grad(lp, lp, torch.ones(1, 3), 0.8, 1.2)
+    with pytest.raises(ValueError, match="clip_low_threshold <= clip_high_threshold"):
+        objectives.clipped_surrogate_grad(lp, lp, adv, 1.2, 0.8)
+    with pytest.raises(ValueError, match="clip_low_threshold <= clip_high_threshold"):
+        clip_fraction(lp, lp, clip_low_threshold=1.2, clip_high_threshold=0.8)
+    assert objectives.clipped_surrogate_grad(lp, lp, adv, 0.8, 1.2).tolist() == [-1.0, -1.0, -1.0]

@@ -50,7 +50,8 @@ def td_errors(
     """
     _check_rollout(rewards, values, next_values, terminated)
     gamma = check_gamma(gamma)
-    return rewards + gamma * next_values * (~terminated).to(rewards.dtype) - values
+    # an end state's value counts as 0 whatever the critic says there (a where: 0 * nan or 0 * inf is nan)
+    return rewards + torch.where(terminated, 0.0, gamma * next_values) - values
 
 
 def gae(
@@ -78,10 +79,10 @@ def gae(
     _check_rollout(rewards, values, next_values, terminated, truncated)
     lam = check_gamma(lam, "lam")
     deltas = td_errors(rewards, values, next_values, terminated, gamma)
-    carry = (~(terminated | truncated)).to(rewards.dtype) * (gamma * lam)  # 0 at every episode end
+    ended = terminated | truncated  # the sum stops at every episode end
     advantages = torch.empty_like(deltas)
-    running = torch.zeros_like(deltas[0])  # A_{t+1}, one per env: (N,)
+    running = deltas.new_zeros(deltas.shape[1:])  # A_{t+1}, one per env: (N,)
     for t in range(deltas.shape[0] - 1, -1, -1):  # backwards: A_t needs A_{t+1}
-        running = deltas[t] + carry[t] * running
+        running = deltas[t] + torch.where(ended[t], 0.0, (gamma * lam) * running)
         advantages[t] = running
     return advantages, advantages + values

@@ -59,8 +59,12 @@ def solved_at(episode_returns, threshold: float = 475.0, window: int = 100) -> i
         raise ValueError(f"window must be >= 1, got {window}.")
     if len(x) < window:
         return None
-    csum = np.concatenate([[0.0], np.cumsum(x)])
+    finite = np.isfinite(x)
+    csum = np.concatenate([[0.0], np.cumsum(np.where(finite, x, 0.0))])
     means = (csum[window:] - csum[:-window]) / window  # means[i] covers episodes i .. i+window-1
+    odd = np.concatenate([[0], np.cumsum(~finite)])
+    for i in np.nonzero(odd[window:] - odd[:-window])[0]:  # a NaN or inf in a running sum would reach every
+        means[i] = x[i : i + window].mean()  # later window, so those windows alone are summed directly
     hits = np.nonzero(means >= threshold)[0]
     return int(hits[0] + window - 1) if len(hits) else None
 

@@ -35,10 +35,10 @@ def discounted_returns(rewards: torch.Tensor, dones: torch.Tensor, gamma: float)
     check_same_shape(rewards, dones, "rewards", "dones")
     gamma = check_gamma(gamma)
 
-    keep = (~dones).to(rewards.dtype)  # 0 where the episode ended: nothing after it flows back
     returns = torch.empty_like(rewards)
-    running = torch.zeros_like(rewards[0])  # G_{t+1}, one entry per env; (N,)
+    running = rewards.new_zeros(rewards.shape[1:])  # G_{t+1}, one entry per env; (N,)
     for t in range(rewards.shape[0] - 1, -1, -1):  # backwards in time: G_t needs G_{t+1}
-        running = rewards[t] + gamma * keep[t] * running
+        # where the episode ended, nothing after it flows back (a where, not a product with 0: 0 * nan is nan)
+        running = rewards[t] + torch.where(dones[t], 0.0, gamma * running)
         returns[t] = running
     return returns

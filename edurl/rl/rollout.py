@@ -70,7 +70,7 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
         idx = np.nonzero(running)[0]
         actions = act(torch.as_tensor(cur[idx], dtype=dtype, device=device)).cpu().numpy()
         obs_buf.append(cur.copy())
-        step_act, step_rew = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float32)
+        step_act, step_rew = np.zeros(n, dtype=np.int64), np.zeros(n)  # float64: rounded to dtype once, below
         for a, i in zip(actions, idx):
             cur[i], step_rew[i], terminated, truncated, _ = envs[i].step(int(a))
             step_act[i] = a
@@ -218,7 +218,7 @@ def collect_rollout(
             true_next = np.array(next_obs, dtype=np.float32, copy=True)
             for i in np.nonzero(done)[0]:
                 true_next[i] = info["final_obs"][i]
-            rewards, obs = rew_np.astype(np.float32), next_obs
+            rewards, obs = rew_np.astype(np.float64 if dtype == torch.float64 else np.float32), next_obs
         ep_ret, ep_len = counter.step(rewards, done)
         for key, value in zip(
             keys, (obs_t, actions, logprobs, rewards, true_next, terminated, truncated, ep_ret, ep_len)

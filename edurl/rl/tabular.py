@@ -162,6 +162,7 @@ def q_values(V: torch.Tensor, mdp: TabularMDP, gamma: float) -> torch.Tensor:
     """One-step lookahead: ``Q(s, a) = R(s, a) + gamma * sum_s' P(s'|s, a) * V(s') * (1 - terminal(s'))``. Shape (S, A)."""
     _check_values(V, mdp)
     gamma = check_gamma(gamma)
+    V = V.to(mdp.P.dtype)  # a float32 V (torch.zeros(S)) against the MDP's float64, as solve_policy_values does
     V_next = V.masked_fill(mdp.terminal, 0.0)  # nothing is collected after an episode ends
     return mdp.R + gamma * torch.einsum("sat,t->sa", mdp.P, V_next)  # (S, A)
 

@@ -86,7 +86,9 @@ def clip_vs_no_clip(
 ) -> pd.DataFrame:
     """Run ``epochs`` passes of :func:`ppo_update` over one ``batch`` from copies of ``policy`` and ``value``,
     once with the clip (``clip_eps``) and once without it (an infinite clip range: the plain importance-weighted
-    surrogate), each with a fresh Adam at ``config.learning_rate``.
+    surrogate), each with a fresh Adam at ``config.learning_rate``. Both runs start from the same state of
+    torch's random generator, so with ``num_minibatches`` > 1 they shuffle the batch alike and differ only by the
+    clip; the caller's generator is left as it was.
 
     Returns one row per (run, epoch), epoch 0 being the start, with the k3 approx KL from pi_old, the largest
     and smallest ratio pi / pi_old over the batch, and the clip fraction (the share of samples outside
@@ -95,13 +97,16 @@ def clip_vs_no_clip(
     config = config or PPOConfig()
     one_epoch = dataclasses.replace(config, update_epochs=1, target_kl=None)
     rows = []
+    where = batch.actions.device  # ppo_update's minibatches draw from this device's generator
+    devices = [where.index or 0] if where.type == "cuda" else []
     for name, eps in (("clipped", clip_eps), ("no clip", math.inf)):
         p, v = copy.deepcopy(policy), copy.deepcopy(value)
         optimizer = torch.optim.Adam([*p.parameters(), *v.parameters()], lr=config.learning_rate, eps=1e-5)
         rows.append(dict(run=name, epoch=0, **_distance(p, batch, clip_eps)))
-        for epoch in range(1, epochs + 1):
-            ppo_update(p, v, optimizer, batch, one_epoch, eps)
-            rows.append(dict(run=name, epoch=epoch, **_distance(p, batch, clip_eps)))
+        with torch.random.fork_rng(devices=devices):  # each run from the same generator state, restored after
+            for epoch in range(1, epochs + 1):
+                ppo_update(p, v, optimizer, batch, one_epoch, eps)
+                rows.append(dict(run=name, epoch=epoch, **_distance(p, batch, clip_eps)))
     return pd.DataFrame(rows)
 
 

@@ -148,3 +148,21 @@ def test_gae_on_cuda():
     torch.testing.assert_close(
         td_errors(r.cuda(), v.cuda(), nv.cuda(), term.cuda(), 0.9).cpu(), td_errors(r, v, nv, term, 0.9)
     )
+
+
+def test_an_end_states_value_counts_as_zero_even_when_the_critic_says_nan():
+    """A terminal next value was multiplied by 0, and 0 * nan is nan: a critic's non-finite value at a terminal
+    final observation made the TD error and every advantage of its episode nan. A nan in the next episode
+    crossed the episode end the same way. An empty rollout crashed."""
+    one = torch.tensor
+    assert td_errors(one([1.0]), one([0.5]), one([float("nan")]), one([True]), 0.99).tolist() == [0.5]
+    adv, ret = gae(
+        one([1.0, 2.0]), one([0.0, 0.0]), one([float("inf"), float("nan")]), one([True, False]), one([False, False]),
+        0.99, 0.95,
+    )  # fmt: skip
+    assert adv[0].item() == 1.0 and adv[1].isnan() and ret[0].item() == 1.0
+    adv, _ = gae(one([1.0, float("nan")]), *(torch.zeros(2),) * 2, one([True, False]), one([False, False]), 1.0, 1.0)
+    assert adv[0].item() == 1.0
+    z = torch.zeros(0, 2)
+    adv, ret = gae(z, z, z, z.bool(), z.bool(), 0.9, 0.9)
+    assert adv.shape == ret.shape == (0, 2)

@@ -29,3 +29,12 @@ def test_episode_log_rows_and_stop_rule():
     never = EpisodeLog(TrainerConfig(solve_threshold=10, solve_window=2, stop_when_solved=False))
     never.add([50.0, 50.0], [50, 50], step=100)
     assert not never.should_stop() and never.result(None, None).solved
+
+
+def test_a_nan_or_inf_return_reaches_only_the_windows_that_hold_it():
+    """A running sum carried one NaN into every later window, so a run that then solved was never solved."""
+    assert solved_at([float("nan"), 500, 500], 475, 2) == 2
+    assert solved_at([float("nan"), 500, 500], 475, 3) is None
+    assert solved_at([0.0, float("inf"), 0.0, 0.0, 0.0], 475, 2) == 1  # a window holding +inf has an infinite mean
+    assert solved_at([float("-inf"), 0, 480, 480], 475, 2) == 3
+    assert solved_at([470, 480, 490], 475, 2) == 1  # finite returns as before

@@ -96,3 +96,14 @@ def test_runs_on_cuda():
     out = discounted_returns(rewards.cuda(), dones.cuda(), 0.97)
     assert out.device.type == "cuda"
     torch.testing.assert_close(out.cpu(), discounted_returns(rewards, dones, 0.97))
+
+
+def test_nothing_after_an_episode_end_flows_back_not_even_a_nan():
+    """The end was masked by multiplying with 0, and 0 * inf is nan: a non-finite reward in the next episode
+    reached the earlier one. And an empty rollout (T = 0) crashed on rewards[0]."""
+    got = discounted_returns(torch.tensor([1.0, float("inf")]), torch.tensor([True, False]), 0.9)
+    assert got.tolist() == [1.0, float("inf")]
+    got = discounted_returns(torch.tensor([1.0, float("nan")]), torch.tensor([True, False]), 0.0)
+    assert got[0].item() == 1.0 and got[1].isnan()
+    empty = discounted_returns(torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.bool), 0.9)
+    assert empty.shape == (0, 3) and empty.dtype == torch.float64

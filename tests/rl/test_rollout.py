@@ -197,3 +197,30 @@ def test_space_sizes_explains_observations_that_are_not_a_flat_vector():
     assert space_sizes(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), "CartPole-v1") == (4, 2)
     with pytest.raises(ValueError, match=r"Pong has observations .*FlattenObservation"):
         space_sizes(gym.spaces.Box(0, 255, (210, 160, 3)), gym.spaces.Discrete(6), "Pong")
+
+
+class _TenthReward(gym.Wrapper):
+    def step(self, action):
+        obs, _, terminated, truncated, info = self.env.step(action)
+        return obs, 0.1, terminated, truncated, info
+
+
+def test_rewards_keep_the_default_dtype_when_it_is_float64():
+    """Rewards were rounded to float32 before anything else saw them, so under float64 a reward of 0.1 came out
+    as 0.10000000149 and episode returns as 0.30000000447."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        policy = _policy()
+        batch = collect_episodes([_TenthReward(gym.make("CartPole-v1"))], policy.act, CPU, seeds=[0])
+        assert batch.rewards.dtype == torch.float64 and batch.rewards[0, 0].item() == 0.1
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: _TenthReward(gym.make("CartPole-v1"))], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+        obs, _ = envs.reset(seed=0)
+        ro, _, _ = collect_rollout(envs, policy, obs, 40, CPU)
+        assert ro.rewards.dtype == torch.float64 and ro.rewards[0, 0].item() == 0.1
+        length = ro.episode_lengths[0]
+        assert ro.episode_returns[0] == pytest.approx(0.1 * length, rel=1e-12, abs=0)
+    finally:
+        torch.set_default_dtype(previous)

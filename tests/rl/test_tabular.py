@@ -144,3 +144,13 @@ def test_bad_inputs_have_clear_errors(frozen_lake):
         )
     with pytest.raises(TypeError, match="no transition table"):
         TabularMDP.from_gymnasium(gym.make("CartPole-v1"))
+
+
+def test_a_float32_value_vector_works_on_a_float64_mdp():
+    """V = torch.zeros(S), as a learner writes it, crashed q_values and bellman_backup inside torch.einsum
+    ("expected scalar type Double but found Float") on an MDP in float64."""
+    mdp = chain_mdp()
+    q32 = q_values(torch.zeros(3), mdp, 0.9)
+    assert torch.equal(q32, q_values(torch.zeros(3, dtype=torch.float64), mdp, 0.9)) and q32.dtype == torch.float64
+    V = bellman_backup(torch.zeros(3), uniform_policy(mdp).float(), mdp, 0.9)
+    assert V.tolist() == [0.0, 0.5, 0.0]

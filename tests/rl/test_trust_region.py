@@ -46,3 +46,18 @@ def test_clip_vs_no_clip_on_one_batch():
     assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))  # the caller's nets are untouched
     axes = plot_trust_region(importance_sampling_study(shifts=(0.0, 0.5), num_batches=50), df)
     assert len(axes[1].lines) == 2
+
+
+def test_both_runs_shuffle_alike_so_they_differ_only_by_the_clip():
+    """Each run drew its minibatch orders from the global generator in turn, so with num_minibatches > 1 the two
+    runs differed where the clip never binds; and the global stream moved on."""
+    config = PPOConfig(env_backend="torch", num_envs=8, num_steps=32, num_minibatches=4)
+    torch.manual_seed(0)
+    env, obs, obs_dim, num_actions = make_env(config, torch.device("cpu"))
+    policy, value = CategoricalPolicy(obs_dim, num_actions), ValueNet(obs_dim)
+    batch, *_ = collect_batch(env, policy, value, obs, config, torch.device("cpu"))
+    state = torch.get_rng_state()
+    df = clip_vs_no_clip(policy, value, batch, config, epochs=2, clip_eps=1e6)  # a clip that never binds
+    runs = [d.drop(columns="run").reset_index(drop=True) for _, d in df.groupby("run", sort=False)]
+    assert runs[0].equals(runs[1]) and runs[0]["approx_kl_k3"].iloc[-1] > 0
+    assert torch.equal(torch.get_rng_state(), state)
