@@ -3,6 +3,7 @@ finished training episodes that every trainer returns."""
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -55,8 +56,8 @@ def solved_at(episode_returns, threshold: float = 475.0, window: int = 100) -> i
     CartPole-v1 counts as solved at a 100-episode mean of 475 (its ``reward_threshold`` in Gymnasium).
     """
     x = np.asarray(episode_returns, dtype=float)
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}.")
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"window must be a whole number of episodes >= 1, got {window!r}.")
     if len(x) < window:
         return None
     finite = np.isfinite(x)

@@ -23,6 +23,7 @@ moving; ``solve_policy_values`` solves the same linear system directly, as an in
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +68,9 @@ class TabularMDP:
         check_tensor(self.R, "R", ndim=(2,), floating=True)
         if tuple(self.R.shape) != (S, A):
             raise ValueError(f"R must have shape (S, A) = {(S, A)}, got {tuple(self.R.shape)}.")
+        if not torch.isfinite(self.R).all():
+            s, a = (int(x) for x in (~torch.isfinite(self.R)).nonzero()[0])
+            raise ValueError(f"R[{s}, {a}] = {self.R[s, a].item()}; every expected reward must be a finite number.")
         check_tensor(self.terminal, "terminal", ndim=(1,), boolean=True)
         if self.terminal.shape[0] != S:
             raise ValueError(f"terminal must have shape (S,) = ({S},), got {tuple(self.terminal.shape)}.")
@@ -177,6 +181,11 @@ def bellman_backup(V: torch.Tensor, policy: torch.Tensor, mdp: TabularMDP, gamma
     return V_new.masked_fill(mdp.terminal, 0.0)
 
 
+def _check_max_iters(max_iters) -> None:
+    if isinstance(max_iters, bool) or not isinstance(max_iters, numbers.Integral) or max_iters < 1:
+        raise ValueError(f"max_iters must be a whole number of sweeps >= 1, got {max_iters!r}.")
+
+
 def policy_evaluation(
     policy: torch.Tensor, mdp: TabularMDP, gamma: float, *, tol: float = 1e-10, max_iters: int = 100_000
 ) -> tuple[torch.Tensor, list[float]]:
@@ -186,6 +195,7 @@ def policy_evaluation(
     Raises ``RuntimeError`` if it has not converged after ``max_iters`` sweeps (with gamma = 1 that
     happens for a policy that can wander forever without reaching a terminal state).
     """
+    _check_max_iters(max_iters)
     V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype, device=mdp.P.device)
     deltas = []
     for _ in range(max_iters):
@@ -241,6 +251,7 @@ def value_iteration(
 
     Returns V* (S,), the greedy policy for V* as one-hot (S, A), and the max change per sweep.
     """
+    _check_max_iters(max_iters)
     V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype, device=mdp.P.device)
     deltas = []
     for _ in range(max_iters):

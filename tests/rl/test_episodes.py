@@ -38,3 +38,9 @@ def test_a_nan_or_inf_return_reaches_only_the_windows_that_hold_it():
     assert solved_at([0.0, float("inf"), 0.0, 0.0, 0.0], 475, 2) == 1  # a window holding +inf has an infinite mean
     assert solved_at([float("-inf"), 0, 480, 480], 475, 2) == 3
     assert solved_at([470, 480, 490], 475, 2) == 1  # finite returns as before
+
+
+@pytest.mark.parametrize("window", [0, 2.0, True])
+def test_a_window_that_is_not_a_count_is_named(window):
+    with pytest.raises(ValueError, match="window must be a whole number"):
+        solved_at([500, 500], 475, window)

@@ -154,3 +154,18 @@ def test_a_float32_value_vector_works_on_a_float64_mdp():
     assert torch.equal(q32, q_values(torch.zeros(3, dtype=torch.float64), mdp, 0.9)) and q32.dtype == torch.float64
     V = bellman_backup(torch.zeros(3), uniform_policy(mdp).float(), mdp, 0.9)
     assert V.tolist() == [0.0, 0.5, 0.0]
+
+
+def test_bad_rewards_and_sweep_limits_are_named():
+    """A NaN reward was accepted (every value then came out NaN), and max_iters=0 raised an IndexError from inside
+    the loop instead of saying what was wrong."""
+    mdp = chain_mdp()
+    R = mdp.R.clone()
+    R[1, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"R\[1, 0\] = nan"):
+        TabularMDP(mdp.P, R, mdp.terminal)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="max_iters must be a whole number"):
+            policy_evaluation(uniform_policy(mdp), mdp, 0.9, max_iters=bad)
+        with pytest.raises(ValueError, match="max_iters must be a whole number"):
+            value_iteration(mdp, 0.9, max_iters=bad)
