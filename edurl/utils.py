@@ -101,16 +101,19 @@ _pick_device = device  # torch_threads' own argument is called device
 MAX_THREADS_ENV = "EDURL_MAX_THREADS"
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on: its CPU affinity where the OS keeps one (Linux: ``taskset``, a
-    container's or a Slurm job's cpuset), else :func:`os.cpu_count`. ``os.cpu_count()`` counts the whole machine,
-    so inside a 2-core cpuset on a 64-core host it says 64, and thread counts made from it oversubscribe the 2.
-    """
-    if hasattr(os, "process_cpu_count"):  # Python 3.13: the affinity where there is one
-        return os.process_cpu_count() or 1
+def usable_cpus() -> frozenset[int]:
+    """The ids of the CPUs this process may run on: its CPU affinity where the OS keeps one (Linux: ``taskset``,
+    a container's or a Slurm job's cpuset), else every CPU :func:`os.cpu_count` counts."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """How many CPU cores this process may run on (:func:`usable_cpus`). ``os.cpu_count()`` counts the whole
+    machine, so inside a 2-core cpuset on a 64-core host it says 64, and thread counts made from it oversubscribe
+    the 2. A CPU quota (``docker --cpus``) is not an affinity, and is not seen here."""
+    return max(1, len(usable_cpus()))
 
 
 def cpu_threads(num_threads: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +30,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import load_or_train_sft, reply_lengths
 from edurl.metrics import MetricsLogger, load_metrics, truncate_metrics
 from edurl.utils import device as pick_device
-from edurl.utils import progress, torch_threads, usable_cores
+from edurl.utils import progress, torch_threads, usable_cpus
 
 if TYPE_CHECKING:
     from edurl.llm.grpo import GRPOConfig
@@ -157,17 +158,25 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _config_json(config, desc: str) -> str:
-    return json.dumps({"run": desc, **asdict(config)}, indent=1, default=str)
+def _config_json(config, desc: str, folder: bool = False) -> str:
+    """The config as the run's ``config.json`` holds it. ``folder=True`` adds ``base_model_folder``: the real path
+    of a ``base_model`` that is a local folder (None for a hub id or the course's warm start), so that a resume
+    can tell the same folder spelt another way from another folder behind the same spelling."""
+    fields = {"run": desc, **asdict(config)}
+    if folder:
+        base = fields.get("base_model")
+        fields["base_model_folder"] = os.path.realpath(base) if base and os.path.isdir(base) else None
+    return json.dumps(fields, indent=1, default=str)
 
 
 def _check_same_config(config: GRPOConfig, desc: str, world: World) -> None:
     """Under torchrun: every rank must run the same config (a rank with its own log_dir, seed or learning rate
     would fail at the end or train a copy that silently drifts from the one rank 0 saves); and warn when the
-    ranks' threads outnumber the machine's cores. One all_gather."""
+    ranks' threads outnumber the cores they may run on. One all_gather."""
     if world.size == 1:
         return
-    every = [json.loads(c) for c in world.all_gather_object(_config_json(config, desc))]
+    gathered = world.all_gather_object((_config_json(config, desc), socket.gethostname(), sorted(usable_cpus())))
+    every = [json.loads(c) for c, _, _ in gathered]
     first = every[0]
     differ = sorted({k for c in every for k in {*c, *first} if c.get(k) != first.get(k)})
     if differ:  # every rank sees it, so every rank refuses
@@ -178,29 +187,23 @@ def _check_same_config(config: GRPOConfig, desc: str, world: World) -> None:
             f"the ranks were given different configs ({shown}): every rank must run the same one, with the same "
             "log_dir (rank 0 alone writes there). Pass the same arguments to every rank."
         )
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
-    cores = usable_cores()
+    # the ranks on rank 0's machine, and the cores any of them may use (each rank may be bound to cores of its own)
+    local = [set(cpus) for _, host, cpus in gathered if host == gathered[0][1]]
+    ranks_here, cores = len(local), len(set().union(*local))
     if world.is_main and world.device == "cpu" and config.num_threads * ranks_here > cores:
+        cores_text = f"{cores} core{'s' if cores != 1 else ''}"
+        fix = (
+            f"Pass num_threads={cores // ranks_here} (--num-threads {cores // ranks_here})."
+            if ranks_here <= cores
+            else f"Run at most {cores} rank{'s' if cores != 1 else ''} here (torchrun --nproc_per_node {cores}), "
+            "each with num_threads=1."
+        )
         warnings.warn(
             f"num_threads={config.num_threads} in each of {ranks_here} ranks on this machine is "
-            f"{config.num_threads * ranks_here} threads for {cores} cores: threads that outnumber the cores wait "
-            f"on each other, and a step can take several times as long. Pass num_threads="
-            f"{max(1, cores // ranks_here)} (--num-threads {max(1, cores // ranks_here)}).",
+            f"{config.num_threads * ranks_here} threads for the {cores_text} they may run on: threads that outnumber "
+            f"the cores wait on each other, and a step can take several times as long. {fix}",
             stacklevel=3,
         )
-
-
-def _same_setting(key: str, saved, now) -> bool:
-    """Whether a resumed run's ``now`` is the saved run's setting: equal, or for ``base_model`` two spellings of
-    one folder (``./qwen`` and ``/home/me/qwen``, or the path through a symlink), which load the same weights."""
-    if saved == now:
-        return True
-    if key != "base_model" or not (isinstance(saved, str) and isinstance(now, str)):
-        return False
-    try:
-        return os.path.samefile(saved, now)
-    except OSError:  # either is not a path here (a hub id, or a folder since moved): the strings decide
-        return False
 
 
 def _earlier_run(log_dir: Path) -> tuple[list[Path], int]:
@@ -262,11 +265,15 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
     saved_file = log_dir / "config.json"
     if saved_file.is_file():
         saved = _flat(json.loads(saved_file.read_text(encoding="utf-8")))
-        now = _flat(json.loads(_config_json(config, desc)))
+        now = _flat(json.loads(_config_json(config, desc, folder=True)))
+        if "base_model_folder" not in saved:  # saved before the field existed: the spelling alone decides
+            now.pop("base_model_folder")
+        elif saved["base_model_folder"] and now["base_model_folder"]:  # two local folders: their real paths
+            saved["base_model"] = now["base_model"] = None  # decide, not how each run spelt them
         differ = [
             k
             for k in sorted(saved.keys() | now.keys())
-            if k.split(".")[0] not in RESUME_MAY_CHANGE and not _same_setting(k, saved.get(k), now.get(k))
+            if k.split(".")[0] not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k)
         ]
         if differ:
             shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in differ[:6])
@@ -342,7 +349,7 @@ def run_training_loop(
             else:
                 if main:
                     logger = MetricsLogger(log_dir, if_exists="overwrite")
-                    (log_dir / "config.json").write_text(_config_json(config, desc), encoding="utf-8")
+                    (log_dir / "config.json").write_text(_config_json(config, desc, folder=True), encoding="utf-8")
                     start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
                 start_eval = world.broadcast_object(start_eval)
             if on_start is not None:  # after the first evaluation, so that no step's work overlaps it

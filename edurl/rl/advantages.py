@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from edurl._checks import check_gamma, check_same_shape, check_tensor
+from edurl.rl.returns import sum_within_episodes
 
 __all__ = ["td_errors", "gae"]
 
@@ -50,8 +51,8 @@ def td_errors(
     """
     _check_rollout(rewards, values, next_values, terminated)
     gamma = check_gamma(gamma)
-    # an end state's value counts as 0 whatever the critic says there (a where: 0 * nan or 0 * inf is nan)
-    return rewards + torch.where(terminated, 0.0, gamma * next_values) - values
+    # an end state's value counts as 0 whatever the critic says there (a fill: 0 * nan and 0 * inf are nan)
+    return rewards + (gamma * next_values).masked_fill(terminated, 0.0) - values
 
 
 def gae(
@@ -79,10 +80,12 @@ def gae(
     _check_rollout(rewards, values, next_values, terminated, truncated)
     lam = check_gamma(lam, "lam")
     deltas = td_errors(rewards, values, next_values, terminated, gamma)
-    ended = terminated | truncated  # the sum stops at every episode end
+    carry = (~(terminated | truncated)).to(rewards.dtype) * (gamma * lam)  # 0 at every episode end
     advantages = torch.empty_like(deltas)
     running = deltas.new_zeros(deltas.shape[1:])  # A_{t+1}, one per env: (N,)
     for t in range(deltas.shape[0] - 1, -1, -1):  # backwards: A_t needs A_{t+1}
-        running = deltas[t] + torch.where(ended[t], 0.0, (gamma * lam) * running)
+        running = deltas[t] + carry[t] * running
         advantages[t] = running
+    if not torch.isfinite(advantages).all():  # 0 * inf and 0 * nan are nan: a non-finite delta crossed an end
+        advantages = sum_within_episodes(deltas, gamma * lam, terminated | truncated)
     return advantages, advantages + values

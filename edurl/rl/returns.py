@@ -35,10 +35,25 @@ def discounted_returns(rewards: torch.Tensor, dones: torch.Tensor, gamma: float)
     check_same_shape(rewards, dones, "rewards", "dones")
     gamma = check_gamma(gamma)
 
+    keep = (~dones).to(rewards.dtype)  # 0 where the episode ended: nothing after it flows back
     returns = torch.empty_like(rewards)
     running = rewards.new_zeros(rewards.shape[1:])  # G_{t+1}, one entry per env; (N,)
     for t in range(rewards.shape[0] - 1, -1, -1):  # backwards in time: G_t needs G_{t+1}
-        # where the episode ended, nothing after it flows back (a where, not a product with 0: 0 * nan is nan)
-        running = rewards[t] + torch.where(dones[t], 0.0, gamma * running)
+        running = rewards[t] + gamma * keep[t] * running
         returns[t] = running
+    if not torch.isfinite(returns).all():  # 0 * inf and 0 * nan are nan: a non-finite reward crossed an end
+        returns = sum_within_episodes(rewards, gamma, dones)
     return returns
+
+
+def sum_within_episodes(x: torch.Tensor, factor: float, ends: torch.Tensor) -> torch.Tensor:
+    """``y_t = x_t + factor * y_{t+1}``, with nothing carried back past a step where ``ends`` is True: the slow,
+    exact form of the loops in :func:`discounted_returns` and :func:`edurl.rl.advantages.gae`, which multiply by
+    0 at an end and so carry a NaN or inf back across it (0 * inf is nan). They fall back on this when their
+    result is not finite; on finite inputs both forms give the same numbers."""
+    out = torch.empty_like(x)
+    running = x.new_zeros(x.shape[1:])
+    for t in range(x.shape[0] - 1, -1, -1):
+        running = x[t] + (factor * running).masked_fill(ends[t], 0.0)
+        out[t] = running
+    return out

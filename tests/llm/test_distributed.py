@@ -116,16 +116,22 @@ def _config_checks(rank, world) -> dict:
             warnings.simplefilter("always")
             _check_same_config(GRPOConfig(num_threads=threads), "grpo", world)
         out[f"warnings with {threads} threads"] = [str(w.message) for w in caught]
-    if hasattr(os, "sched_setaffinity"):  # a rank pinned to one core (taskset, a cpuset) counts that core alone
-        allowed = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, {min(allowed)})
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                _check_same_config(GRPOConfig(num_threads=1), "grpo", world)
-        finally:
-            os.sched_setaffinity(0, allowed)
-        out["warnings pinned to one core"] = [str(w.message) for w in caught]
+    if hasattr(os, "sched_setaffinity"):  # ranks bound to cores (taskset, a cpuset, srun --cpu-bind) count those
+        allowed = sorted(os.sched_getaffinity(0))
+        for case, cpus in (
+            ("pinned to one core", {allowed[0]}),
+            ("each on a core of its own", {allowed[rank % len(allowed)]}),
+        ):
+            if len(allowed) < 2 and case != "pinned to one core":
+                continue
+            os.sched_setaffinity(0, cpus)
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    _check_same_config(GRPOConfig(num_threads=1), "grpo", world)
+            finally:
+                os.sched_setaffinity(0, allowed)
+            out[f"warnings {case}"] = [str(w.message) for w in caught]
     return out
 
 
@@ -157,10 +163,13 @@ def test_every_rank_refuses_a_config_that_differs_between_ranks(two_ranks):
     cores = usable_cores()
     assert two_ranks["warnings with 1 threads"] == [] or cores < 2
     (oversubscribed,) = two_ranks[f"warnings with {cores} threads"]
-    assert f"is {2 * cores} threads for {cores} cores" in oversubscribed
-    if hasattr(os, "sched_setaffinity"):  # os.cpu_count() said 2 cores there, so no warning
+    assert f"is {2 * cores} threads for the {cores} cores they may run on" in oversubscribed
+    assert f"Pass num_threads={cores // 2}" in oversubscribed or cores < 2
+    if hasattr(os, "sched_setaffinity"):  # the machine's core count said 2 cores here (on 2 or more), so no warning
         (pinned,) = two_ranks["warnings pinned to one core"]
-        assert "is 2 threads for 1 cores" in pinned and "Pass num_threads=1" in pinned, pinned
+        assert "is 2 threads for the 1 core they may run on" in pinned and "--nproc_per_node 1" in pinned, pinned
+    if hasattr(os, "sched_setaffinity") and cores >= 2:  # rank 0's own affinity (1 core) warned for 2 ranks
+        assert two_ranks["warnings each on a core of its own"] == []
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -430,17 +430,29 @@ def test_a_resume_whose_config_computes_something_else_is_refused(tmp_path):
     assert list(resumed.metrics["step"]) == list(range(6))
 
 
-def test_a_resume_may_name_the_same_base_model_folder_another_way(tmp_path, qwen_dir):
+def test_a_resume_may_name_the_same_base_model_folder_another_way(tmp_path, qwen_dir, monkeypatch):
     """A LoRA run resumed with base_model spelt another way (through a symlink, or relative) was refused as a
-    config that computes something else; a copy of the folder, which could hold other weights, still is."""
+    config that computes something else; and the same spelling naming another folder (a symlink since repointed)
+    was accepted. The run's config.json now keeps the folder's real path, and that decides."""
     config = _earlier_run(tmp_path, base_model=str(qwen_dir), lora_rank=4)
     link = tmp_path / "model_link"
     link.symlink_to(qwen_dir, target_is_directory=True)
     resumed = train_grpo(replace(config, resume=True, max_steps=5, base_model=str(link)))
     assert list(resumed.metrics["step"]) == list(range(5))
+    monkeypatch.chdir(qwen_dir.parent)
+    resumed = train_grpo(replace(config, resume=True, max_steps=6, base_model=qwen_dir.name))
+    assert list(resumed.metrics["step"]) == list(range(6))
     copy = shutil.copytree(qwen_dir, tmp_path / "model_copy")
-    with pytest.raises(ValueError, match=r"1 field\(s\).*base_model: .*model_copy"):
-        train_grpo(replace(config, resume=True, max_steps=6, base_model=str(copy)))
+    link.unlink()
+    link.symlink_to(copy, target_is_directory=True)
+    with pytest.raises(ValueError, match=r"1 field\(s\).*base_model_folder: .*qwen2-random.* -> .*model_copy"):
+        train_grpo(replace(config, resume=True, max_steps=7, base_model=str(link)))
+    (tmp_path / "second").mkdir()  # the run itself through the link, resumed through it after it moved
+    through_link = _earlier_run(tmp_path / "second", base_model=str(link), lora_rank=4)
+    link.unlink()
+    link.symlink_to(qwen_dir, target_is_directory=True)
+    with pytest.raises(ValueError, match=r"base_model_folder: .*model_copy.* -> .*qwen2-random"):
+        train_grpo(replace(through_link, resume=True, max_steps=5))
 
 
 def test_a_resume_with_nothing_to_resume_from_keeps_the_metrics(tmp_path):
