@@ -37,7 +37,7 @@ def seed_count(text: str) -> int:
     if len(parts) > 1 and all(p.isdigit() for p in parts):
         raise argparse.ArgumentTypeError(
             f"{text!r} is a list of seeds, but --seeds here is how many seeds to run (0 .. N-1): for {len(parts)} "
-            f"seeds write --seeds {len(parts)}"
+            f"seeds write --seeds {len(parts)}, which runs seeds 0 .. {len(parts) - 1}"
         )
     return positive_int(text)
 
