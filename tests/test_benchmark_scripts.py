@@ -416,7 +416,7 @@ def test_serve_grpo_takes_seeds_with_spaces_or_commas():
         (["benchmarks/assert_margins.py", "--seeds", "0"], "must be at least 1"),
         (["benchmarks/assert_margins.py", "--notebooks", "11"], "no asserts studied for notebooks ['11']"),
         (["benchmarks/assert_margins.py", "--load", "no_such_file.json"], "--load: no such file"),
-        (["benchmarks/cartpole.py", "--seeds", "0,1,2"], "is not an int"),
+        (["benchmarks/cartpole.py", "--seeds", "0,1,2"], "how many seeds to run"),
         (["benchmarks/multiturn_games.py", "--games", "guess_number,calc"], "unknown games ['calc']"),
         (["benchmarks/multiturn_games.py", "--rl-steps", "0"], "must be at least 1"),
         (["benchmarks/ppo_update_profile.py", "--steps", "0"], "must be at least 1"),
