@@ -51,6 +51,13 @@ def check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str)
         raise ValueError(f"{name_a} is on {a.device} but {name_b} is on {b.device}; move both to one device.")
 
 
+def check_count(value, name: str, unit: str) -> None:
+    """Raise a ValueError unless ``value`` is a whole number >= 1 (a Python or NumPy int, not a bool): a count
+    of ``unit`` such as sweeps or episodes."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a whole number of {unit} >= 1, got {value!r}.")
+
+
 _RULES = {
     "positive_int": ("a positive int", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
     "nonneg_int": ("an int >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),

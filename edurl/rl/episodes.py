@@ -3,7 +3,6 @@ finished training episodes that every trainer returns."""
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass
 
@@ -11,7 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from edurl._checks import check_fields
+from edurl._checks import check_count, check_fields
 
 __all__ = ["TrainerConfig", "solved_at", "TrainResult", "EpisodeLog"]
 
@@ -56,8 +55,7 @@ def solved_at(episode_returns, threshold: float = 475.0, window: int = 100) -> i
     CartPole-v1 counts as solved at a 100-episode mean of 475 (its ``reward_threshold`` in Gymnasium).
     """
     x = np.asarray(episode_returns, dtype=float)
-    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
-        raise ValueError(f"window must be a whole number of episodes >= 1, got {window!r}.")
+    check_count(window, "window", "episodes")
     if len(x) < window:
         return None
     finite = np.isfinite(x)

@@ -23,13 +23,12 @@ moving; ``solve_policy_values`` solves the same linear system directly, as an in
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from edurl._checks import check_gamma, check_tensor
+from edurl._checks import check_count, check_gamma, check_tensor
 from edurl.utils import progress as progress_bar
 
 __all__ = [
@@ -181,11 +180,6 @@ def bellman_backup(V: torch.Tensor, policy: torch.Tensor, mdp: TabularMDP, gamma
     return V_new.masked_fill(mdp.terminal, 0.0)
 
 
-def _check_max_iters(max_iters) -> None:
-    if isinstance(max_iters, bool) or not isinstance(max_iters, numbers.Integral) or max_iters < 1:
-        raise ValueError(f"max_iters must be a whole number of sweeps >= 1, got {max_iters!r}.")
-
-
 def policy_evaluation(
     policy: torch.Tensor, mdp: TabularMDP, gamma: float, *, tol: float = 1e-10, max_iters: int = 100_000
 ) -> tuple[torch.Tensor, list[float]]:
@@ -195,7 +189,7 @@ def policy_evaluation(
     Raises ``RuntimeError`` if it has not converged after ``max_iters`` sweeps (with gamma = 1 that
     happens for a policy that can wander forever without reaching a terminal state).
     """
-    _check_max_iters(max_iters)
+    check_count(max_iters, "max_iters", "sweeps")
     V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype, device=mdp.P.device)
     deltas = []
     for _ in range(max_iters):
@@ -251,7 +245,7 @@ def value_iteration(
 
     Returns V* (S,), the greedy policy for V* as one-hot (S, A), and the max change per sweep.
     """
-    _check_max_iters(max_iters)
+    check_count(max_iters, "max_iters", "sweeps")
     V = torch.zeros(mdp.num_states, dtype=mdp.P.dtype, device=mdp.P.device)
     deltas = []
     for _ in range(max_iters):
