@@ -39,15 +39,26 @@ class TorchCartPole:
         self,
         num_envs: int,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         max_episode_steps: int = 500,
         autoreset: bool = True,
         check_actions: bool = True,
     ):
-        if not isinstance(num_envs, int) or num_envs < 1:
+        if not isinstance(num_envs, Integral) or isinstance(num_envs, bool) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
+        num_envs = int(num_envs)  # a NumPy int too
+        if dtype is None:  # the default dtype, as a policy built beside the env has
+            dtype = torch.get_default_dtype()
+            if dtype not in (torch.float32, torch.float64):
+                raise ValueError(
+                    f"TorchCartPole's dtype defaults to torch.get_default_dtype(), which is {dtype}; CartPole runs in "
+                    "torch.float32 or torch.float64: pass dtype=torch.float32."
+                )
         if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}.")
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}.")
+        for name, flag in (("autoreset", autoreset), ("check_actions", check_actions)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}.")
         if not isinstance(max_episode_steps, Integral) or isinstance(max_episode_steps, bool) or max_episode_steps < 1:
             raise ValueError(
                 f"max_episode_steps must be a positive int (CartPole-v1's is 500), got {max_episode_steps!r}."
@@ -61,8 +72,8 @@ class TorchCartPole:
         """True: ``step`` refuses an action other than 0 or 1 (it would push left without a word). Each check reads
         the actions back to the host, a sync on a GPU and about a tenth of a step at 8 envs on a CPU, so the course's
         trainers, whose actions are 0 or 1 by construction, turn it off."""
-        self.state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
-        """(num_envs, 4): cart position, cart velocity, pole angle, pole angular velocity. Settable."""
+        self._state = torch.zeros(num_envs, 4, device=self.device, dtype=dtype)
+        self._started = False  # by reset() or a state set by hand: step() before either is refused, as in Gymnasium
         self.elapsed = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         """(num_envs,) steps taken in the current episode (for the time limit)."""
         self._gens = [torch.Generator(device=self.device)]
@@ -71,6 +82,40 @@ class TorchCartPole:
         self._thresholds = torch.tensor(
             [self.x_threshold, self.theta_threshold_radians], device=self.device, dtype=dtype
         )
+
+    @property
+    def state(self) -> torch.Tensor:
+        """(num_envs, 4): cart position, cart velocity, pole angle, pole angular velocity.
+
+        Settable, to start rollouts from chosen states (Chapter 4): ``env.state = states`` with ``states`` of shape
+        (num_envs, 4) in the env's dtype and on its device. Setting it starts new episodes from those states, so the
+        step counts of the time limit go back to 0."""
+        return self._state
+
+    @state.setter
+    def state(self, states: torch.Tensor) -> None:
+        if not isinstance(states, torch.Tensor):
+            raise TypeError(
+                f"env.state must be a tensor of shape ({self.num_envs}, 4), got {type(states).__name__}: "
+                f"use torch.as_tensor(states, dtype={self.dtype}, device='{self.device}')."
+            )
+        if states.shape != (self.num_envs, 4):
+            raise ValueError(
+                f"env.state must have shape ({self.num_envs}, 4), one row per env, got {tuple(states.shape)}: "
+                f"for {states.shape[0] if states.dim() == 2 else 'other'} states build TorchCartPole(num_envs=...) "
+                "with that many envs, or reshape a single state with states.reshape(1, 4)."
+            )
+        wrong_device = states.device.type != self.device.type or (
+            self.device.index is not None and states.device.index != self.device.index
+        )  # "cuda" holds the tensors of "cuda:0"
+        if states.dtype != self.dtype or wrong_device:
+            raise ValueError(
+                f"env.state must be {self.dtype} on {self.device} (the env's), got {states.dtype} on {states.device}: "
+                "use states.to(env.dtype) or .to(env.device), or build the env with that dtype and device."
+            )
+        self._state = states.clone()
+        self.elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        self._started = True
 
     def _random_states(self, n: int) -> torch.Tensor:
         if len(self._gens) == 1:
@@ -86,27 +131,34 @@ class TorchCartPole:
         ``TorchCartPole(num_envs // G)`` reset with ``seed[g]`` (how PPO runs several seeds in one env)."""
         if isinstance(seed, (str, bytes, bool, float)):
             raise TypeError(f"seed must be an int, a list of ints or None, got {type(seed).__name__} {seed!r}")
-        if isinstance(seed, torch.Tensor):
-            seed = seed.tolist()  # a 0-d tensor gives an int, a 1-d one a list
+        if hasattr(seed, "tolist") and not isinstance(seed, Integral):
+            seed = seed.tolist()  # a tensor or NumPy array: a 0-d one gives an int, a 1-d one a list
         if isinstance(seed, Sequence):
             if not seed or self.num_envs % len(seed):
                 raise ValueError(
                     f"reset(seed=[...]) needs a non-empty list whose length divides num_envs ({self.num_envs}), "
                     f"got {len(seed)} seeds."
                 )
-            self._gens = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seed]
+            self._gens = [torch.Generator(device=self.device).manual_seed(_seed(s)) for s in seed]
         elif seed is not None:
-            self._gens = [torch.Generator(device=self.device).manual_seed(int(seed))]  # NumPy ints too
-        self.state = self._random_states(self.num_envs)
+            self._gens = [torch.Generator(device=self.device).manual_seed(_seed(seed))]  # NumPy ints too
+        self._state = self._random_states(self.num_envs)
         self.elapsed = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
-        return self.state.clone(), {}
+        self._started = True
+        return self._state.clone(), {}
 
     def keep_blocks(self, blocks: Sequence[int]) -> None:
         """After ``reset(seed=[...])`` with G seeds: keep only the blocks ``blocks`` (in this order), each with its
         state, step count and generator as they are. PPO drops the envs of a seed that has finished this way."""
+        blocks = list(blocks)
+        if not blocks or any(not isinstance(b, Integral) or not 0 <= b < len(self._gens) for b in blocks):
+            raise ValueError(
+                f"keep_blocks needs a non-empty list of block indices in 0..{len(self._gens) - 1} (one block per seed "
+                f"given to reset), got {blocks}."
+            )
         size = self.num_envs // len(self._gens)
         rows = torch.cat([torch.arange(b * size, (b + 1) * size, device=self.device) for b in blocks])
-        self.state, self.elapsed = self.state[rows], self.elapsed[rows]
+        self._state, self.elapsed = self._state[rows], self.elapsed[rows]
         self._gens = [self._gens[b] for b in blocks]
         self.num_envs = len(blocks) * size
 
@@ -117,7 +169,12 @@ class TorchCartPole:
         """Advance every env one step. ``actions`` is (num_envs,) of 0 (push left) or 1 (push right)."""
         if not isinstance(actions, torch.Tensor) or actions.shape != (self.num_envs,):
             got = tuple(actions.shape) if isinstance(actions, torch.Tensor) else type(actions).__name__
-            raise ValueError(f"actions must be a tensor of shape ({self.num_envs},), got {got}.")
+            raise ValueError(
+                f"actions must be a tensor of shape ({self.num_envs},), got {got}"
+                + (": use torch.as_tensor(actions)." if not isinstance(actions, torch.Tensor) else ".")
+            )
+        if not self._started:
+            raise RuntimeError("call env.reset(seed=...) (or set env.state) before env.step(): no episode has begun.")
         if self.check_actions:
             bad = (actions != 0) & (actions != 1)
             if bool(bad.any()):
@@ -129,7 +186,7 @@ class TorchCartPole:
                 )
         # Gymnasium's equations, each line one or two tensor ops: with 8 envs on a CPU a step is all per-op
         # overhead (benchmarks/README.md), and on a GPU each op is a kernel launch
-        x_dot, theta, theta_dot = self.state[:, 1], self.state[:, 2], self.state[:, 3]
+        x_dot, theta, theta_dot = self._state[:, 1], self._state[:, 2], self._state[:, 3]
         force = torch.where(actions.to(self.device) == 1, self._forces[1], self._forces[0])  # 1 pushes right
         costheta, sintheta = torch.cos(theta), torch.sin(theta)
         temp = torch.addcmul(force, theta_dot.square(), sintheta, value=self.polemass_length).div_(self.total_mass)
@@ -138,7 +195,7 @@ class TorchCartPole:
         )
         xacc = torch.addcmul(temp, thetaacc, costheta, value=-self.polemass_length / self.total_mass)
         # Euler: positions move with the *old* velocities
-        new_state = torch.add(self.state, torch.stack([x_dot, xacc, theta_dot, thetaacc], dim=-1), alpha=self.tau)
+        new_state = torch.add(self._state, torch.stack([x_dot, xacc, theta_dot, thetaacc], dim=-1), alpha=self.tau)
         self.elapsed = self.elapsed + 1
         terminated = (new_state[:, ::2].abs() > self._thresholds).any(-1)  # |x| > 2.4 or |theta| > 12 degrees
         truncated = self.elapsed >= self.max_episode_steps
@@ -146,8 +203,15 @@ class TorchCartPole:
         done = terminated | truncated
         final_obs = new_state
         if self.autoreset:  # same-step autoreset, without a host sync: finished rows get a fresh start state
-            self.state = torch.where(done[:, None], self._random_states(self.num_envs), new_state)
+            self._state = torch.where(done[:, None], self._random_states(self.num_envs), new_state)
             self.elapsed = self.elapsed.masked_fill(done, 0)
         else:
-            self.state = new_state.clone()
-        return self.state.clone(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}
+            self._state = new_state.clone()
+        return self._state.clone(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}
+
+
+def _seed(value) -> int:
+    """One seed for a generator: a non-negative int (a NumPy int too), as Gymnasium asks."""
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"each seed must be a non-negative int, got {type(value).__name__} {value!r}.")
+    return int(value)

@@ -90,6 +90,58 @@ def test_bad_arguments():
         env.step(torch.tensor([1, 0, 1]))
 
 
+def test_a_state_set_by_hand_is_checked_and_starts_new_episodes():
+    """env.state = ... once took any shape (8 rows into a 1-env CartPole broadcast silently), any dtype (the env
+    then ran in float64 for good) and kept the old step counts, so a chosen start state near the time limit was
+    truncated after a few steps."""
+    env = TorchCartPole(2, max_episode_steps=20)
+    env.reset(seed=0)
+    for bad, match in (
+        (torch.zeros(8, 4), "shape \\(2, 4\\)"),
+        (torch.zeros(4), "shape \\(2, 4\\)"),
+        (torch.zeros(2, 4, dtype=torch.float64), "torch.float32 on cpu"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            env.state = bad
+    with pytest.raises(TypeError, match="torch.as_tensor"):
+        env.state = [[0.0] * 4] * 2
+    for _ in range(15):
+        env.step(torch.tensor([0, 1]))
+    env.state = torch.zeros(2, 4)  # upright and still: alternating pushes keep it up for well over 5 steps
+    for t in range(10):
+        _, _, term, trunc, _ = env.step(torch.tensor([t % 2, (t + 1) % 2]))
+        assert not (term | trunc).any(), t
+
+
+def test_step_before_reset_and_bad_seeds_are_refused():
+    with pytest.raises(RuntimeError, match="reset"):  # all-zero states, the same in every env, were stepped
+        TorchCartPole(3).step(torch.tensor([0, 1, 0]))
+    env = TorchCartPole(2)
+    env.state = torch.zeros(2, 4)  # a state set by hand begins the episodes too
+    env.step(torch.tensor([0, 1]))
+    for bad in ([-1, 2], [1.7, 2.2], ["1", "2"]):  # -1 was the seed 2**64 - 1; 1.7 was 1; "1" was 1
+        with pytest.raises(ValueError, match="non-negative int"):
+            TorchCartPole(2).reset(seed=bad)
+    a = TorchCartPole(4).reset(seed=np.array([3, 4]))[0]  # a NumPy array of seeds raised a TypeError
+    assert torch.equal(a, TorchCartPole(4).reset(seed=[3, 4])[0])
+    with pytest.raises(ValueError, match="block indices"):
+        env.keep_blocks([2])
+
+
+def test_the_default_dtype_and_numpy_counts():
+    """Under a float64 default the env ran in float32, and a policy built beside it failed in its first matmul."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert TorchCartPole(2).reset(seed=0)[0].dtype == torch.float64
+    finally:
+        torch.set_default_dtype(previous)
+    assert TorchCartPole(np.int64(3)).num_envs == 3
+    for flag in ("autoreset", "check_actions"):
+        with pytest.raises(TypeError, match=flag):
+            TorchCartPole(2, **{flag: "False"})  # a string was truthy: autoreset stayed on
+
+
 @pytest.mark.parametrize("bad", [[2, 0], [1, -1], [0.5, 1.0]])
 def test_an_action_other_than_0_or_1_is_refused_and_the_state_kept(bad):
     """An action of 2 (a policy over 3 actions) or 0.5 (a probability) once pushed left without a word."""

@@ -62,6 +62,62 @@ def test_rollout_rejects_next_step_autoreset():
         collect_rollout(envs, _policy(), obs, 4, CPU)
 
 
+def test_rollout_refuses_a_torch_env_without_autoreset_and_empty_rollouts():
+    """A TorchCartPole(autoreset=False) was taken: its finished envs kept stepping, and every later step was
+    counted as a one-step episode."""
+    from edurl.envs import TorchCartPole
+
+    env = TorchCartPole(2, autoreset=False, max_episode_steps=20)
+    obs, _ = env.reset(seed=0)
+    with pytest.raises(ValueError, match="autoreset=True"):
+        collect_rollout(env, _policy(), obs, 60, CPU)
+    with pytest.raises(ValueError, match="num_steps"):  # a raw 'stack expects a non-empty TensorList'
+        collect_rollout(TorchCartPole(2), _policy(), TorchCartPole(2).reset(seed=0)[0], 0, CPU)
+
+
+def test_collect_episodes_checks_its_actions_and_seeds():
+    envs = [gym.make("CartPole-v1") for _ in range(3)]
+    policy = _policy()
+
+    def probs(obs):  # probabilities instead of actions: int(0.7) was 0, so every action pushed left
+        return policy(obs).probs[:, 1].detach()
+
+    with pytest.raises(ValueError, match="whole actions"):
+        collect_episodes(envs, probs, CPU, seeds=[0, 1, 2])
+    with pytest.raises(ValueError, match="outside 0..1"):
+        collect_episodes(envs, lambda obs: policy.act(obs) + 1, CPU, seeds=[0, 1, 2])
+    with pytest.raises(ValueError, match="one action per running env"):
+        collect_episodes(envs, lambda obs: policy.act(obs)[:1], CPU, seeds=[0, 1, 2])
+    for seeds in ([0], [0, 1, 2, 3]):  # an IndexError, or the extra seeds silently ignored
+        with pytest.raises(ValueError, match="one seed per env"):
+            collect_episodes(envs, policy.act, CPU, seeds=seeds)
+    float_actions = collect_episodes(envs, lambda obs: policy.act(obs).float(), CPU, seeds=[0, 1, 2])
+    assert float_actions.rewards.shape[1] == 3  # whole numbers as floats are still actions
+
+
+def test_evaluate_policy_closes_its_envs(monkeypatch):
+    closed = []
+    original = gym.Env.close
+
+    def close(self):
+        closed.append(self)
+        return original(self)
+
+    monkeypatch.setattr(gym.Wrapper, "close", close)
+    evaluate_policy(_policy(), "CartPole-v1", 20, CPU)
+    assert len(closed) >= 20  # each of the 20 episodes' envs (its wrappers may close in turn)
+    with pytest.raises(ValueError, match="num_episodes"):  # -5 gave an empty array
+        evaluate_policy(_policy(), "CartPole-v1", -5, CPU)
+
+
+def test_space_sizes_refuses_actions_that_do_not_start_at_0():
+    from edurl.rl.rollout import space_sizes
+
+    with pytest.raises(ValueError, match="start at -1"):
+        space_sizes(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3, start=-1), "MyEnv")
+    assert space_sizes(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3), "MyEnv") == (4, 3)
+
+
 def test_collect_episodes_pads_and_masks():
     envs = [gym.make("CartPole-v1") for _ in range(4)]
     policy = _policy()
