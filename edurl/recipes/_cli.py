@@ -118,16 +118,31 @@ def draw_learning_curve(result, title: str):
 
 def save_learning_curve(result, path: Path, title: str) -> Path:
     """:func:`draw_learning_curve`, saved as a PNG at ``path``."""
+    return save_figure(draw_learning_curve(result, title).figure, path, dpi=120, bbox_inches="tight")
+
+
+def save_figure(fig, path, **savefig_kwargs) -> Path:
+    """Write ``fig`` to ``path`` (its folder made) and close it, leaving matplotlib's backend as it is: a recipe's
+    ``main()`` called from a notebook must not switch the notebook's inline figures off for the rest of the session
+    (``matplotlib.use("Agg")`` here once did)."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, **savefig_kwargs)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def run_as_script(main) -> None:
+    """``python -m edurl.recipes.NAME``: the figures only go to PNG files, so no window toolkit is needed (Agg);
+    then ``main()``. Only a recipe's ``__main__`` calls this, never ``main()`` itself."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ax = draw_learning_curve(result, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ax.figure.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(ax.figure)
-    return path
+    main()
 
 
 def run_trainer_recipe(config_cls, train, name: str, argv=None):

@@ -3,7 +3,7 @@
 Writes ``<log_dir>/metrics.jsonl`` and ``<log_dir>/learning_curve.png`` (log_dir: runs/a2c_cartpole).
 """
 
-from edurl.recipes._cli import run_trainer_recipe
+from edurl.recipes._cli import run_as_script, run_trainer_recipe
 from edurl.rl.a2c import A2CConfig, train_a2c
 
 
@@ -12,4 +12,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_as_script(main)

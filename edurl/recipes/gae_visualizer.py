@@ -8,11 +8,12 @@ critic is a real, imperfect one.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from edurl._checks import check_fields, check_gamma
-from edurl.recipes._cli import parse_config
+from edurl.recipes._cli import parse_config, run_as_script, save_figure
 
 
 @dataclass
@@ -26,25 +27,25 @@ class GAEVisualizerConfig:
     seed: int = 0
     """Seed for training and for the episode drawn."""
     out: str = "gae_visualizer.png"
-    """Where to write the PNG (".png" is added to a name without an extension; missing folders are made)."""
+    """Where to write the figure (".png" is added to a name without an image extension; missing folders are made)."""
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
         check_fields(self, positive_int=("train_episodes",), nonneg_int=("seed",))
         if not self.lams or not all(isinstance(lam, (int, float)) and 0 <= lam <= 1 for lam in self.lams):
             raise ValueError(f"GAEVisualizerConfig.lams must be one or more numbers in [0, 1], got {self.lams!r}.")
-        if Path(self.out).is_dir():
-            raise ValueError(f"GAEVisualizerConfig.out {self.out!r} is a folder; name the PNG, e.g. {self.out}/gae.png")
-        if not Path(self.out).suffix:  # matplotlib would add .png itself, and the path printed would be wrong
+        if Path(self.out).is_dir() or self.out.endswith(("/", os.sep)):  # "figs/" was written to figs/.png
+            folder = self.out.rstrip("/" + os.sep)
+            raise ValueError(f"GAEVisualizerConfig.out {self.out!r} is a folder; name the PNG, e.g. {folder}/gae.png")
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        # a name without an image extension gets ".png": "gae_gamma0.99" has the suffix ".99", which savefig refused
+        # only after the training; matplotlib would add ".png" to a bare name itself, and the path printed be wrong
+        if Path(self.out).suffix.lower().lstrip(".") not in FigureCanvasBase.get_supported_filetypes():
             self.out = f"{self.out}.png"
 
 
 def main(argv=None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from edurl.rl.gae_study import plot_gae, sample_trajectory
     from edurl.rl.reinforce import ReinforceConfig, train_reinforce
 
@@ -55,13 +56,10 @@ def main(argv=None):
         )
     )
     traj = sample_trajectory(trained.policy, trained.value, seed=config.seed)
-    ax = plot_gae(traj, config.gamma, config.lams)
-    Path(config.out).parent.mkdir(parents=True, exist_ok=True)
-    ax.figure.savefig(config.out, dpi=120, bbox_inches="tight")
-    plt.close(ax.figure)
+    save_figure(plot_gae(traj, config.gamma, config.lams).figure, config.out, dpi=120, bbox_inches="tight")
     print(f"episode of {len(traj['rewards'])} steps; wrote {config.out}")
     return config.out
 
 
 if __name__ == "__main__":
-    main()
+    run_as_script(main)

@@ -25,7 +25,7 @@ from edurl.llm.grpo import GRPOConfig, train_grpo
 from edurl.llm.loop import _check_log_dir
 from edurl.llm.policy import check_model_path
 from edurl.plotting import plot_grpo_metrics
-from edurl.recipes._cli import parse_config, refuse
+from edurl.recipes._cli import parse_config, refuse, run_as_script, save_figure
 
 
 def main(argv=None):
@@ -50,12 +50,7 @@ def main(argv=None):
         torch.distributed.destroy_process_group()
     if not world.is_main:
         return result
-    import matplotlib
-
-    matplotlib.use("Agg")
-    fig = plot_grpo_metrics(result.metrics)
-    png = Path(config.log_dir) / "learning_curves.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(plot_grpo_metrics(result.metrics), Path(config.log_dir) / "learning_curves.png", dpi=110)
     if result.start is not None:
         print(
             f"held-out pass@1: {result.start.pass_at_1:.1%} -> {result.final.pass_at_1:.1%} "
@@ -68,4 +63,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_as_script(main)

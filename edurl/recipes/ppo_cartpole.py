@@ -4,7 +4,7 @@ Writes ``<log_dir>/metrics.jsonl`` (with every PPO diagnostic per update) and ``
 (log_dir: runs/ppo_cartpole).
 """
 
-from edurl.recipes._cli import run_trainer_recipe
+from edurl.recipes._cli import run_as_script, run_trainer_recipe
 from edurl.rl.ppo import PPOConfig, train_ppo
 
 
@@ -13,4 +13,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_as_script(main)

@@ -39,7 +39,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sft import SFTConfig
 from edurl.metrics import MetricsLogger, load_metrics
-from edurl.recipes._cli import parse_config, refuse
+from edurl.recipes._cli import parse_config, refuse, run_as_script, save_figure
 
 RL_LOSSES = ("importance_sampling", "ppo", "cispo", "dro")
 
@@ -278,16 +278,12 @@ PANELS = (
 
 def save_curves(log_dir: Path) -> Path:
     """The run's learning curves, next to its metrics.jsonl."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from edurl.plotting import plot_grpo_metrics
 
-    fig = plot_grpo_metrics(load_metrics(log_dir), panels=PANELS)
-    png = log_dir / "learning_curves.png"
-    fig.savefig(png, dpi=110)
-    return png
+    return save_figure(
+        plot_grpo_metrics(load_metrics(log_dir), panels=PANELS), log_dir / "learning_curves.png", dpi=110
+    )
 
 
 if __name__ == "__main__":
-    main()
+    run_as_script(main)

@@ -210,6 +210,38 @@ def test_gae_visualizer_writes_where_it_says(tmp_path, capsys):
     assert "is a folder; name the PNG" in err
 
 
+def test_gae_visualizer_out_with_a_dot_or_a_slash(tmp_path, capsys):
+    """--out gae_gamma0.99 has the suffix '.99': savefig refused it after the training. --out figs/ wrote figs/.png."""
+    config = parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", str(tmp_path / "gae_gamma0.99")])
+    assert config.out == str(tmp_path / "gae_gamma0.99.png")
+    assert parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", "a.pdf"]).out == "a.pdf"
+    with pytest.raises(SystemExit):
+        parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", str(tmp_path / "not yet") + "/"])
+    box = str.maketrans("│|", "  ")
+    assert "is a folder; name the PNG" in " ".join(capsys.readouterr().err.translate(box).split())
+
+
+def test_a_recipe_run_from_a_notebook_leaves_its_figures_on(tmp_path):
+    """Each recipe's main() called matplotlib.use("Agg"), which switched a notebook's inline backend off for the
+    rest of the session: notebook 07 runs tinker_rl_loop.main in-process, and its later figures showed nothing.
+    Here another backend stands in for the notebook's; the recipes must leave it, and close the figures they save."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from edurl.recipes._cli import save_figure
+
+    plt.close("all")
+    matplotlib.use("svg")
+    try:
+        gae_visualizer.main(["--train-episodes", "2", "--out", str(tmp_path / "gae.png")])
+        reinforce_cartpole.main(["--max-episodes", "8", "--log-dir", str(tmp_path / "r"), "--no-progress"])
+        fig = plt.figure()
+        assert save_figure(fig, tmp_path / "deep" / "f.png").is_file()
+        assert matplotlib.get_backend() == "svg" and not plt.get_fignums()
+    finally:
+        matplotlib.use("Agg")
+
+
 def test_ppo_recipe_on_the_torch_env(tmp_path):
     ppo_cartpole.main(["--env-backend", "torch", "--total-steps", "2560", "--log-dir", str(tmp_path), "--no-progress"])
     assert (tmp_path / "learning_curve.png").exists()
