@@ -81,6 +81,11 @@ class MetricsLogger:
                     self._time_offset = float(previous["time/total"].dropna().iloc[-1])
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "ab" if if_exists == "append" else "wb", buffering=0)  # one write() per line
+        if if_exists == "append" and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":  # a file written without a last newline: the next record needs its own line
+                    self._file.write(b"\n")
         self._start = time.perf_counter()
 
     def log(self, step: int, **metrics) -> dict:
@@ -160,7 +165,14 @@ def load_metrics(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"no metrics file at {path}; a MetricsLogger writes <log_dir>/metrics.jsonl.")
     with open(path, encoding="utf-8") as f:
-        return pd.DataFrame.from_records([record for _, _, record in _records(path, f)])
+        records = []
+        for lineno, line, record in _records(path, f):
+            if not isinstance(record, dict):  # null or 3 failed inside pandas; a list loaded as columns 0 and 1
+                raise ValueError(
+                    f'{path}, line {lineno} is JSON but not a record ({{"step": ..., ...}}): {line[:80]!r}'
+                )
+            records.append(record)
+        return pd.DataFrame.from_records(records)
 
 
 def _records(path: Path, lines) -> Iterator[tuple[int, str, Any]]:

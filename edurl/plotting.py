@@ -7,6 +7,7 @@ values; the ``plot_*`` functions only draw what it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -29,16 +30,26 @@ def rolling_mean(values, window: int) -> np.ndarray:
 
     rolling_mean([1, 2, 3, 4], 2) = [1, 1.5, 2.5, 3.5]. The "100-episode mean return" of Chapter 2 is
     rolling_mean(returns, 100)[-1].
+
+    A NaN or inf reaches only the windows that hold it (a diverged step leaves the rest of a curve as it was).
     """
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive int, got {window!r}.")
+    if isinstance(window, bool) or not isinstance(window, Integral) or window < 1:
+        raise ValueError(f"window must be a whole number >= 1, got {window!r}.")
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
         raise ValueError(f"values must be 1-D, got shape {x.shape}.")
-    csum = np.concatenate([[0.0], np.cumsum(x)])
+    if len(x) == 0:
+        return x.copy()
     idx = np.arange(1, len(x) + 1)
-    start = np.maximum(idx - window, 0)
-    return (csum[idx] - csum[start]) / (idx - start)
+    count = np.minimum(idx, window)
+    if np.isfinite(x).all() and np.abs(x).max() < 1e12:
+        csum = np.concatenate([[0.0], np.cumsum(x)])  # one pass; exact enough while no value dwarfs the others
+        return (csum[idx] - csum[idx - count]) / count
+    # each window summed on its own: a running sum carries a NaN or inf into every later window, and a value
+    # of 1e16 swallows the small ones after it
+    w = min(int(window), len(x))
+    padded = np.concatenate([np.zeros(w - 1), x])
+    return np.lib.stride_tricks.sliding_window_view(padded, w).sum(axis=1) / count
 
 
 def align_curves(
@@ -52,10 +63,18 @@ def align_curves(
 
     Returns ``grid`` (num_points,) and ``Y`` (num_seeds, num_points).
     """
+    if isinstance(curves, pd.DataFrame):  # one seed's curve (iterating a DataFrame gives its column names)
+        curves = [curves]
+    if isinstance(num_points, bool) or not isinstance(num_points, Integral) or num_points < 1:
+        raise ValueError(f"num_points must be a whole number >= 1, got {num_points!r}.")
     if len(curves) == 0:
         raise ValueError("no curves to align: pass one DataFrame per seed.")
     series = []
     for i, df in enumerate(curves):
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(
+                f"curve {i} is a {type(df).__name__}; pass one DataFrame per seed (a list of them, or one DataFrame)."
+            )
         for col in (x, y):
             if col not in df.columns:
                 raise KeyError(f"curve {i} has no column {col!r}; its columns are {list(df.columns)}.")
@@ -99,7 +118,12 @@ def plot_learning_curves(
         grid, Y = align_curves(curves, x, y, window=window)
         mean = Y.mean(0)
         n = Y.shape[0]
-        (line,) = ax.plot(grid, mean, label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label else None)
+        (line,) = ax.plot(
+            grid,
+            mean,
+            label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label else None,
+            marker="o" if len(grid) == 1 else None,  # one point: a line without a marker does not show it
+        )
         if band != "none" and n > 1:
             lo, hi = (Y.min(0), Y.max(0)) if band == "minmax" else (mean - Y.std(0), mean + Y.std(0))
             ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
@@ -169,6 +193,11 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
     """
     if isinstance(runs, pd.DataFrame):
         runs = {"": runs}
+    if not isinstance(runs, Mapping) or not all(isinstance(m, pd.DataFrame) for m in runs.values()):
+        raise TypeError(
+            "plot_grpo_metrics takes one run's metrics DataFrame (load_metrics(log_dir)) or {label: DataFrame}, got "
+            f"{type(runs).__name__}; for several runs pass e.g. {{'seed 0': m0, 'seed 1': m1}}."
+        )
     cols = 3
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.1 * rows), squeeze=False)

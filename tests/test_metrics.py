@@ -154,3 +154,19 @@ def test_load_metrics_on_a_folder_of_seeds_says_which_file_it_reads(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_metrics(tmp_path)  # newer than the seed folders: no warning
+
+
+def test_append_to_a_file_without_a_last_newline_starts_a_new_line(tmp_path):
+    """'\\n'.join(json.dumps(r) ...) writes no last newline; appending joined two records on one line, which
+    load_metrics then refused as invalid JSON."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "x": 1.0}', encoding="utf-8")
+    with MetricsLogger(tmp_path, if_exists="append") as logger:
+        logger.log(1, x=2.0)
+    assert load_metrics(tmp_path)["x"].tolist() == [1.0, 2.0]
+
+
+def test_a_line_that_is_json_but_not_a_record_is_named(tmp_path):
+    for line in ("null", "3", "[1, 2]"):  # a TypeError inside pandas, or silently columns 0 and 1
+        (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n' + line + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match="line 2 is JSON but not a record"):
+            load_metrics(tmp_path)

@@ -116,3 +116,39 @@ def test_plot_grpo_metrics_smooths_training_metrics_and_marks_a_one_step_run():
         list(t_long.get_xdata()) == [0, 2] and t_long.get_marker() == t_one.get_marker() == "o"
     )  # evaluations: points
     plt.close(fig)
+
+
+def test_a_nan_inf_or_huge_value_reaches_only_the_windows_that_hold_it():
+    """rolling_mean differenced a running sum: one NaN or inf made every later point NaN, and one value of 3e16
+    swallowed the small values after it (their windows came out 0)."""
+    np.testing.assert_allclose(rolling_mean([1, np.nan, 3, 4, 5], 2), [1, np.nan, np.nan, 3.5, 4.5])
+    np.testing.assert_allclose(rolling_mean([1, np.inf, 3, 4], 1), [1, np.inf, 3, 4])
+    np.testing.assert_allclose(rolling_mean([1, 0.9, 3e16, 0.8, 0.7, 0.6], 2)[-3:], [1.5e16, 0.75, 0.65])
+    np.testing.assert_allclose(rolling_mean([2.0, 4.0, 6.0, np.inf], 10)[:3], [2, 3, 4])  # ragged start as before
+    assert rolling_mean([], 3).shape == (0,)
+    np.testing.assert_allclose(rolling_mean([1, 2, 3], np.int64(2)), [1, 1.5, 2.5])  # once "not a positive int"
+    with pytest.raises(ValueError, match="window"):
+        rolling_mean([1, 2], True)
+
+
+def test_one_dataframe_is_one_seed_and_other_inputs_are_named():
+    """A lone DataFrame was iterated as its column names: AttributeError 'str' object has no attribute 'columns'."""
+    from edurl.plotting import plot_grpo_metrics
+
+    df = pd.DataFrame({"step": [0, 1, 2], "r": [0.0, 1.0, 2.0]})
+    grid, Y = align_curves(df, "step", "r", num_points=3)
+    assert Y.shape == (1, 3)
+    ax = plot_learning_curves({"ppo": df}, y="r", window=1)
+    plt.close(ax.figure)
+    with pytest.raises(TypeError, match="one DataFrame per seed"):
+        align_curves([df, [1, 2]], "step", "r")
+    with pytest.raises(ValueError, match="num_points"):  # 0 gave an empty grid
+        align_curves([df], "step", "r", num_points=0)
+    with pytest.raises(TypeError, match="label: DataFrame"):  # a list once failed on .items()
+        plot_grpo_metrics([df, df])
+
+
+def test_a_one_point_curve_has_a_marker():
+    ax = plot_learning_curves([pd.DataFrame({"step": [5], "episode_return": [9.0]})], window=1)
+    assert ax.lines[0].get_marker() == "o"
+    plt.close(ax.figure)

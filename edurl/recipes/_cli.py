@@ -80,7 +80,8 @@ def field_docs(cls) -> dict[str, str]:
 
 
 def draw_learning_curve(result, title: str):
-    """A TrainResult's training-episode returns (rolling mean of 100) against env steps; for a list of them (a
+    """A TrainResult's training-episode returns (rolling mean over the config's ``solve_window``, the mean the
+    "solved" line and markers are judged on) against env steps; for a list of them (a
     trainer config's ``num_seeds`` > 1), their mean with the min-max band across seeds, over the steps every seed
     ran, and each seed's own curve, thin, over all of its steps: a seed still unsolved after the others stopped
     stays in view. When the seeds share no steps (one solved before another finished an episode) or a seed
@@ -90,24 +91,25 @@ def draw_learning_curve(result, title: str):
     from edurl.plotting import plot_learning_curves, rolling_mean
 
     results = result if isinstance(result, list) else [result]
+    window = results[0].config.solve_window  # the window "solved" is judged on: 100 episodes unless set otherwise
     curves = [r.episodes[["step", "episode_return"]].dropna().sort_values("step") for r in results]
     played = [c for c in curves if len(c)]
     shared = len(played) == len(curves) and max(c["step"].iloc[0] for c in curves) <= min(
         c["step"].iloc[-1] for c in curves
     )
     if shared:
-        ax = plot_learning_curves({title: curves}, x="step", y="episode_return", window=100)
+        ax = plot_learning_curves({title: curves}, x="step", y="episode_return", window=window)
         color = ax.lines[-1].get_color()
     else:
         ax, color = plt.subplots(figsize=(7, 4))[1], "C0"
         ax.set_xlabel("env steps")
-        ax.set_ylabel("episode_return (rolling mean of 100)")
+        ax.set_ylabel(f"episode_return (rolling mean of {window})")
         why = "no episode finished" if not played else "the seeds share no steps to average over"
         ax.set_title(f"{title}: {why}" + ("; train longer (total_steps)" if len(played) < len(curves) else ""))
     if len(results) > 1 or not shared:
         for i, ep in enumerate(played):
             label = "each seed" if i == 0 and len(results) > 1 else None
-            ax.plot(ep["step"], rolling_mean(ep["episode_return"].to_numpy(float), 100), color=color,
+            ax.plot(ep["step"], rolling_mean(ep["episode_return"].to_numpy(float), window), color=color,
                     lw=0.6 if shared else 1.2, alpha=0.5 if shared else 1.0, label=label)  # fmt: skip
     ax.axhline(results[0].config.solve_threshold, color="gray", ls="--", lw=1, label="solved")
     for r in results:

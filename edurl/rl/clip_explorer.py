@@ -6,6 +6,8 @@ training code actually does, including exactly where the gradient is zero.
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -18,8 +20,19 @@ __all__ = ["clip_objective_and_grad", "clip_case", "plot_clip_explorer"]
 def clip_objective_and_grad(
     ratios: torch.Tensor, advantage: float, clip_eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Objective min(r*A, clip(r)*A) (the negated loss) and its derivative with respect to r, at each ratio."""
-    r = ratios.detach().clone().to(torch.float64).requires_grad_(True)
+    """Objective min(r*A, clip(r)*A) (the negated loss) and its derivative with respect to r, at each ratio.
+
+    ``ratios`` (a tensor, array or list) must be finite and > 0: a ratio is pi_theta / pi_old of a sampled action,
+    and the training code takes it as exp of a log-prob difference, so r = 0 (log 0) has no gradient."""
+    r = torch.as_tensor(ratios, dtype=torch.float64).detach().clone()
+    if not bool((torch.isfinite(r) & (r > 0)).all()):
+        raise ValueError(
+            f"ratios must be finite and > 0 (pi_theta / pi_old of a sampled action), got {r[~(r > 0)][:3].tolist()} "
+            "among them: start a sweep above 0, e.g. torch.linspace(0.01, 2, 400)."
+            if bool((r <= 0).any())
+            else f"ratios must be finite and > 0, got {r[~torch.isfinite(r)][:3].tolist()} among them."
+        )
+    r.requires_grad_(True)
     adv = torch.full_like(r, advantage)
     objective = -clipped_surrogate(torch.log(r), torch.zeros_like(r), adv, 1 - clip_eps, 1 + clip_eps)
     objective.sum().backward()
@@ -32,10 +45,11 @@ def clip_case(ratio: float, advantage: float, clip_eps: float) -> tuple[str, boo
     objective, grad = clip_objective_and_grad(r, advantage, clip_eps)
     unclipped = ratio * advantage
     clipped = float(np.clip(ratio, 1 - clip_eps, 1 + clip_eps)) * advantage
+    # a tight tolerance: np.isclose's default (1e-5) called r = 1.200001 "both" at eps = 0.2
     picks = (
         "both"
-        if np.isclose(unclipped, clipped)
-        else ("unclipped" if np.isclose(objective.item(), unclipped) else "clipped")
+        if math.isclose(unclipped, clipped, rel_tol=1e-12, abs_tol=1e-300)
+        else ("unclipped" if math.isclose(objective.item(), unclipped, rel_tol=1e-9, abs_tol=1e-300) else "clipped")
     )
     return picks, bool(grad.item() == 0.0)
 

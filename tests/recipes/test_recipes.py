@@ -353,3 +353,23 @@ def test_the_grpo_recipe_warns_once_about_an_earlier_runs_metrics(tmp_path, monk
         warnings.simplefilter("always")
         grpo_arithmetic.main([*tiny, "--log-dir", str(run)])
     assert sum("holds an earlier run's metrics.jsonl" in str(w.message) for w in seen) == 1
+
+
+def test_the_learning_curve_smooths_over_the_solve_window():
+    """The curve was always a rolling mean of 100 while the 'solved' line and marker used solve_window: with
+    solve_window=10 a run solved at a step where the drawn curve stood at 68."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from edurl.recipes._cli import draw_learning_curve
+    from edurl.rl.episodes import TrainResult
+
+    returns = [20.0] * 90 + [500.0] * 10
+    rows = pd.DataFrame({"episode": range(100), "step": range(100, 10_001, 100), "episode_return": returns})
+    rows["episode_length"], rows["time/total"] = rows["episode_return"], 0.0
+    config = PPOConfig(seed=0, progress=False, solve_window=10)
+    result = TrainResult.from_episodes(rows.to_dict("records"), config, None, None)
+    assert result.solved
+    ax = draw_learning_curve(result, "PPO")
+    assert ax.lines[0].get_ydata()[-1] == 500.0 and "rolling mean of 10" in ax.get_ylabel()
+    plt.close(ax.figure)
