@@ -67,6 +67,11 @@ class MetricsLogger:
         if if_exists not in _IF_EXISTS:
             raise ValueError(f"if_exists must be one of {_IF_EXISTS}, got {if_exists!r}.")
         self.log_dir = Path(log_dir)
+        if self.log_dir.exists() and not self.log_dir.is_dir():  # was a bare "[Errno 17] File exists"
+            raise NotADirectoryError(
+                f"log_dir {str(self.log_dir)!r} is a file; a MetricsLogger writes <log_dir>/metrics.jsonl, so pass a "
+                "folder (new or existing)."
+            )
         self.path = self.log_dir / "metrics.jsonl"
         self._time_offset = 0.0
         if self.path.exists() and self.path.stat().st_size > 0:

@@ -150,8 +150,19 @@ def plot_value_grid(
     ``action_names``). ``policy`` is (S, A); the arrow shows its most likely action in each
     non-terminal state.
     """
+    from edurl._checks import check_tensor
+    from edurl.rl.tabular import _check_values
+
     if mdp.grid is None:
         raise ValueError("this MDP has no grid map; plot_value_grid draws grid worlds such as FrozenLake.")
+    _check_values(V, mdp)  # a NumPy V, or one of another length, failed inside the drawing
+    if policy is not None:  # probabilities, or any (S, A) scores: the arrow shows the argmax
+        check_tensor(policy, "policy", ndim=(2,))
+        if tuple(policy.shape) != (mdp.num_states, mdp.num_actions):
+            raise ValueError(
+                f"policy must have shape (S, A) = {(mdp.num_states, mdp.num_actions)}, one row of action "
+                f"probabilities per state, got {tuple(policy.shape)}."
+            )
     rows, cols = mdp.grid.shape
     values = V.detach().cpu().numpy().reshape(rows, cols)
     ax = ax if ax is not None else plt.subplots(figsize=(4.5, 4.5))[1]
@@ -239,6 +250,8 @@ def datum_rows(tokens: Sequence[str], mask: Sequence[float], width: int = 64) ->
 def plot_datum_layout(tokens: Sequence[str], mask: Sequence[float], width: int = 64, ax: plt.Axes | None = None):
     """Draw a datum's target tokens as text, each on a cell coloured by its mask: the tokens the model sampled
     (mask 1, trained) in colour, the environment's tokens (mask 0, never trained) in grey. Returns the axes."""
+    if len(tokens) == 0:
+        raise ValueError("plot_datum_layout needs at least one target token; this datum has none.")
     rows = datum_rows(tokens, mask, width)
     cols = max(sum(max(len(t), 1) for t, _ in r) for r in rows)
     ax = ax if ax is not None else plt.subplots(figsize=(min(0.16 * cols + 1, 14), 0.32 * len(rows) + 0.8))[1]
@@ -274,6 +287,8 @@ def staleness_schedule(
     sampled it), ``staleness``, ``sample_start``, ``sample_end``, ``train_start``, ``train_end`` (seconds)."""
     if not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
         raise ValueError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     if not (sample_seconds > 0 and train_seconds > 0):
         raise ValueError(f"durations must be > 0, got {sample_seconds!r} and {train_seconds!r}")
     k, rows, sampler_free, trainer_free, trained = max_steps_off_policy, [], 0.0, 0.0, {}

@@ -170,3 +170,9 @@ def test_a_line_that_is_json_but_not_a_record_is_named(tmp_path):
         (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n' + line + "\n", encoding="utf-8")
         with pytest.raises(ValueError, match="line 2 is JSON but not a record"):
             load_metrics(tmp_path)
+
+
+def test_a_log_dir_that_is_a_file_is_named(tmp_path):
+    (tmp_path / "taken").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        MetricsLogger(tmp_path / "taken")

@@ -152,3 +152,28 @@ def test_a_one_point_curve_has_a_marker():
     ax = plot_learning_curves([pd.DataFrame({"step": [5], "episode_return": [9.0]})], window=1)
     assert ax.lines[0].get_marker() == "o"
     plt.close(ax.figure)
+
+
+def test_plot_value_grid_datum_layout_and_staleness_check_their_inputs():
+    """A NumPy V raised "'numpy.ndarray' object has no attribute 'detach'", a policy of action indices a reshape
+    error, an empty datum 'max() arg is an empty sequence', and staleness_schedule(steps=0) an IndexError when
+    drawn (steps=-3 gave no rows)."""
+    import gymnasium as gym
+    import torch
+
+    from edurl.plotting import plot_datum_layout, staleness_schedule
+    from edurl.rl import TabularMDP
+
+    mdp = TabularMDP.from_gymnasium(gym.make("FrozenLake-v1"))
+    with pytest.raises(TypeError, match="torch.as_tensor"):
+        plot_value_grid(np.zeros(16), mdp)
+    with pytest.raises(ValueError, match="shape"):
+        plot_value_grid(torch.zeros(15), mdp)
+    with pytest.raises(ValueError, match="policy must"):
+        plot_value_grid(torch.zeros(16), mdp, policy=torch.zeros(16, dtype=torch.long))
+    with pytest.raises(ValueError, match="at least one target token"):
+        plot_datum_layout([], [])
+    for steps in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="steps"):
+            staleness_schedule(1, steps=steps)
+    plt.close("all")

@@ -67,7 +67,9 @@ class TorchCartPole:
         self.max_episode_steps = max_episode_steps
         self.autoreset = autoreset
         """False: an env that finishes is not reset (no random draw); it keeps stepping from where it ended, and
-        the caller ignores it until the next ``reset`` (REINFORCE plays whole episodes this way)."""
+        the caller ignores it until the next ``reset`` (REINFORCE plays whole episodes this way). Past its end such
+        an env still pays 1 a step, and ``terminated`` can turn False again if the cart comes back inside the
+        bounds (Gymnasium pays 0 there): read nothing of an env after the step that ended it."""
         self.check_actions = check_actions
         """True: ``step`` refuses an action other than 0 or 1 (it would push left without a word). Each check reads
         the actions back to the host, a sync on a GPU and about a tenth of a step at 8 envs on a CPU, so the course's
