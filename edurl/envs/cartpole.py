@@ -102,17 +102,19 @@ class TorchCartPole:
                 f"use torch.as_tensor(states, dtype={self.dtype}, device='{self.device}')."
             )
         if states.shape != (self.num_envs, 4):
-            raise ValueError(
-                f"env.state must have shape ({self.num_envs}, 4), one row per env, got {tuple(states.shape)}: "
-                f"for {states.shape[0] if states.dim() == 2 else 'other'} states build TorchCartPole(num_envs=...) "
-                "with that many envs, or reshape a single state with states.reshape(1, 4)."
+            fix = (
+                f"for {states.shape[0]} states build TorchCartPole({states.shape[0]}, ...)"
+                if states.dim() == 2 and states.shape[1] == 4
+                else "a state is 4 numbers (x, x_dot, theta, theta_dot); one state is states.reshape(1, 4)"
             )
-        wrong_device = states.device.type != self.device.type or (
-            self.device.index is not None and states.device.index != self.device.index
-        )  # "cuda" holds the tensors of "cuda:0"
-        if states.dtype != self.dtype or wrong_device:
             raise ValueError(
-                f"env.state must be {self.dtype} on {self.device} (the env's), got {states.dtype} on {states.device}: "
+                f"env.state must have shape ({self.num_envs}, 4), one row of 4 per env, got {tuple(states.shape)}: {fix}."
+            )
+        # against where the env's tensors are: an env built on "cuda" holds them on "cuda:0"
+        if states.dtype != self.dtype or states.device != self._state.device:
+            raise ValueError(
+                f"env.state must be {self.dtype} on {self._state.device} (the env's), got {states.dtype} on "
+                f"{states.device}: "
                 "use states.to(env.dtype) or .to(env.device), or build the env with that dtype and device."
             )
         self._state = states.clone()
@@ -176,7 +178,9 @@ class TorchCartPole:
                 + (": use torch.as_tensor(actions)." if not isinstance(actions, torch.Tensor) else ".")
             )
         if not self._started:
-            raise RuntimeError("call env.reset(seed=...) (or set env.state) before env.step(): no episode has begun.")
+            raise RuntimeError(
+                "call env.reset(seed=...) (or assign env.state = states) before env.step(): no episode has begun."
+            )
         if self.check_actions:
             bad = (actions != 0) & (actions != 1)
             if bool(bad.any()):

@@ -30,6 +30,7 @@ class GAEVisualizerConfig:
     """Where to write the figure (".png" is added to a name without an image extension; missing folders are made)."""
 
     def __post_init__(self) -> None:
+        self.out = os.fspath(self.out)  # a Path too
         check_gamma(self.gamma)
         check_fields(self, positive_int=("train_episodes",), nonneg_int=("seed",))
         if not self.lams or not all(isinstance(lam, (int, float)) and 0 <= lam <= 1 for lam in self.lams):

@@ -49,7 +49,7 @@ def clip_case(ratio: float, advantage: float, clip_eps: float) -> tuple[str, boo
     picks = (
         "both"
         if math.isclose(unclipped, clipped, rel_tol=1e-12, abs_tol=1e-300)
-        else ("unclipped" if math.isclose(objective.item(), unclipped, rel_tol=1e-9, abs_tol=1e-300) else "clipped")
+        else ("unclipped" if abs(objective.item() - unclipped) <= abs(objective.item() - clipped) else "clipped")
     )
     return picks, bool(grad.item() == 0.0)
 

@@ -99,6 +99,7 @@ def test_a_state_set_by_hand_is_checked_and_starts_new_episodes():
     for bad, match in (
         (torch.zeros(8, 4), "shape \\(2, 4\\)"),
         (torch.zeros(4), "shape \\(2, 4\\)"),
+        (torch.zeros(2, 3), "a state is 4 numbers"),
         (torch.zeros(2, 4, dtype=torch.float64), "torch.float32 on cpu"),
     ):
         with pytest.raises(ValueError, match=match):

@@ -215,6 +215,7 @@ def test_gae_visualizer_out_with_a_dot_or_a_slash(tmp_path, capsys):
     config = parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", str(tmp_path / "gae_gamma0.99")])
     assert config.out == str(tmp_path / "gae_gamma0.99.png")
     assert parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", "a.pdf"]).out == "a.pdf"
+    assert gae_visualizer.GAEVisualizerConfig(out=tmp_path / "g").out == str(tmp_path / "g.png")  # a Path too
     with pytest.raises(SystemExit):
         parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", str(tmp_path / "not yet") + "/"])
     box = str.maketrans("│|", "  ")

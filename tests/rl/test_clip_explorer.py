@@ -36,5 +36,6 @@ def test_ratios_of_0_are_refused_and_the_cases_use_a_tight_tolerance():
     with pytest.raises(ValueError, match="> 0"):
         clip_case(0.0, -1.0, 0.2)
     assert clip_case(1.200001, 1.0, 0.2) == ("clipped", True)
+    assert clip_case(1.2000000001, 1.0, 0.2) == clip_case(0.7999999999, -1.0, 0.2) == ("clipped", True)
     obj, grad = clip_objective_and_grad(np.array([0.5, 1.5]), 1.0, 0.2)  # an array, as a list, works too
     torch.testing.assert_close(grad, torch.tensor([1.0, 0.0], dtype=torch.float64))

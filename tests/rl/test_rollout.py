@@ -92,6 +92,7 @@ def test_collect_episodes_checks_its_actions_and_seeds():
         with pytest.raises(ValueError, match="one seed per env"):
             collect_episodes(envs, policy.act, CPU, seeds=seeds)
     float_actions = collect_episodes(envs, lambda obs: policy.act(obs).float(), CPU, seeds=[0, 1, 2])
+    collect_episodes(envs, lambda obs: obs[:, 2] > 0, CPU, seeds=[0, 1, 2])  # bools: True pushes right, as int(True)
     assert float_actions.rewards.shape[1] == 3  # whole numbers as floats are still actions
 
 
