@@ -64,7 +64,8 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
     n, dtype = len(envs), torch.get_default_dtype()  # Gymnasium's float32 observations, as the networks' dtype
     if seeds is not None and len(seeds) != n:
         raise ValueError(f"collect_episodes needs one seed per env: got {len(seeds)} seeds for {n} envs.")
-    num_actions = getattr(envs[0].action_space, "n", None) if n else None
+    space = envs[0].action_space if n else None  # a Discrete space's actions: start .. start + n - 1
+    actions_range = (int(space.start), int(space.start + space.n)) if isinstance(space, gym.spaces.Discrete) else None
     cur = np.stack([env.reset(seed=None if seeds is None else seeds[i])[0] for i, env in enumerate(envs)])
     cur = cur.astype(np.float32)  # (N, obs_dim), the current observation of each env
     obs_buf, act_buf, rew_buf = [], [], []
@@ -74,7 +75,7 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
     while running.any():
         idx = np.nonzero(running)[0]
         actions = act(torch.as_tensor(cur[idx], dtype=dtype, device=device)).cpu().numpy()
-        _check_actions(actions, len(idx), num_actions)
+        _check_actions(actions, len(idx), actions_range)
         obs_buf.append(cur.copy())
         step_act, step_rew = np.zeros(n, dtype=np.int64), np.zeros(n)  # float64: rounded to dtype once, below
         for a, i in zip(actions, idx):
@@ -99,7 +100,7 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
     )
 
 
-def _check_actions(actions: np.ndarray, count: int, num_actions: int | None) -> None:
+def _check_actions(actions: np.ndarray, count: int, actions_range: tuple[int, int] | None) -> None:
     """``act``'s output for ``count`` envs: one whole action each, in range (``int()`` would turn a probability
     of 0.7 into action 0 without a word)."""
     if actions.shape != (count,):
@@ -111,8 +112,8 @@ def _check_actions(actions: np.ndarray, count: int, num_actions: int | None) -> 
             "sampled actions give such values; sample them (torch.distributions.Categorical(...).sample())."
         )
     values = actions.tolist()
-    if num_actions is not None and values and (min(values) < 0 or max(values) >= num_actions):
-        raise ValueError(f"act returned actions outside 0..{num_actions - 1}: {values[:5]}.")
+    if actions_range is not None and values and (min(values) < actions_range[0] or max(values) >= actions_range[1]):
+        raise ValueError(f"act returned actions outside {actions_range[0]}..{actions_range[1] - 1}: {values[:5]}.")
 
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs) -> gym.vector.VectorEnv:

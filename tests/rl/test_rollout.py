@@ -281,3 +281,26 @@ def test_rewards_keep_the_default_dtype_when_it_is_float64():
         assert ro.episode_returns[0] == pytest.approx(0.1 * length, rel=1e-12, abs=0)
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_collect_episodes_reads_the_action_range_from_a_discrete_space_with_a_start():
+    """The range check took 0..n-1 for every Discrete space; one that starts at -1 plays -1, 0 and 1."""
+
+    class Shifted(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (4,))
+        action_space = gym.spaces.Discrete(3, start=-1)
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.zeros(4, np.float32), {}
+
+        def step(self, action):
+            assert action in (-1, 0, 1)
+            self.t += 1
+            return np.zeros(4, np.float32), 1.0, self.t >= 3, False, {}
+
+    batch = collect_episodes([Shifted(), Shifted()], lambda obs: torch.full((len(obs),), -1), CPU)
+    assert batch.lengths.tolist() == [3, 3]
+    with pytest.raises(ValueError, match="outside -1..1"):
+        collect_episodes([Shifted()], lambda obs: torch.full((len(obs),), 2), CPU)
