@@ -7,12 +7,13 @@ values; the ``plot_*`` functions only draw what it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from numbers import Integral
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+
+from edurl._checks import check_count, check_tensor
 
 __all__ = [
     "GRPO_PANELS",
@@ -33,8 +34,7 @@ def rolling_mean(values, window: int) -> np.ndarray:
 
     A NaN or inf reaches only the windows that hold it (a diverged step leaves the rest of a curve as it was).
     """
-    if isinstance(window, bool) or not isinstance(window, Integral) or window < 1:
-        raise ValueError(f"window must be a whole number >= 1, got {window!r}.")
+    check_count(window, "window", "values")
     x = np.asarray(values, dtype=float)
     if x.ndim != 1:
         raise ValueError(f"values must be 1-D, got shape {x.shape}.")
@@ -65,8 +65,7 @@ def align_curves(
     """
     if isinstance(curves, pd.DataFrame):  # one seed's curve (iterating a DataFrame gives its column names)
         curves = [curves]
-    if isinstance(num_points, bool) or not isinstance(num_points, Integral) or num_points < 1:
-        raise ValueError(f"num_points must be a whole number >= 1, got {num_points!r}.")
+    check_count(num_points, "num_points", "points")
     if len(curves) == 0:
         raise ValueError("no curves to align: pass one DataFrame per seed.")
     series = []
@@ -150,7 +149,6 @@ def plot_value_grid(
     ``action_names``). ``policy`` is (S, A); the arrow shows its most likely action in each
     non-terminal state.
     """
-    from edurl._checks import check_tensor
     from edurl.rl.tabular import _check_values
 
     if mdp.grid is None:

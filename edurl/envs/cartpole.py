@@ -19,6 +19,8 @@ from numbers import Integral
 
 import torch
 
+from edurl._checks import check_count, check_tensor
+
 __all__ = ["TorchCartPole"]
 
 
@@ -44,8 +46,7 @@ class TorchCartPole:
         autoreset: bool = True,
         check_actions: bool = True,
     ):
-        if not isinstance(num_envs, Integral) or isinstance(num_envs, bool) or num_envs < 1:
-            raise ValueError(f"num_envs must be a positive int, got {num_envs!r}.")
+        check_count(num_envs, "num_envs", "envs")
         num_envs = int(num_envs)  # a NumPy int too
         if dtype is None:  # the default dtype, as a policy built beside the env has
             dtype = torch.get_default_dtype()
@@ -96,11 +97,7 @@ class TorchCartPole:
 
     @state.setter
     def state(self, states: torch.Tensor) -> None:
-        if not isinstance(states, torch.Tensor):
-            raise TypeError(
-                f"env.state must be a tensor of shape ({self.num_envs}, 4), got {type(states).__name__}: "
-                f"use torch.as_tensor(states, dtype={self.dtype}, device='{self.device}')."
-            )
+        check_tensor(states, "env.state")
         if states.shape != (self.num_envs, 4):
             fix = (
                 f"for {states.shape[0]} states build TorchCartPole({states.shape[0]}, ...)"
