@@ -53,7 +53,7 @@ _NAIVE_NEG_LOG_SIGMOID = (
     # finite, but capped at -log(eps): 18.4 per pair for 1e-8 (the epsilons learners reach for, added or clamped)
     *(lambda x, eps=eps: -torch.log(torch.sigmoid(x) + eps) for eps in _EPSILONS),
     *(lambda x, eps=eps: -torch.log(torch.sigmoid(x).clamp(min=eps)) for eps in _EPSILONS),
-    lambda x: -torch.log(torch.sigmoid(x.double())).to(x.dtype),  # float64 only moves the overflow to x = -745
+    lambda x: -torch.log(torch.sigmoid(x.double())).to(x.dtype),  # float64 only moves the overflow to x = -709.8
     lambda x: -F.logsigmoid(x.clamp(-100, 100)),  # the clamp caps the loss, and its gradient is 0 past it
 )
 
@@ -70,7 +70,7 @@ _SUM_HINT = "you took the sum over pairs; take the mean over pairs, so the loss 
 _UNSTABLE_HINT = (
     "the loss is not numerically stable: sigmoid(-100) rounds to 0 in float32 and its log to -inf (an epsilon "
     "inside the log, or a clamp on the margin, only caps the loss instead; float64 only moves the overflow to a "
-    "margin of -745). Use torch.nn.functional.logsigmoid, which computes log(sigmoid(x)) "
+    "margin of -709.8). Use torch.nn.functional.logsigmoid, which computes log(sigmoid(x)) "
     "without forming sigmoid(x), so it stays finite at any margin."
 )
 

@@ -109,7 +109,9 @@ def sample_completions(
     p = torch.sigmoid(stop_logits)[right.long()]  # (n,): this answer's stop probability
     # fillers before the stop token ~ Geometric(p) by inversion: floor(log U / log(1 - p))
     u = torch.rand(n, generator=generator, dtype=dtype).clamp_min(torch.finfo(dtype).tiny)
-    fillers = torch.floor(torch.log(u) / torch.log1p(-p)).long()
+    # clamped while still a float: a stop probability under about 1e-18 draws more fillers than an int64 holds
+    # (or inf), which .long() would wrap to a negative length; past max_tokens the length is cut there anyway
+    fillers = torch.floor(torch.log(u) / torch.log1p(-p)).clamp_max(max_tokens).long()
     full = 2 + fillers  # answer + fillers + stop
     return right, full.clamp_max(max_tokens), full <= max_tokens
 

@@ -53,7 +53,9 @@ from edurl.utils import torch_threads
 # ---------------------------------------------------------------- raters
 
 UNPARSEABLE_SCORE = -4.0
-"""Gold score of a reply with no integer in a ``\\boxed{}``: below every parseable answer's."""
+"""Gold score of a reply with no integer in a ``\\boxed{}``. A boxed integer scores above it unless it misses by
+a lot: with no opening and no fillers, by more than about 6e5 (``e^(4 / 0.3) - 1``); with three fillers, by more
+than about 4e3."""
 
 
 GOLD_OPENING = "The answer is "
@@ -478,10 +480,15 @@ def score_sequences(
         if prefix is not None:
             rest_ids, rest_mask = pad([list(r) for r in replies], pad_id, device=dev)  # (B, Lr)
             out = run_continuations(reward_model, prefix, torch.tensor(u, device=dev), rest_ids, rest_mask)
-            return out.logits.squeeze(-1).float()  # (B,): the head read each reply's last non-pad token
+            return _at_least_float32(out.logits.squeeze(-1))  # (B,): the head read each reply's last non-pad token
     rows = [list(p) + list(r) for p, r in zip(prompts, replies)]
     ids, mask = pad(rows, pad_id, device=reward_model.device)
-    return reward_model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()  # (B,)
+    return _at_least_float32(reward_model(input_ids=ids, attention_mask=mask).logits.squeeze(-1))  # (B,)
+
+
+def _at_least_float32(scores: torch.Tensor) -> torch.Tensor:
+    """A 16-bit model's scores raised to float32; a float64 model's kept in float64."""
+    return scores.to(torch.promote_types(scores.dtype, torch.float32))
 
 
 @torch.no_grad()
@@ -641,7 +648,8 @@ def train_on_pairs(
             bar.update(1)
             if step % config.eval_every == 0 or step == total:
                 history.append({"step": step, "train/loss": loss.item(), "time/train": seconds, **evaluate()})
-                bar.set_postfix(test_acc=f"{history[-1]['test/expected_accuracy']:.3f}", refresh=False)
+                if "test/expected_accuracy" in history[-1]:  # evaluate() may report other keys
+                    bar.set_postfix(test_acc=f"{history[-1]['test/expected_accuracy']:.3f}", refresh=False)
     bar.close()
     model.eval()
     return history
@@ -800,6 +808,12 @@ class RewardModelReward:
     @torch.no_grad()
     def __call__(self, problems, prompts, completions) -> tuple[torch.Tensor, dict[str, float]]:
         P, G = len(completions), len(completions[0])
+        sizes = sorted({len(group) for group in completions})
+        if len(sizes) > 1 or len(prompts) != P:
+            raise ValueError(
+                f"RewardModelReward scores {len(prompts)} prompts with groups of {sizes} completions: it needs one "
+                "group per prompt and every group of the same size (as train_grpo samples them)"
+            )
         flat_prompts = [prompts[i] for i in range(P) for _ in range(G)]
         flat = [c for group in completions for c in group]
         was_training = self.reward_model.training
@@ -845,6 +859,12 @@ def reply_logprobs(
     from edurl.llm.shared_prefix import token_logprobs
 
     _check_rows(prompts, replies)
+    empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise ValueError(
+            f"prompt {empty[0]} is empty ({len(empty)} of {len(prompts)} are): a reply's first token is scored "
+            "given the prompt's last one, so each prompt needs at least one token (e.g. a BOS or a chat header)"
+        )
 
     rows = [list(p) + list(r) for p, r in zip(prompts, replies)]
     ids, attn = pad([row[:-1] for row in rows], pad_id, device=model.device)  # (B, T)
@@ -900,6 +920,8 @@ class DPOResult:
 def dpo_metrics(policy, reference, pairs: Sequence[PreferencePair], beta: float, pad_id: int, batch_size: int = 256):
     """DPO's implicit reward ``beta * log(pi / ref)`` judged as a reward model on ``pairs`` (the keys of
     :func:`pair_metrics`), and how far the chosen and rejected replies' log-probs moved from the reference."""
+    if len(pairs) == 0:
+        raise ValueError("pairs is empty")
     was_training = policy.training
     policy.eval()
     cols = {"pi_a": [], "pi_b": [], "ref_a": [], "ref_b": []}

@@ -45,6 +45,16 @@ def test_sampled_lengths_follow_the_policy():
     assert stopped[lengths < 16].all()
 
 
+def test_a_stop_probability_too_small_for_int64_cuts_at_max_tokens():
+    # p = sigmoid(-50) ~ 2e-22: log U / log(1 - p) is ~1e21 fillers, more than an int64 holds; the cast once wrapped
+    # to -9.2e18, a negative length marked as stopped
+    g = torch.Generator().manual_seed(0)
+    stop = torch.tensor([-50.0, -800.0], dtype=torch.float64)  # sigmoid(-800) is exactly 0: inf fillers
+    for answer in (-30.0, 30.0):  # all wrong, then all right: each stop logit in turn
+        right, lengths, stopped = sample_completions(torch.tensor(answer, dtype=torch.float64), stop, 50, 16, g)
+        assert lengths.tolist() == [16] * 50 and not stopped.any()
+
+
 def test_completion_logprobs_by_hand():
     a, stop = logit(0.3), torch.stack([logit(0.2), logit(0.6)])
     right = torch.tensor([True, False, False])

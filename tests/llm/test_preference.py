@@ -8,6 +8,7 @@ import torch
 from edurl.llm.preference import (
     UNPARSEABLE_SCORE,
     DPOConfig,
+    PairTrainingConfig,
     PreferenceData,
     PreferencePair,
     Rater,
@@ -16,6 +17,7 @@ from edurl.llm.preference import (
     bradley_terry_loss,
     ceiling,
     dpo_loss,
+    dpo_metrics,
     fit_reward_model,
     gold_score,
     implicit_rewards,
@@ -30,6 +32,7 @@ from edurl.llm.preference import (
     sample_pairs,
     score_sequences,
     train_dpo,
+    train_on_pairs,
 )
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import SFTConfig
@@ -210,6 +213,14 @@ def test_load_reward_model_keeps_the_lm_weights_and_adds_a_scalar_head(saved_lm,
     assert alone.item() == pytest.approx(scores[0].item(), abs=1e-5)
 
 
+def test_a_float64_reward_model_scores_in_float64(saved_lm):
+    rm = load_reward_model(saved_lm, seed=0, dtype=torch.float64)
+    prompts, replies = [[5, 6], [5, 6], [9]], [[7, 8], [7], [10, 11]]
+    for share in (True, False):  # the shared-prompt pass and the whole rows; both once cast to float32
+        assert score_sequences(rm, prompts, replies, share_prompts=share).dtype == torch.float64
+    assert score_sequences(load_reward_model(saved_lm, seed=0), prompts, replies).dtype == torch.float32
+
+
 def test_score_sequences_with_shared_prompts_equals_whole_rows(saved_lm):
     """Replies that share a prompt (a pair, or RL's group): one prompt pass, the same scores and gradients."""
     rm = load_reward_model(saved_lm, seed=0)
@@ -324,7 +335,39 @@ def test_reward_model_reward_scores_each_completion_and_logs_gold(saved_lm, char
     assert metrics["env/all/reply_chars"] == pytest.approx(sum(map(len, texts)) / 4)
 
 
+def test_reward_model_reward_refuses_groups_of_different_sizes():
+    # groups of 2, 1 and 3 for 3 prompts: P * G = 3 * 2 = 6 completions in all, so the (P, G) view once fitted and
+    # scored the flat list against the wrong prompts
+    prompts, completions = [[1], [2], [3]], [[[4], [5]], [[6]], [[7], [8], [9]]]
+    reward = RewardModelReward(SumOfTokensRM(), renderer=None)
+    with pytest.raises(ValueError, match=r"groups of \[1, 2, 3\] completions"):
+        reward([None] * 3, prompts, completions)
+    with pytest.raises(ValueError, match="one group per prompt"):
+        reward([None] * 2, prompts[:2], completions[:1])
+
+
 # ---------------------------------------------------------------- DPO
+
+
+def test_train_on_pairs_takes_an_evaluate_with_other_keys():
+    # the loop is shared and documented as taking any evaluate() -> dict; its progress bar once read
+    # test/expected_accuracy and raised a KeyError at the first evaluation, losing the run
+    model = torch.nn.Linear(1, 1, bias=False)
+    config = PairTrainingConfig(batch_size=2, epochs=1, eval_every=1, progress=False)
+    history = train_on_pairs(
+        model, [0, 1, 2, 3], lambda batch: model.weight.sum() ** 2, lambda: {"my/acc": 1.0}, config, "x"
+    )
+    assert [row["step"] for row in history] == [0, 1, 2] and all(row["my/acc"] == 1.0 for row in history)
+
+
+def test_dpo_metrics_names_empty_pairs(small_model):
+    with pytest.raises(ValueError, match="pairs is empty"):  # was torch.cat's "expected a non-empty list"
+        dpo_metrics(small_model, small_model, [], beta=0.1, pad_id=0)
+
+
+def test_reply_logprobs_refuses_an_empty_prompt(small_model):
+    with pytest.raises(ValueError, match="prompt 0 is empty"):  # was a shape mismatch deep in the mask
+        reply_logprobs(small_model, [[], []], [[5, 6, 7], [8, 9]], pad_id=0)
 
 
 def test_reply_logprobs_equals_a_token_by_token_reference(small_model):
