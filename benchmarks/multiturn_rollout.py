@@ -59,7 +59,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     sft = GameSFTConfig(game=args.game, seed=args.seed, num_threads=args.threads, **RECIPES[args.game]["sft"])
     model, tok, _, _ = load_or_train_game_sft(sft)
-    env_kwargs = MultiTurnConfig(sft=sft, **RECIPES[args.game]["rl"]).env_kwargs()  # the RL recipe's rewards
+    env_kwargs = MultiTurnConfig(
+        sft=sft, seed=args.seed, **RECIPES[args.game]["rl"]
+    ).env_kwargs()  # the RL recipe's rewards
     renderer = ChatMLRenderer(tok)
     seconds = {False: [], True: []}
     tokens = {False: [], True: []}

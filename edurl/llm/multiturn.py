@@ -34,7 +34,7 @@ from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import build_supervised_datum
 from edurl.llm.envs import base as E
 from edurl.llm.envs.calculator import CalculatorGroupBuilder, direct_demonstration, tool_demonstration
-from edurl.llm.envs.guess_number import GuessNumberGroupBuilder, demonstration
+from edurl.llm.envs.guess_number import GuessNumberGroupBuilder, check_reward_settings, demonstration
 from edurl.llm.grpo import kl_into_advantages
 from edurl.llm.loop import check_lora_rank, new_training_client, problem_seed
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
@@ -391,6 +391,18 @@ class MultiTurnConfig:
             raise ValueError("win_bonus is added to the shaped reward; set shaped=True, or leave win_bonus at 0")
         if self.relative and not self.shaped:
             raise ValueError("relative changes the shaped reward; set shaped=True as well, or leave relative False")
+        # the env's own checks, here so that a bad setting is refused before the warm start trains and the log_dir
+        # is emptied, not at the first rollout
+        if self.sft.game == "guess_number":
+            check_reward_settings(**self.env_kwargs())
+        elif not self.tool_cost < 1:
+            raise ValueError(f"tool_cost must be in [0, 1), got {self.tool_cost!r}")
+        if self.sft.seed not in (0, self.seed):
+            raise ValueError(
+                f"sft.seed={self.sft.seed} but seed={self.seed}: the run's seed also seeds its warm start (the "
+                f"warm start of sft.seed would not be the one trained on), so set seed={self.sft.seed} here as "
+                "well, or leave sft.seed at 0"
+            )
 
     def loss_fn_config(self) -> dict:
         """The ``loss_fn_config`` of ``forward_backward``: dro's beta; the other losses take their defaults."""

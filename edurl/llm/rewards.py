@@ -48,7 +48,15 @@ def _same_answer(given: str, answer: str) -> bool:
     reads the first two as 46."""
     if not (_INTEGER.fullmatch(given) and _INTEGER.fullmatch(answer)):
         return False
-    return int(given) == int(answer)
+    return canonical_integer(given) == canonical_integer(answer)
+
+
+def canonical_integer(text: str) -> str:
+    """An integer written as an optional sign and ASCII digits, in one spelling: no "+", no leading zeros, and "0"
+    for minus zero ("-007" gives "-7"). Compared as text, so a reply of thousands of digits (a model repeating one)
+    is graded, where int() refuses strings of more than 4300 digits."""
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if text.startswith("-") and digits != "0" else digits
 
 
 def grade(response: str, answer: str, complete: bool = True) -> Grade:

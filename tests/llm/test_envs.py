@@ -27,7 +27,7 @@ from edurl.llm.envs import (
     trajectory_to_datums,
 )
 from edurl.llm.envs.calculator import run_tool
-from edurl.llm.envs.guess_number import bisect_guess, play, random_guess, win_rate
+from edurl.llm.envs.guess_number import bisect_guess, parse_guess, play, random_guess, win_rate
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sampling import SamplingParams
 
@@ -218,6 +218,16 @@ def test_rollouts_batch_the_waiting_envs_and_record_what_the_model_saw(char_toke
     ]
 
 
+def test_rollouts_take_any_seed_a_step_can_have(char_tokenizer, small_model):
+    # a turn's seed was seed * 1009 + ..., past 2**63 for a config seed of about 1.8e10 (a millisecond timestamp
+    # is 1.7e12), and the sampler raised "Overflow when unpacking long long" at the first step
+    r = ChatMLRenderer(char_tokenizer)
+    builders = [GuessNumberGroupBuilder(3, r, group_size=2)]
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=2**63 - 1)
+    groups = do_group_rollouts(builders, SamplingClient(small_model, char_tokenizer), params)
+    assert len(groups[0].trajectories) == 2
+
+
 class EchoEnv(Env):
     """Three turns of 5 tokens each (no stop token: every turn ends at max_tokens); after each, the environment
     appends ``k`` tokens of its own, k differing by env and turn, so the batch's conversations differ in length."""
@@ -310,6 +320,30 @@ def test_a_uniform_group_gives_no_datums_whatever_its_reward(char_tokenizer):
         assert groups_to_datums([group], per_turn_credit=per_turn)[0] == []
 
 
+def test_equal_rewards_summed_in_another_order_are_a_uniform_group(char_tokenizer):
+    # 0.1 + 1.1 is 1.2000000000000002 and 0.2 + 1.0 is 1.2 (a scratchpad bonus on different turns): the group was
+    # once "mixed", with advantages of 1e-16, so it gave datums and counted in frac_mixed
+    from dataclasses import replace
+
+    from edurl.llm.envs import TrajectoryGroup, rollout_metrics
+
+    r = ChatMLRenderer(char_tokenizer)
+    episode = _play_scripted(CalculatorEnv("123+456=?", "579", r), r, ["<calc>123+456</calc>", "\\boxed{579}"])
+
+    def with_rewards(*rewards):
+        return replace(episode, transitions=[replace(t, reward=x) for t, x in zip(episode.transitions, rewards)])
+
+    a, b = with_rewards(0.1, 1.1), with_rewards(0.2, 1.0)
+    assert a.total_reward != b.total_reward
+    group = TrajectoryGroup([a, b, a, b], [0.0] * 4)
+    assert group.advantages() == [0.0] * 4
+    assert group.turn_advantages(discount=0.0)[0] == pytest.approx([-0.05, 0.05])  # the turns still differ
+    assert groups_to_datums([group])[0] == []
+    assert rollout_metrics([group])["env/all/by_group/frac_mixed"] == 0.0
+    mixed = TrajectoryGroup([a, with_rewards(0.2, 1.0 + 1e-6)], [0.0] * 2)  # a real difference is kept
+    assert mixed.advantages() == pytest.approx([-5e-7, 5e-7], abs=1e-12)
+
+
 def test_turn_advantages_credit_each_turn_with_what_came_after_it(char_tokenizer):
     from edurl.llm.envs import TrajectoryGroup
 
@@ -370,6 +404,24 @@ def test_builder_rejects_an_env_factory_that_reuses_one_env(char_tokenizer):
 
 
 # ---------------------------------------------------------------- guess the number
+
+
+def test_a_guess_of_thousands_of_digits_is_a_wrong_guess(char_tokenizer):
+    # int() refuses more than 4300 digits: the env once raised, and lost the whole batch of rollouts
+    r = ChatMLRenderer(char_tokenizer)
+    env = GuessNumberEnv(21, r)
+    env.initial_observation()
+    res = env.step(_encode(r, "9" * 5000))
+    assert not res.episode_done and res.metrics["illegal"] == 0 and res.metrics["win"] == 0
+    assert parse_guess("-" + "9" * 5000) < -(10**18) and parse_guess("then 0021") == 21 and parse_guess("-0") == 0
+    assert parse_guess("\u0664\u0666") is None  # Arabic-Indic digits are no guess, as grade() reads them
+
+
+def test_shaped_rewards_refuse_a_guess_penalty(char_tokenizer):
+    # with shaped rewards a loss that leaves one number earns 31/32, and the penalty is charged on wins only: at
+    # 0.05 a 5-guess win totalled 0.75, less than that loss
+    with pytest.raises(ValueError, match="narrow loss more than a late win"):
+        GuessNumberEnv(16, ChatMLRenderer(char_tokenizer), shaped=True, guess_penalty=0.05)
 
 
 def test_guess_number_rules(char_tokenizer):

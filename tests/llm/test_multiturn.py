@@ -213,6 +213,27 @@ def test_calculator_mix_of_easy_and_hard_problems(monkeypatch):
         GameSFTConfig(game="calculator", easy_fraction=1.5)
 
 
+def test_the_envs_reward_settings_are_refused_when_the_config_is_made():
+    # each was accepted here and refused by the env at the first rollout: after the warm start, the first
+    # evaluation, and emptying log_dir/metrics.jsonl
+    with pytest.raises(ValueError, match="guess_penalty must be in"):
+        MultiTurnConfig(guess_penalty=0.25)
+    with pytest.raises(ValueError, match="narrow loss more than a late win"):
+        MultiTurnConfig(shaped=True, guess_penalty=0.1)
+    with pytest.raises(ValueError, match="scratchpad_bonus must be in"):
+        MultiTurnConfig(scratchpad_bonus=2.0)
+    with pytest.raises(ValueError, match="tool_cost must be in"):
+        MultiTurnConfig(sft=GameSFTConfig(game="calculator"), tool_cost=1.0)
+
+
+def test_a_warm_start_seed_other_than_the_runs_is_refused():
+    # the run once replaced sft.seed by its own seed: exercise 9's warm start of seed 1, passed as sft with the
+    # default seed 0, trained (and RL'd) a different warm start from the one the learner evaluated
+    with pytest.raises(ValueError, match="set seed=1 here as well"):
+        MultiTurnConfig(sft=GameSFTConfig(game="calculator", seed=1))
+    assert MultiTurnConfig(sft=GameSFTConfig(game="calculator", seed=1), seed=1).seed == 1
+
+
 def test_win_bonus_reaches_the_env_and_needs_shaping():
     config = MultiTurnConfig(shaped=True, win_bonus=1.0, scratchpad_bonus=0.1)
     assert config.env_kwargs() == {

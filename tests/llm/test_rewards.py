@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edurl.llm.rewards import extract_boxed, grade
+from edurl.llm.rewards import canonical_integer, extract_boxed, grade
 
 
 @pytest.mark.parametrize(
@@ -77,3 +77,19 @@ def test_jsonl_answers_must_be_integers(tmp_path):
     path.write_text('{"question": "Capital of France?", "answer": "Paris"}\n')
     with pytest.raises(ValueError, match=r"mine.jsonl:1: answer 'Paris' is not an integer"):
         JsonlTask(path)
+
+
+def test_integers_of_thousands_of_digits_are_graded():
+    # int() refuses strings of more than 4300 digits (CPython >= 3.11); grade once raised on them, so a model that
+    # repeats one digit with a large max_tokens crashed a GRPO step
+    many = "9" * 5000
+    assert grade("\\boxed{" + many + "}", "46").correct == 0.0
+    assert grade("\\boxed{" + "0" * 5000 + "46}", "46").correct == 1.0  # leading zeros, as "046"
+    assert grade("\\boxed{-" + many + "}", "-" + many).correct == 1.0
+    assert grade("\\boxed{" + many + "}", "-" + many).correct == 0.0
+
+
+@given(st.integers(-(10**30), 10**30), st.integers(0, 3), st.sampled_from(["", "+", "-"]))
+def test_canonical_integer_agrees_with_int(value, zeros, sign):
+    text = (sign if value >= 0 else "-") + "0" * zeros + str(abs(value))
+    assert canonical_integer(text) == str(int(text))

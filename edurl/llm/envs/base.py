@@ -182,7 +182,10 @@ class TrajectoryGroup:
     def advantages(self) -> list[float]:
         """Each episode's total reward minus the group's mean (Chapter 7's centring, over whole episodes)."""
         r = self.total_rewards
-        return [x - _mean(r) for x in r]
+        if _uniform(r):
+            return [0.0] * len(r)
+        mean = sum(r) / len(r)
+        return [x - mean for x in r]
 
     def turn_advantages(self, discount: float = 1.0) -> list[list[float]]:
         """Per-turn credit: turn k's advantage is the reward from turn k to the end of its episode (group rewards
@@ -201,16 +204,22 @@ class TrajectoryGroup:
                 backwards.append(g)
             to_go.append(backwards[::-1])
         longest = max((len(g) for g in to_go), default=0)
-        means = []
+        uniform, means = [], []
         for k in range(longest):
-            means.append(_mean([g[k] for g in to_go if len(g) > k]))
-        return [[g[k] - means[k] for k in range(len(g))] for g in to_go]
+            at_k = [g[k] for g in to_go if len(g) > k]
+            uniform.append(_uniform(at_k))
+            means.append(sum(at_k) / len(at_k))
+        return [[0.0 if uniform[k] else g[k] - means[k] for k in range(len(g))] for g in to_go]
 
 
-def _mean(values: list[float]) -> float:
-    """The mean, and exactly the value itself when every value is the same: the mean of eight 0.9s is not 0.9 in
-    floating point, and a uniform group's advantages must be exactly 0 (it then gives no datums)."""
-    return values[0] if all(v == values[0] for v in values) else sum(values) / len(values)
+def _uniform(values: list[float]) -> bool:
+    """True when the values are the same up to rounding (1e-9 of their size): their centred advantages are then
+    exactly 0, so the group gives no datums. Equal rewards summed in another order can differ in the last bit
+    (0.1 + 0 + 1.1 is 1.2000000000000002, 0.1 + 0.1 + 1.0 is 1.2), and the mean of eight 0.9s is not 0.9."""
+    if not values:
+        return True
+    top = max(values)
+    return top - min(values) <= 1e-9 * max(1.0, abs(top), abs(min(values)))
 
 
 # ---------------------------------------------------------------- messages in, tokens out
@@ -324,7 +333,8 @@ def _play(
         for i in waiting:
             by_stop.setdefault(tuple(stops[i]), []).append(i)
         for k, (stop, rows) in enumerate(by_stop.items()):
-            seed = None if params.seed is None else params.seed * 1009 + turn * 31 + k
+            # kept below 2**63 (as problem_seed keeps a step's seed): the sampler takes a seed as an int64
+            seed = None if params.seed is None else (params.seed * 1009 + turn * 31 + k) % 2**63
             call = replace(params, stop=list(stop), seed=seed)
             keys = {"cache_keys": rows} if prefix_cache else {}
             responses = sampler.sample_batch([obs[i].tokens for i in rows], 1, call, **cache, **keys)
@@ -519,7 +529,7 @@ def rollout_metrics(groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
         "env/all/turns_per_episode": sum(t.num_turns for t in trajs) / n,
         "env/all/ac_tokens_per_turn": sum(len(x.ac.tokens) for t in trajs for x in t.transitions)
         / max(sum(t.num_turns for t in trajs), 1),
-        "env/all/by_group/frac_mixed": sum(len(set(g.total_rewards)) > 1 for g in groups) / max(len(groups), 1),
+        "env/all/by_group/frac_mixed": sum(not _uniform(g.total_rewards) for g in groups) / max(len(groups), 1),
     }
     keys = sorted({k for t in trajs for x in t.transitions for k in x.metrics})
     for key in keys:

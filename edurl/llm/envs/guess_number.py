@@ -24,17 +24,54 @@ from functools import cache
 from edurl.llm.envs.base import MessageEnv, ProblemGroupBuilder
 from edurl.llm.renderer import ChatMLRenderer, Message
 
-_INT = re.compile(r"-?\d+")
+_INT = re.compile(r"-?[0-9]+")  # ASCII digits: \d also matches other scripts' digits
 
 
 def parse_guess(text: str) -> int | None:
-    """The last integer in ``text`` (the guess), or None when there is none."""
+    """The last integer in ``text`` (the guess), or None when there is none. ASCII digits only ("٤٦" is no guess,
+    as :func:`edurl.llm.rewards.grade` reads it); a number of more than 18 digits is outside any game's range, and
+    is returned as one just past 10**18 with its sign, so that a reply of thousands of digits is a wrong guess, not
+    an error from int()."""
     found = _INT.findall(text)
-    return int(found[-1]) if found else None
+    if not found:
+        return None
+    digits = found[-1].lstrip("-").lstrip("0") or "0"
+    value = int(digits) if len(digits) <= 18 else 10**18 + 1
+    return -value if found[-1].startswith("-") else value
 
 
 def intro(low: int, high: int, max_guesses: int) -> str:
     return f"Guess my number, {low} to {high}. {max_guesses} tries."
+
+
+def check_reward_settings(
+    max_guesses: int = 5,
+    guess_penalty: float = 0.0,
+    shaped: bool = False,
+    win_bonus: float = 0.0,
+    relative: bool = False,
+    scratchpad_bonus: float = 0.0,
+) -> None:
+    """Refuse reward settings of :class:`GuessNumberEnv` that do not make sense together (also called by
+    ``MultiTurnConfig``, so that a run is refused before its warm start, not at its first rollout)."""
+    if not isinstance(max_guesses, int) or max_guesses < 1:
+        raise ValueError(f"max_guesses must be a positive int, got {max_guesses!r}")
+    if not 0 <= guess_penalty < 1 / max_guesses:
+        raise ValueError(
+            f"guess_penalty must be in [0, 1/max_guesses) so that a win always beats a loss, got {guess_penalty!r}"
+        )
+    if guess_penalty and shaped:
+        raise ValueError(
+            f"guess_penalty ({guess_penalty!r}) is charged on a win only, and with shaped=True a loss that came "
+            "close already earns nearly a win's reward (1 - 1/32 when one number is left), so a penalty would pay "
+            "a narrow loss more than a late win; use win_bonus to favour winning, or guess_penalty unshaped"
+        )
+    if win_bonus < 0 or (win_bonus and not shaped):
+        raise ValueError(f"win_bonus must be >= 0, and is used only with shaped=True; got {win_bonus!r}")
+    if relative and not shaped:
+        raise ValueError("relative=True changes the shaped reward; set shaped=True as well")
+    if not 0 <= scratchpad_bonus <= 1:
+        raise ValueError(f"scratchpad_bonus must be in [0, 1], got {scratchpad_bonus!r}")
 
 
 class GuessNumberEnv(MessageEnv):
@@ -79,18 +116,7 @@ class GuessNumberEnv(MessageEnv):
         super().__init__(renderer)
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is outside [{low}, {high}]")
-        if not isinstance(max_guesses, int) or max_guesses < 1:
-            raise ValueError(f"max_guesses must be a positive int, got {max_guesses!r}")
-        if not 0 <= guess_penalty < 1 / max_guesses:
-            raise ValueError(
-                f"guess_penalty must be in [0, 1/max_guesses) so that a win always beats a loss, got {guess_penalty!r}"
-            )
-        if win_bonus < 0 or (win_bonus and not shaped):
-            raise ValueError(f"win_bonus must be >= 0, and is used only with shaped=True; got {win_bonus!r}")
-        if relative and not shaped:
-            raise ValueError("relative=True changes the shaped reward; set shaped=True as well")
-        if not 0 <= scratchpad_bonus <= 1:
-            raise ValueError(f"scratchpad_bonus must be in [0, 1], got {scratchpad_bonus!r}")
+        check_reward_settings(max_guesses, guess_penalty, shaped, win_bonus, relative, scratchpad_bonus)
         self.win_bonus, self.relative, self.scratchpad_bonus = float(win_bonus), relative, float(scratchpad_bonus)
         self.secret, self.low, self.high = secret, low, high
         self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
