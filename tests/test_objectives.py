@@ -82,3 +82,11 @@ def test_the_closed_form_gradient_checks_its_inputs_as_the_loss_does():
     with pytest.raises(ValueError, match="clip_low_threshold <= clip_high_threshold"):
         clip_fraction(lp, lp, clip_low_threshold=1.2, clip_high_threshold=0.8)
     assert objectives.clipped_surrogate_grad(lp, lp, adv, 0.8, 1.2).tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_a_clip_range_without_1_is_refused():
+    # r = 1 on-policy: a range that leaves it out clips every sample before the policy moves
+    lp = torch.zeros(3)
+    with pytest.raises(ValueError, match="leaves out r = 1"):
+        clipped_surrogate(lp, lp, torch.ones(3), 1.1, 1.3)
+    assert clipped_surrogate(lp, lp, torch.ones(3), 1.0, 1.0).tolist() == [-1.0] * 3  # eps = 0 keeps r = 1

@@ -51,6 +51,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
 from edurl.llm.sft import SFTConfig
+from edurl.objectives import check_clip_range
 
 
 class CompletionTokens(list):
@@ -166,7 +167,8 @@ class GRPOConfig:
     """Where metrics.jsonl and checkpoints go."""
     seed: int = 0
     """Seeds everything: the SFT warm start, the LoRA adapter (with lora_rank), the problems and the sampling.
-    The warm start is trained with sft.seed = seed; a different sft.seed is refused rather than silently replaced."""
+    The warm start is trained with sft.seed = seed; an sft.seed other than seed is refused rather than silently
+    replaced, except 0, SFTConfig's default, which cannot be told from one left unset."""
     num_threads: int = 2
     """torch CPU threads."""
     device: str | None = None
@@ -247,9 +249,7 @@ class GRPOConfig:
                 f"start, so set only seed (here seed={self.sft.seed}), or leave sft.seed at 0."
             )
         if self.clip_low_threshold is not None or self.clip_high_threshold is not None:
-            low, high = L.clip_bounds(self.loss_fn, self.loss_fn_config())
-            if not low <= high:
-                raise ValueError(f"clip_low_threshold must be <= clip_high_threshold, got [{low}, {high}]")
+            check_clip_range(*L.clip_bounds(self.loss_fn, self.loss_fn_config()))  # low <= 1 <= high
 
     def loss_fn_config(self) -> dict:
         """The ``loss_fn_config`` of ``forward_backward``: the fields set here; the loss's defaults fill the rest."""

@@ -387,7 +387,8 @@ def _serve(weights: multiprocessing.Queue, batches: multiprocessing.Queue, stop)
         if message is None:
             return
         config, model, tokenizer, device, renderer, task, reward_fn, start_step = pickle.loads(message[1])
-        torch.set_num_threads(cpu_threads(config.num_threads))  # $EDURL_MAX_THREADS caps it, as everywhere
+        if config.num_threads is not None:  # None leaves torch's own setting, as torch_threads does
+            torch.set_num_threads(cpu_threads(config.num_threads))  # $EDURL_MAX_THREADS caps it, as everywhere
         sampler = SamplingClient(model.to(device), tokenizer, "process-sampler")
         batches.put(("ready", None))
         named = dict(sampler.model.named_parameters())

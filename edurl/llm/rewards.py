@@ -5,8 +5,8 @@ The reward follows the Tinker Cookbook's ``math_rl`` convention::
     reward = correct + 0.1 * (format - 1)
 
 so a correct, well-formed answer scores 1, a well-formed wrong answer 0, and a
-reply with no parseable ``\\boxed{...}`` (or one cut off before its stop token)
--0.1. ``correct`` and ``format`` are reported separately because they fail for
+reply with no parseable ``\\boxed{...}`` -0.1. A reply cut off before its stop token
+has format 0: -0.1 if wrong, 0.9 if its box is right. ``correct`` and ``format`` are reported separately because they fail for
 different reasons: format is learned in a few steps, correctness is the task.
 """
 

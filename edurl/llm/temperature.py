@@ -60,7 +60,9 @@ def group_diversity(
     One row per temperature with the means over problems of:
     ``distinct_answers`` (different boxed answers in a group, a missing box counts as one answer),
     ``correct`` (share of replies graded correct), and ``frac_mixed`` (share of groups with both a
-    correct and a wrong reply -- the only groups that produce a nonzero GRPO advantage).
+    correct and a wrong reply, the groups whose advantages teach the answer; a group whose wrong replies differ
+    only in format gets small advantages too, and GRPO's ``env/all/by_group/frac_mixed`` counts every group whose
+    rewards differ).
     """
     prompts = [renderer.build_generation_prompt(p.messages()) for p in problems]
     rows = []

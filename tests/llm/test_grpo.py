@@ -227,8 +227,11 @@ def test_clip_range_defaults_to_each_losss_own(tmp_path):
 
 
 def test_config_refuses_bad_values_and_a_conflicting_sft_seed(tmp_path):
-    with pytest.raises(ValueError, match="clip_low_threshold must be <= clip_high_threshold"):
+    with pytest.raises(ValueError, match="needs clip_low_threshold <= clip_high_threshold"):
         tiny(tmp_path, loss_fn="ppo", clip_low_threshold=1.3)
+    # DAPO's eps values passed as bounds: every on-policy ratio (1) was outside, so A > 0 never learned
+    with pytest.raises(ValueError, match=r"leaves out r = 1.*pass \[0.8, 1.28\]"):
+        tiny(tmp_path, loss_fn="ppo", clip_low_threshold=0.2, clip_high_threshold=0.28)
     with pytest.raises(ValueError, match="sft.seed=3 but seed=0"):
         tiny(tmp_path, sft=SFTConfig(seed=3))
     with pytest.raises(ValueError, match="learning_rate"):

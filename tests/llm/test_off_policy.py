@@ -158,6 +158,18 @@ def test_the_sampler_process_honours_the_thread_cap(tmp_path, monkeypatch):
     assert rollout.row["sampler_threads"] == 1
 
 
+def test_the_sampler_process_takes_num_threads_none(tmp_path):
+    # GRPOConfig allows None (leave torch's setting alone), and the process once crashed on cpu_threads(None)
+    trainer, renderer, task = make_training_client(tiny(tmp_path, sft=WARM))
+    config = tiny(tmp_path, sft=WARM, max_steps=1, max_steps_off_policy=1, sampler_process=True, num_threads=None)
+    sampler = ProcessSampler(config, trainer, renderer, task, reward_with_the_thread_count)
+    try:
+        rollout, _ = sampler.next(0)
+    finally:
+        sampler.close()
+    assert rollout.step == 0 and rollout.row["sampler_threads"] >= 1
+
+
 def _fail_to_load():
     raise ValueError("this task cannot be rebuilt in another process")
 
