@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edurl._checks import check_count
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams, sample
@@ -39,6 +40,7 @@ def evaluate(
     """Answer every problem once and grade it. ``temperature=0`` (greedy) is the default."""
     if not problems:
         raise ValueError("problems is empty; pass e.g. task.sample(200, split='test')")
+    check_count(batch_size, "batch_size", "problems per sampling call")  # -1 once sampled nothing and gave 0 %
     correct, fmt, samples = 0.0, 0.0, []
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(), seed=seed
@@ -66,11 +68,16 @@ def sequence_logprobs(
     completion. ``tokens`` and ``attention_mask`` may be on any device: they are moved to the model's, and so is the
     result.
     """
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0 (the sampler's; 0 = greedy scores at 1), got {temperature!r}")
+    SamplingParams(max_tokens=1, temperature=temperature)  # the sampler's rules: >= 0, and none in (0, 1e-6)
     device = next(model.parameters()).device
     tokens = tokens.to(device)
+    positions = None
     if attention_mask is not None:
         attention_mask = attention_mask.to(device)
-    logits = model(input_ids=tokens, attention_mask=attention_mask).logits[:, :-1]  # (B, T-1, V)
+        if not bool(attention_mask.all()):
+            # each row's tokens at positions 0, 1, ... from its first real token, as the sampler places them: a
+            # left-padded row read at positions counted from the padding scores differently on a model with
+            # absolute position embeddings (GPT-2), and by rounding on a rotary one
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    logits = model(input_ids=tokens, attention_mask=attention_mask, position_ids=positions).logits[:, :-1]
     return scaled_log_softmax(logits, temperature).gather(-1, tokens[:, 1:, None]).squeeze(-1)

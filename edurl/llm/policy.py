@@ -99,6 +99,7 @@ def load_policy(
             f"could not load {name!r}: no such local folder, and the hub id is not in the local cache ({err}). "
             "Download the checkpoint on a machine with access, then pass its folder."
         ) from None
+    _require_whitespace_round_trip(tokenizer, source)
     if require_chat:
         require_chat_template(tokenizer)
     if tokenizer.pad_token_id is None:  # sampling pads prompts on the left
@@ -113,6 +114,22 @@ def load_policy(
     elif lora is not None:
         model = wrap_lora(model, lora)
     return model, tokenizer
+
+
+def _require_whitespace_round_trip(tokenizer, source: str) -> None:
+    """Refuse a tokenizer that loses every space or newline. AutoTokenizer reads the course's character
+    tokenizer, saved beside a model of ``arch='qwen2'``, as Qwen2's byte-level BPE, whose vocabulary then lacks the
+    byte symbols of a space and a newline: "hello world" decodes as "helloworld", and a chat prompt loses its line
+    breaks, with no error. A real checkpoint's tokenizer keeps both."""
+    probe = "ab cd\nef"
+    decoded = tokenizer.decode(tokenizer.encode(probe, add_special_tokens=False))
+    if " " not in decoded or "\n" not in decoded:
+        raise RuntimeError(
+            f"AutoTokenizer loaded {source!r} as {type(tokenizer).__name__}, which turns {probe!r} into "
+            f"{decoded!r}: it drops spaces or newlines. A course model saved with TinyLMConfig(arch='qwen2') gives "
+            "its character tokenizer to Qwen2's tokenizer class (see edurl/llm/model.py); save it with "
+            "arch='llama', or load the tokenizer with edurl.llm.build_char_tokenizer()"
+        )
 
 
 def _trainable_saved_adapter(source: str, lora: LoraSettings | int, dtype, dev, local_files_only: bool):

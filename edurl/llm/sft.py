@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from edurl._checks import check_fields
+from edurl._checks import check_count, check_fields
 from edurl.llm.clients import AdamParams
 from edurl.llm.datum import build_supervised_datum
 from edurl.llm.evaluation import evaluate
@@ -65,7 +65,8 @@ class SFTConfig(TaskConfig):
     """With a target: the steps past ``max_steps`` that training may take to reach it, at ``extra_learning_rate``.
     A seed whose loss is still in its plateau when the schedule ends needs them (seeds 7 and 9 did)."""
     extra_learning_rate: float = 1.5e-3
-    """The constant learning rate of those extra steps: half the peak, a warm restart after the schedule's decay
+    """The constant learning rate of those extra steps: half the default peak (a fixed value: it does not follow
+    ``learning_rate``, so set both when you change the peak), a warm restart after the schedule's decay
     to 10 %. At 10 %, seeds 7 and 9 reached the target but gave fragile warm starts, which GRPO's first steps
     knocked down and which gained under 5 points in 300 steps (Chapter 7)."""
     check_every: int = 10
@@ -168,6 +169,7 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
     A target still unmet after ``max_steps + extra_steps`` steps gives a warning, not an error: the model is kept.
     """
     config = config or SFTConfig()
+    check_count(num_eval, "num_eval", "test problems")  # 0 once trained to the end, then raised and lost the model
     tokenizer = build_char_tokenizer()
     renderer = ChatMLRenderer(tokenizer)
     task = config.task()

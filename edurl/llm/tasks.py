@@ -215,7 +215,9 @@ class JsonlTask:
         self.path = path
         self.test_fraction = test_fraction
         self.problems: dict[str, list[Problem]] = {s: [] for s in SPLITS}
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        # split on "\n" only: str.splitlines() also splits at U+2028 and U+0085, which JSON strings may hold as they
+        # are (json.dumps(..., ensure_ascii=False) writes them), and a valid file was refused
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
             if not line.strip():
                 continue
             try:

@@ -26,6 +26,10 @@ from edurl.llm.tasks import Problem
 def next_token_distribution(model, prompt_ids: Sequence[int], temperature: float = 1.0) -> torch.Tensor:
     """``softmax(logits / temperature)`` for the token after ``prompt_ids``: shape ``(V,)``.
     ``temperature = 0`` returns the greedy one-hot distribution."""
+    SamplingParams(max_tokens=1, temperature=temperature)  # the sampler's rules: >= 0 (a negative one inverted the
+    # distribution), and none in (0, 1e-6), where logits / temperature overflow
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty: the next token is predicted from at least one token (e.g. a BOS)")
     logits = model(input_ids=torch.tensor([list(prompt_ids)], device=model.device)).logits[0, -1].float().cpu()
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()

@@ -52,3 +52,32 @@ def test_an_untrained_model_scores_near_zero_and_keeps_samples(small_model, char
 def test_an_empty_problem_list_is_refused(small_model, char_tokenizer):
     with pytest.raises(ValueError, match="problems is empty"):
         evaluate(small_model, ChatMLRenderer(char_tokenizer), [])
+
+
+def test_an_empty_or_negative_batch_size_is_refused(small_model, char_tokenizer):
+    problems = ArithmeticTask().sample(2, split="test", seed=0)
+    for bad in (-1, 0):  # -1 sampled nothing and reported 0 % pass@1; 0 raised range()'s own error
+        with pytest.raises(ValueError, match="batch_size must be a whole number"):
+            evaluate(small_model, ChatMLRenderer(char_tokenizer), problems, batch_size=bad)
+
+
+def test_a_temperature_too_small_to_divide_by_is_refused(small_model, char_tokenizer):
+    tokens = torch.tensor([char_tokenizer.encode("7+5=12")])
+    with pytest.raises(ValueError, match="greedy in all but name"):  # 1e-40 gave NaN log-probs
+        sequence_logprobs(small_model, tokens, temperature=1e-40)
+
+
+def test_a_left_padded_row_scores_as_it_does_alone_with_absolute_positions():
+    # GPT-2 adds a learned embedding per position: a left-padded row, read at positions counted from its padding,
+    # was off by up to 0.2 nats; the sampler pads on the left, so its rows are laid out this way
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=20, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+    row = torch.tensor([[5, 6, 7, 8]])
+    padded = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        alone, both = sequence_logprobs(model, row), sequence_logprobs(model, padded, mask)
+    assert torch.allclose(both[0, 2:], alone[0], atol=1e-6)
+    assert torch.equal(both[1], sequence_logprobs(model, padded[1:])[0])  # a row without padding: unchanged

@@ -89,6 +89,21 @@ def test_tokenizer_without_chat_template_is_refused(tmp_path, qwen_dir):
     assert model is not None
 
 
+def test_the_course_tokenizer_beside_a_qwen2_tiny_model_is_refused(tmp_path, char_tokenizer):
+    # AutoTokenizer reads it as Qwen2's byte-level BPE, which dropped every space and newline without an error
+    from edurl.llm.model import TinyLMConfig, build_tiny_lm
+
+    for arch in ("qwen2", "llama"):
+        build_tiny_lm(
+            char_tokenizer, TinyLMConfig(arch=arch, hidden_size=16, num_layers=1, num_heads=2)
+        ).save_pretrained(tmp_path / arch)
+        char_tokenizer.save_pretrained(tmp_path / arch)
+    with pytest.raises(RuntimeError, match="drops spaces or newlines.*arch='llama'"):
+        load_policy(tmp_path / "qwen2", device="cpu")
+    _, tokenizer = load_policy(tmp_path / "llama", device="cpu")  # the course's own layout loads as before
+    assert tokenizer.decode(tokenizer.encode("ab cd\nef", add_special_tokens=False)) == "ab cd\nef"
+
+
 def test_unknown_lora_targets(qwen_dir):
     with pytest.raises(ValueError, match="none of the LoRA target modules"):
         load_policy(qwen_dir, lora=LoraSettings(target_modules=("c_attn",)), device="cpu")

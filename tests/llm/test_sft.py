@@ -183,3 +183,9 @@ def test_a_run_shorter_than_one_check_warns_instead_of_failing():
     with pytest.warns(UserWarning, match="no check: fewer steps than check_every=10"):
         _, _, history = train_sft(config, progress=False, num_eval=4)
     assert len(history) == 4 and history[-1]["target_met"] is False
+
+
+def test_train_sft_refuses_num_eval_0_before_it_trains():
+    # it trained to the end, then its final evaluation raised "problems is empty", and the model was lost
+    with pytest.raises(ValueError, match="num_eval must be a whole number"):
+        train_sft(TINY, progress=False, num_eval=0)

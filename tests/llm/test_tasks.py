@@ -108,3 +108,12 @@ def test_jsonl_task(tmp_path):
         JsonlTask(path)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         JsonlTask(tmp_path / "missing.jsonl")
+
+
+def test_jsonl_task_reads_line_separators_inside_strings(tmp_path):
+    # json.dumps(..., ensure_ascii=False) writes U+2028 as it is; str.splitlines() split the line there
+    path = tmp_path / "unicode.jsonl"
+    rows = [{"question": f"line\u2028break and \u0085 next {i}?", "answer": i} for i in range(3)]
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    task = JsonlTask(path)
+    assert sorted(p.question for split in task.problems.values() for p in split) == sorted(r["question"] for r in rows)

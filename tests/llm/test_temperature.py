@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from edurl.llm.renderer import ChatMLRenderer
@@ -22,6 +23,16 @@ def test_next_token_distribution(small_model, char_tokenizer):
     ent = [-(p * p.log()).sum() for p in (next_token_distribution(small_model, prompt, t) for t in (0.5, 1, 2))]
     assert ent[0] < ent[1] < ent[2]
     plot_next_token_distribution(next_token_distribution(small_model, prompt), char_tokenizer)
+
+
+def test_next_token_distribution_refuses_what_the_sampler_refuses(small_model, char_tokenizer):
+    prompt = char_tokenizer.encode("12+34=?", add_special_tokens=False)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):  # -1 gave the inverted distribution
+        next_token_distribution(small_model, prompt, -1.0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        next_token_distribution(small_model, prompt, float("nan"))
+    with pytest.raises(ValueError, match="prompt_ids is empty"):  # was an embedding's dtype error
+        next_token_distribution(small_model, [], 1.0)
 
 
 def test_group_diversity_is_one_answer_when_greedy(small_model, char_tokenizer):
