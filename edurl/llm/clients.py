@@ -99,6 +99,12 @@ class AdamParams:
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        # torch checks eps and weight_decay only when AdamW is built, at the first step: after it, a negative
+        # value ran (eps < 0 can divide by ~0, weight_decay < 0 grows every weight)
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps must be a finite number > 0 (e.g. 1e-8), got {self.eps!r}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ValueError(f"weight_decay must be a finite number >= 0 (0.0: no decay), got {self.weight_decay!r}")
         if self.grad_clip_norm is not None and not self.grad_clip_norm >= 0:
             raise ValueError(f"grad_clip_norm must be >= 0 (0.0 or None: no clipping), got {self.grad_clip_norm!r}")
 
@@ -209,6 +215,11 @@ def _check_loss(loss_fn: str, loss_fn_config: dict[str, Any] | None, aggregation
         raise ValueError(f"unknown loss_fn {loss_fn!r}; choose one of {list(LOSS_FN_NAMES)}")
     L.check_aggregation(aggregation, max_tokens)
     if loss_fn == "cross_entropy":
+        if loss_fn_config:  # supervised_objective takes no argument that a config could set
+            raise ValueError(
+                f"loss_fn_config has {sorted(loss_fn_config)}, which 'cross_entropy' does not take: it has no "
+                "config; pass loss_fn_config=None"
+            )
         return
     # the per-token loss's arguments after (train_logprobs, sampling_logprobs, advantages)
     params = list(inspect.signature(L.get_loss_fn(loss_fn)).parameters.values())[3:]
@@ -237,6 +248,7 @@ def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
         missing = [k for k in required if k not in d.loss_fn_inputs]
         if missing:
             raise ValueError(f"datums[{i}].loss_fn_inputs lacks {missing}; this loss needs {list(required)}")
+        _check_same_fields(datums[0], d, i)
         n = d.model_input.length
         for key, value in d.loss_fn_inputs.items():
             if value.shape != (n,):
@@ -244,6 +256,19 @@ def _check_datums(datums: Sequence[Datum], required: Sequence[str]) -> None:
                     f"datums[{i}].loss_fn_inputs[{key!r}] has shape {tuple(value.shape)} but model_input "
                     f"has {n} tokens; every field needs shape ({n},)"
                 )
+
+
+def _check_same_fields(first: Datum, d: Datum, i: int) -> None:
+    """A batch pads each ``loss_fn_inputs`` field into one (B, T) tensor, so every datum needs the fields of
+    ``datums[0]``, no more and no fewer."""
+    extra = [k for k in d.loss_fn_inputs if k not in first.loss_fn_inputs]
+    lacking = [k for k in first.loss_fn_inputs if k not in d.loss_fn_inputs]
+    if extra or lacking:
+        what = f"has {extra!r}, which datums[0] lacks" if extra else f"lacks {lacking!r}, which datums[0] has"
+        raise ValueError(
+            f"datums[{i}].loss_fn_inputs {what}; give every datum in a batch the same fields (add the field to "
+            "every datum, or drop it from all)"
+        )
 
 
 def _prompt_split(fields: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
@@ -344,12 +369,7 @@ class TrainingClient:
         """Right-padded (B, T) input ids, attention mask and one (B, T) tensor per ``loss_fn_inputs`` field."""
         keys = list(datums[0].loss_fn_inputs)
         for i, d in enumerate(datums):
-            extra = [k for k in d.loss_fn_inputs if k not in keys]
-            if extra:
-                raise ValueError(
-                    f"datums[{i}] has loss_fn_inputs key {extra[0]!r} that datums[0] lacks; "
-                    "give every datum in a batch the same fields"
-                )
+            _check_same_fields(datums[0], d, i)
         ids, attn = pad([d.model_input.tokens for d in datums], self.tokenizer.pad_token_id or 0, device=self.device)
         fields = {
             key: pad(
@@ -756,7 +776,8 @@ class TrainingClient:
         ``optimizer=False`` restores the weights only and starts a fresh optimizer (Tinker's ``load_state``: "weights
         only, optimizer resets"; its ``load_state_with_optimizer`` is the default here). A checkpoint saved before
         the first step holds no optimizer state, so loading it starts a fresh optimizer either way: the run goes on
-        as the saved one would have, not with moments and a step count from steps taken after the save."""
+        as the saved one would have, not with moments and a step count from steps taken after the save. Gradients
+        accumulated by ``forward_backward`` and not yet stepped on are dropped with the weights they were taken at."""
         file, state = self._read_state(path)
         named = dict(self.model.named_parameters())
         unknown = [k for k in state["weights"] if k not in named]
@@ -784,6 +805,10 @@ class TrainingClient:
         with torch.no_grad():
             for k, v in state["weights"].items():
                 named[k].copy_(v)
+        # gradients from forward_backward calls before the load belong to the weights that were replaced: the next
+        # optim_step must apply only what is computed from the checkpoint on, as a fresh client's would
+        for q in self.trainable_parameters():
+            q.grad = None
         if self._stores_16_bit():
             # the saved fp32 master weights, not their rounded copies, carry on (written into the copies this client
             # has, if any: whatever still refers to them sees the loaded values)

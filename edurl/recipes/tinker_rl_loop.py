@@ -71,7 +71,8 @@ class TinkerLoopConfig:
     max_tokens: int = 16
     """Most tokens a completion may have."""
     temperature: float = 1.0
-    """Sampling temperature of the training samples (evaluation is greedy)."""
+    """Sampling temperature of the training samples (evaluation is greedy). Only 1.0: Tinker's ``forward_backward``
+    has no temperature, so the server scores at 1, and samples drawn at another one would be off-policy."""
     eval_every: int = 20
     """Steps between held-out evaluations (also one before the first step and one after the last)."""
     num_eval: int = 200
@@ -99,6 +100,16 @@ class TinkerLoopConfig:
                 f"temperature must be > 0, got {self.temperature!r}: the G completions of a problem must differ for "
                 "GRPO to learn, and greedy sampling (0) makes every group uniform, so every step would skip all of "
                 "them and train on nothing. Held-out evaluation is greedy already."
+            )
+        if self.temperature != 1.0:
+            # the ratio exp(train - sampling) would not be 1 on-policy: edurl.serve's sampler reports log p at T,
+            # its forward_backward scores log p at 1 (the request has no temperature field)
+            raise ValueError(
+                f"temperature must be 1.0 here, got {self.temperature!r}: Tinker's forward_backward takes no "
+                "temperature, so the server scores the training log-probs at 1, while the sampler reports them at "
+                "the sampling temperature. Samples drawn at another temperature are off-policy before any update "
+                "(ppo clips them, importance_sampling reweights them). Sample at 1.0 here, or use train_grpo "
+                "(GRPOConfig.temperature), which scores at the sampling temperature."
             )
 
 

@@ -10,12 +10,20 @@ How a request flows:
   nothing happens. Bodies above ``max_body_bytes`` get 413.
 - Verbs that do work (create_model, forward_backward, optim_step, save_*, load_weights, asample) return a
   ``request_id`` at once and queue the work. A training client's operations run in the order of their
-  ``seq_id`` (the SDK may send the chunks of a large batch out of order); a repeated ``(model_id, seq_id)`` is
-  the same operation, not a new one. All model work runs on one worker thread, in arrival order.
+  ``seq_id``; a repeated ``(model_id, seq_id)`` is the same operation, not a new one. The client config
+  (``CLIENT_CONFIG``) has the SDK send a forward_backward as one request unless it nears the body limit, so that
+  a refused batch runs none of its datums. All model work runs on one worker thread, in arrival order.
 - ``retrieve_future`` long-polls: it waits up to ``poll_seconds`` for the result, then answers ``try_again``.
   A failed operation answers ``{"error": ..., "category": "user"}``, which the SDK raises as
   ``RequestFailedError``.
 - A malformed request gets a 4xx with the reason, and the server keeps serving.
+
+What it computes differently from the in-process client: ``forward_backward`` scores at temperature 1, since
+Tinker's request has no temperature field, while the sampler reports log-probs at the sampling temperature (the
+distribution it drew from). Training data sampled at T != 1 is therefore off-policy before any update (the ratio
+``exp(train - sampling)`` is not 1, and ppo/cispo clip tokens they should not); sample it at temperature 1, as
+``edurl.recipes.tinker_rl_loop`` requires. In process, ``TrainingClient.forward_backward(..., temperature=T)``
+scores at the sampler's T.
 """
 
 from __future__ import annotations
@@ -58,6 +66,49 @@ API = "/api/v1"
 
 class UserError(ValueError):
     """The request was understood but cannot be done (unknown model, bad loss config, ...): HTTP 400."""
+
+
+# The JSON verbs read nested fields by hand; each of these checks one field's type and names it when it is wrong
+# (a list where an object belongs was an AttributeError, HTTP 500; a float token id was truncated; a seed that is
+# a string failed later, inside the queued work)
+def _shown(value) -> str:
+    text = json.dumps(value) if isinstance(value, (dict, list, str, int, float, bool, type(None))) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _object(value, where: str) -> dict:
+    """A JSON object field; null (or the field left out) reads as {}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{where} must be a JSON object ({{...}}), got {_shown(value)}")
+    return value
+
+
+def _integer(value, where: str, low: int | None = None, high: int | None = None) -> int:
+    """A JSON integer: not a float (2.9 would be read as 2), a string or a boolean."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{where} must be an integer, got {_shown(value)}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise UserError(f"{where} must be {bounds}, got {value}")
+    return value
+
+
+def _number(value, where: str) -> float:
+    """A JSON number (an integer or a float, not a string or a boolean)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"{where} must be a number, got {_shown(value)}")
+    return float(value)
+
+
+def _id(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise UserError(f"{where} must be a string id as the server returned it, got {_shown(value)}")
+    return value
+
+
+SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes (from 0)
 
 
 @dataclass
@@ -127,7 +178,7 @@ class Backend:
 
     # ------------------------------------------------------------------ bookkeeping
     def session(self, session_id: str) -> Session:
-        session = self.sessions.get(session_id)
+        session = self.sessions.get(_id(session_id, "session_id"))
         if session is None:
             raise KeyError(f"unknown session_id {session_id!r}; create one with create_session")
         session.last_seen = time.time()
@@ -256,9 +307,9 @@ class Backend:
         base_model = body.get("base_model")
         if not isinstance(base_model, str) or not base_model:
             raise UserError("create_model needs a base_model: 'edurl/tiny-arithmetic' or a local Hugging Face folder")
-        lora = body.get("lora_config") or {}
-        rank = int(lora.get("rank", 32))
-        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        lora = _object(body.get("lora_config"), "lora_config")
+        rank = _integer(lora.get("rank", 32), "lora_config.rank", low=1)  # peft refused 0 only inside the work
+        optimizer = _object(body.get("optimizer_config"), "optimizer_config").get("type", "adamw")
         if optimizer != "adamw":
             raise UserError(f"optimizer_config type {optimizer!r}: edurl.serve implements AdamW only ('adamw')")
         if lora.get("train_attn", True) is False or lora.get("train_mlp", True) is False:
@@ -266,8 +317,11 @@ class Backend:
                 "lora_config with train_attn=False or train_mlp=False: edurl.serve adapts the attention and MLP "
                 "layers together (and never the unembedding); send both True"
             )
-        model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
+        model_seq_id = _integer(body.get("model_seq_id", len(session.models)), "model_seq_id", low=0)
+        model_id = f"{session.session_id}:train:{model_seq_id}"
         seed = lora.get("seed", body.get("seed"))  # the SDK sends it inside lora_config
+        if seed is not None:
+            _integer(seed, "lora_config.seed" if "seed" in lora else "seed", *SEED_RANGE)
 
         def make():
             self._add_model(session, model_id, base_model, rank, seed)
@@ -290,7 +344,7 @@ class Backend:
         return m
 
     def model(self, model_id: str) -> TrainingModel:
-        model = self.models.get(model_id)
+        model = self.models.get(_id(model_id, "model_id"))
         if model is None:
             raise KeyError(f"unknown model_id {model_id!r}; create it with create_model first")
         self.session(model.session_id)
@@ -337,7 +391,6 @@ class Backend:
 
     def optim_step(self, body: dict) -> str:
         m = self.model(body["model_id"])
-        given = body.get("adam_params") or {}
         allowed = {"learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"}
         other = body.get("optimizer_params")
 
@@ -352,10 +405,17 @@ class Backend:
                 raise UserError(
                     "optim_step needs adam_params (types.AdamParams(...)); edurl.serve implements Adam only"
                 )
+            given = _object(body["adam_params"], "adam_params")
             unknown = set(given) - allowed
             if unknown:
                 raise UserError(f"adam_params has unknown fields {sorted(unknown)}; known: {sorted(allowed)}")
-            return AdamParams(**{k: float(v) for k, v in given.items()})  # Tinker's defaults come with the request
+            # Tinker's defaults come with the request; AdamParams refuses values out of range (a 400)
+            return AdamParams(
+                **{
+                    k: None if k == "grad_clip_norm" and v is None else _number(v, f"adam_params.{k}")
+                    for k, v in given.items()
+                }
+            )
 
         params = self.validate_ordered(m, int(body["seq_id"]), prepare)
 
@@ -487,7 +547,7 @@ class Backend:
         return {"sampling_session_id": sampler_id, "type": "create_sampling_session"}
 
     def sampler(self, sampler_id: str) -> Sampler:
-        s = self.samplers.get(sampler_id)
+        s = self.samplers.get(_id(sampler_id, "sampling_session_id"))
         if s is None:
             raise KeyError(f"unknown sampling_session_id {sampler_id!r}")
         self.session(s.session_id)
@@ -495,12 +555,28 @@ class Backend:
 
     def asample(self, body: dict) -> dict:
         s = self.sampler(body["sampling_session_id"])
-        chunks = (body.get("prompt") or {}).get("chunks") or []
+        chunks = _object(body.get("prompt"), "prompt").get("chunks") or []
+        if not isinstance(chunks, list):
+            raise UserError(
+                f'prompt.chunks must be a list of chunks like {{"type": "encoded_text", "tokens": [...]}}, got '
+                f"{_shown(chunks)}"
+            )
         tokens: list[int] = []
         for k, chunk in enumerate(chunks):
+            if not isinstance(chunk, dict):
+                raise UserError(
+                    f'prompt.chunks[{k}] must be an object like {{"type": "encoded_text", "tokens": [...]}}, got '
+                    f"{_shown(chunk)}"
+                )
             if chunk.get("type", "encoded_text") != "encoded_text":
                 raise UserError(f"prompt chunk {k} is {chunk.get('type')!r}; edurl.serve reads encoded_text only")
-            tokens += [int(t) for t in chunk.get("tokens", [])]
+            ids = chunk.get("tokens", [])
+            if not isinstance(ids, list):
+                raise UserError(f"prompt.chunks[{k}].tokens must be a list of token ids, got {_shown(ids)}")
+            for j, t in enumerate(ids):
+                if isinstance(t, bool) or not isinstance(t, int):
+                    raise UserError(f"prompt.chunks[{k}].tokens[{j}] must be an integer token id, got {_shown(t)}")
+            tokens += ids
         if not tokens:
             raise UserError("the prompt has no tokens")
         unsupported = [
@@ -512,31 +588,38 @@ class Backend:
             raise UserError(
                 f"edurl.serve does not implement {unsupported} (it would return without them); leave them unset"
             )
-        n = int(body.get("num_samples", 1))
-        if not 1 <= n <= 1024:
-            raise UserError(f"num_samples must be in [1, 1024], got {n}")
-        sp = body.get("sampling_params") or {}
+        n = _integer(body.get("num_samples", 1), "num_samples", 1, 1024)
+        sp = _object(body.get("sampling_params"), "sampling_params")
         tokenizer = s.client.tokenizer
         stop = sp.get("stop", None)
         stops: list[list[int]] = []
         eos: list[int] | None = None  # None: the model's own end-of-sequence ids
         if isinstance(stop, str):
             stop = [stop]
+        if stop is not None and not isinstance(stop, list):  # a bare 5 was once ignored: no stop at all
+            raise UserError(
+                f"sampling_params.stop must be a string, a list of strings or a list of token ids, got {_shown(stop)}"
+            )
         if isinstance(stop, list):
             if not stop:
                 eos = []  # Tinker: an empty list never stops before max_tokens
-            for item in stop:
-                stops.append([int(item)] if isinstance(item, int) else tokenizer.encode(item, add_special_tokens=False))
-        top_k = int(sp.get("top_k", -1))
+            for k, item in enumerate(stop):
+                if isinstance(item, str):
+                    stops.append(tokenizer.encode(item, add_special_tokens=False))
+                else:
+                    stops.append([_integer(item, f"sampling_params.stop[{k}] (a string or a token id)", low=0)])
+        top_k = _integer(sp.get("top_k", -1), "sampling_params.top_k")
         if top_k not in (-1, 0):
             raise UserError("top_k is not supported by edurl's sampler; send top_k=-1")
         max_tokens = sp.get("max_tokens")
+        seed = sp.get("seed")
         params = SamplingParams(
-            max_tokens=32 if max_tokens is None else int(max_tokens),  # 0 is refused, not read as "unset"
-            temperature=float(sp.get("temperature", 1.0)),
-            top_p=float(sp.get("top_p", 1.0)),
+            # 0 is refused, not read as "unset"
+            max_tokens=32 if max_tokens is None else _integer(max_tokens, "sampling_params.max_tokens"),
+            temperature=_number(sp.get("temperature", 1.0), "sampling_params.temperature"),
+            top_p=_number(sp.get("top_p", 1.0), "sampling_params.top_p"),
             stop=stops,
-            seed=sp.get("seed"),
+            seed=None if seed is None else _integer(seed, "sampling_params.seed", *SEED_RANGE),
         )
         # what would fail inside a batched call fails here, for this request alone (a 400): an empty stop string
         # (it encodes to no tokens), a prompt id outside the model's vocabulary
@@ -705,7 +788,14 @@ CLIENT_CONFIG = {
     "use_pyqwest_transport": False,
     "proto_compress_fwdbwd": False,
     "sample_use_retrieve_futures": False,
-    "parallel_fwdbwd_chunks": True,
+    # The SDK splits a forward_backward into chunks of at most fwdbwd_max_chunk_len datums (Tinker's 1024) and
+    # fwdbwd_max_chunk_bytes_count estimated bytes, each a request with a seq_id of its own, checked on its own. A
+    # refused chunk left the other chunks' gradients in place, and when it was not the first, the SDK never sent
+    # the first, so the server waited for that seq_id for ever. Here a call is one request (so one 400 refuses the
+    # whole batch and nothing runs) unless it nears the body limit (client_config below sets the bytes), and the
+    # chunks of a call that large go one after another, the first first, so a refused one leaves no gap
+    "parallel_fwdbwd_chunks": False,
+    "fwdbwd_max_chunk_len": 2**31 - 1,
 }
 
 
@@ -761,7 +851,9 @@ def create_app(
 
     @app.post(f"{API}/client/config")
     async def client_config(request: Request):
-        return CLIENT_CONFIG
+        # the SDK's estimate counts tensor bytes only; a request's protobuf framing adds to it (a lot, for datums of
+        # a few tokens), so a chunk is kept to a quarter of the body limit
+        return {**CLIENT_CONFIG, "fwdbwd_max_chunk_bytes_count": max_body_bytes // 4}
 
     @app.post(f"{API}/client/dynamic_config")
     async def dynamic_config(request: Request):
@@ -799,7 +891,7 @@ def create_app(
     @app.post(f"{API}/session_heartbeat")
     async def heartbeat(request: Request):
         body = await body_json(request)
-        if body.get("session_id") not in backend.sessions:
+        if _id(body.get("session_id"), "session_id") not in backend.sessions:
             return _error(410, "unknown or finished session")
         backend.session(body["session_id"])
         return {"type": "session_heartbeat"}

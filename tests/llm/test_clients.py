@@ -862,3 +862,76 @@ def test_load_state_refuses_a_checkpoint_that_does_not_cover_the_model(small_mod
     for client, kept in ((everywhere, before), (wider, wider_before)):  # nothing was half loaded
         assert all(torch.equal(v, kept[k]) for k, v in client.model.named_parameters())
     lora(4, target_modules=("q_proj",)).load_state(path)  # the model it came from loads it
+
+
+def test_datums_with_other_fields_than_the_first_are_refused_by_index_and_field(trainer):
+    """Only datums[0] had "weights": check_inputs (the server's 400) let it through, and forward_backward then
+    failed with a bare KeyError('weights') while padding, which the server took for a broken model."""
+    datums = rl_datums(trainer, n=2)
+    datums[0].loss_fn_inputs["weights"] = torch.ones(datums[0].model_input.length)
+    for call in (trainer.check_inputs, trainer.forward_backward):
+        with pytest.raises(ValueError, match=r"datums\[1\]\.loss_fn_inputs lacks \['weights'\], which datums\[0\] has"):
+            call(datums, "importance_sampling")
+    assert all(p.grad is None for p in trainer.model.parameters())
+    datums = rl_datums(trainer, n=2)
+    datums[1].loss_fn_inputs["weights"] = torch.ones(datums[1].model_input.length)
+    with pytest.raises(ValueError, match=r"datums\[1\]\.loss_fn_inputs has \['weights'\], which datums\[0\] lacks"):
+        trainer.check_inputs(datums, "importance_sampling")
+
+
+def test_load_state_drops_the_gradients_taken_before_it(trainer, tmp_path):
+    """forward_backward, load_state, forward_backward, optim_step stepped on the sum of both gradients: the first
+    one was taken at weights the checkpoint replaced. The step must be the one a clean resume takes."""
+    trainer.log_dir = tmp_path
+    datums, other = rl_datums(trainer, seed=0), rl_datums(trainer, seed=1)
+    trainer.forward_backward(datums, "importance_sampling")
+    trainer.optim_step(AdamParams(learning_rate=1e-2))
+    path = trainer.save_state("ckpt")
+
+    def step_from_checkpoint():
+        trainer.load_state(path)
+        trainer.forward_backward(datums, "importance_sampling")
+        trainer.optim_step(AdamParams(learning_rate=1e-2))
+        return [p.detach().clone() for p in trainer.model.parameters()]
+
+    clean = step_from_checkpoint()
+    trainer.forward_backward(other, "ppo")  # computed, then rolled back instead of stepped on
+    trainer.load_state(path)
+    assert all(p.grad is None for p in trainer.model.parameters())
+    with pytest.raises(RuntimeError, match="found no gradients"):
+        trainer.optim_step(AdamParams(learning_rate=1e-2))
+    trainer.forward_backward(other, "ppo")
+    after = step_from_checkpoint()
+    assert all(torch.equal(a, b) for a, b in zip(clean, after))
+
+
+def test_cross_entropy_refuses_a_loss_fn_config(trainer):
+    """cross_entropy returned before the config's keys were checked: {"clip_low_threshold": 0.5, "bogus": 1} ran
+    as if it had not been sent."""
+    tokens = PROMPT + [5, 6, 7]
+    d = Datum(
+        ModelInput.from_ints(tokens[:-1]),
+        {"target_tokens": torch.tensor(tokens[1:]), "weights": torch.tensor([0.0] * 8 + [1.0] * 3)},
+    )
+    for call in (trainer.check_inputs, trainer.forward_backward, trainer.forward):
+        with pytest.raises(ValueError, match=r"\['bogus'\], which 'cross_entropy' does not take"):
+            call([d], "cross_entropy", {"bogus": 1})
+    assert all(p.grad is None for p in trainer.model.parameters())
+    trainer.check_inputs([d], "cross_entropy", {})  # an empty config is no config
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"eps": -1e-3}, "eps must be a finite number > 0"),
+        ({"eps": 0.0}, "eps must be a finite number > 0"),
+        ({"eps": float("nan")}, "eps must be a finite number > 0"),
+        ({"weight_decay": -100.0}, "weight_decay must be a finite number >= 0"),
+        ({"weight_decay": float("inf")}, "weight_decay must be a finite number >= 0"),
+    ],
+)
+def test_adam_params_refuse_a_bad_eps_or_weight_decay(kwargs, match):
+    """torch checks them only when AdamW is built, at the first step: from the second step on, eps=-1e-3 and
+    weight_decay=-100 ran silently."""
+    with pytest.raises(ValueError, match=match):
+        AdamParams(**kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -199,3 +200,48 @@ def test_a_local_server_removes_the_state_folder_it_made_even_when_killed(tmp_pa
     with LocalServer(device="cpu", preload=(), state_dir=str(mine)) as server:
         assert server.proc.args[server.proc.args.index("--state-dir") + 1] == str(mine)
     assert (mine / "kept").exists() and not list(temp.glob("edurl-serve-*"))
+
+
+def sampling_session(url: str) -> str:
+    body = {"session_id": session(url), "base_model": "edurl/tiny-arithmetic"}
+    return post(url, "create_sampling_session", json=body).json()["sampling_session_id"]
+
+
+CHUNK = {"type": "encoded_text", "tokens": [1, 2, 3]}
+
+
+@pytest.mark.parametrize(
+    "verb, body, match",
+    [
+        ("create_model", {"lora_config": [1, 2]}, "lora_config must be a JSON object"),
+        ("create_model", {"optimizer_config": "sgd"}, "optimizer_config must be a JSON object"),
+        ("create_model", {"lora_config": {"rank": 0}}, r"lora_config.rank must be >= 1, got 0"),
+        ("create_model", {"lora_config": {"rank": 4.5}}, "lora_config.rank must be an integer"),
+        ("create_model", {"lora_config": {"rank": 4, "seed": "x"}}, "lora_config.seed must be an integer"),
+        ("asample", {"prompt": [1, 2, 3]}, "prompt must be a JSON object"),
+        ("asample", {"prompt": {"chunks": {"a": 1}}}, "prompt.chunks must be a list"),
+        ("asample", {"prompt": {"chunks": [[1, 2, 3]]}}, r"prompt.chunks\[0\] must be an object"),
+        ("asample", {"prompt": {"chunks": [{"tokens": [1.9, 2, 3]}]}}, r"tokens\[0\] must be an integer token id"),
+        ("asample", {"sampling_params": [1]}, "sampling_params must be a JSON object"),
+        ("asample", {"sampling_params": {"stop": 5}}, "stop must be a string, a list of strings or a list of token"),
+        ("asample", {"sampling_params": {"seed": "x"}}, "sampling_params.seed must be an integer"),
+        ("asample", {"sampling_params": {"seed": 1.5}}, "sampling_params.seed must be an integer"),
+        ("asample", {"num_samples": "3"}, "num_samples must be an integer"),
+        ("session_heartbeat", {"session_id": [1]}, "session_id must be a string"),
+    ],
+)
+def test_nested_fields_of_the_wrong_type_get_400_with_the_field_and_the_server_keeps_serving(
+    server_url, verb, body, match
+):
+    """Each was an AttributeError (HTTP 500), was read as something else (a float token id truncated, stop=5 no
+    stop at all), or was accepted and failed later inside the queued work (a string seed, LoRA rank 0)."""
+    if verb == "create_model":
+        body = {"session_id": session(server_url), "base_model": "edurl/tiny-arithmetic", **body}
+    elif verb == "asample":
+        base = {"sampling_session_id": sampling_session(server_url), "prompt": {"chunks": [CHUNK]}, "num_samples": 1}
+        body = {**base, "sampling_params": {"max_tokens": 4}, **body}
+    r = post(server_url, verb, json=body)
+    assert r.status_code == 400, r.text
+    assert re.search(match, r.json()["detail"]), r.json()["detail"]
+    good = {"sampling_session_id": sampling_session(server_url), "prompt": {"chunks": [CHUNK]}, "num_samples": 1}
+    assert post(server_url, "asample", json={**good, "sampling_params": {"max_tokens": 4}}).status_code == 200

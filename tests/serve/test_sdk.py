@@ -317,3 +317,80 @@ def test_fields_edurl_serve_would_ignore_are_refused(training):
         sampler.sample(
             types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=4), topk_sample_logprobs=3
         ).result()
+
+
+def test_a_batch_whose_datums_differ_in_fields_is_a_400_and_the_model_can_still_save(service):
+    """Only datum 0 had "weights": it passed the submit-time checks, then failed inside the operation with a bare
+    KeyError('weights'), which marked the model broken: every later forward_backward and save_state failed, so the
+    weights trained so far could not be saved. A cross_entropy config and an AdamParams out of range were accepted."""
+    tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
+    rl = {"target_tokens": [2, 3, 4], "logprobs": [0.0, -1.0, -1.0], "advantages": [0.0, 1.0, 1.0]}
+    plain = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs=rl)
+    weighted = types.Datum(model_input=plain.model_input, loss_fn_inputs={**rl, "weights": [1.0, 1.0, 1.0]})
+    with pytest.raises(tinker.BadRequestError, match=r"datums\[1\].loss_fn_inputs lacks \['weights'\]"):
+        tc.forward_backward([weighted, plain], loss_fn="importance_sampling").result(timeout=60)
+    sft = types.Datum(
+        model_input=plain.model_input, loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]}
+    )
+    with pytest.raises(tinker.BadRequestError, match="'cross_entropy' does not take"):
+        tc.forward_backward([sft], loss_fn="cross_entropy", loss_fn_config={"bogus": 1.0}).result(timeout=60)
+    tc.forward_backward([plain, plain], loss_fn="importance_sampling").result(timeout=60)
+    for bad, match in ((dict(eps=-1e-3), "eps must be"), (dict(weight_decay=-100.0), "weight_decay must be")):
+        with pytest.raises(tinker.BadRequestError, match=match):
+            tc.optim_step(types.AdamParams(learning_rate=1e-3, **bad)).result(timeout=60)
+    assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60) is not None
+    assert tc.save_state("after-a-refused-batch").result(timeout=60).path.endswith("/after-a-refused-batch")
+
+
+@pytest.mark.filterwarnings("ignore:DEPRECATED:FutureWarning")  # the SDK's load_state*, still served
+def test_load_state_drops_the_gradients_of_a_forward_backward_before_it(service):
+    """forward_backward, load_state, forward_backward, optim_step stepped on both gradients, the first of them
+    taken at the weights the checkpoint replaced: the step differed from a clean resume's."""
+    tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8, seed=0).result()
+    prompt = tc.get_tokenizer().encode(PROMPT, add_special_tokens=False)
+    x = [make_datum(prompt, [5, 6, 7], [-1.0, -2.0, -1.5], a) for a in (1.0, -0.5)]
+    y = [make_datum(prompt, [8, 9], [-1.0, -2.0], a) for a in (1.0, -0.5)]
+    adam = types.AdamParams(learning_rate=1e-2)
+    tc.forward_backward(x, loss_fn="importance_sampling").result()
+    tc.optim_step(adam).result()
+    path = tc.save_state("before-the-rollback").result().path
+
+    def step_from_checkpoint():
+        tc.load_state_with_optimizer(path).result()
+        tc.forward_backward(x, loss_fn="importance_sampling").result()
+        tc.optim_step(adam).result()
+        out = tc.forward(x, loss_fn="importance_sampling").result()
+        return [o["logprobs"].to_torch() for o in out.loss_fn_outputs]
+
+    clean = step_from_checkpoint()
+    tc.forward_backward(y, loss_fn="ppo").result()  # computed, then rolled back instead of stepped on
+    tc.load_state_with_optimizer(path).result()
+    with pytest.raises(tinker.RequestFailedError, match="found no gradients"):
+        tc.optim_step(adam).result(timeout=60)
+    tc.forward_backward(y, loss_fn="ppo").result()
+    after = step_from_checkpoint()
+    assert all(torch.equal(a, b) for a, b in zip(clean, after))
+
+
+@pytest.mark.parametrize("bad_at", [0, -1])
+def test_a_refused_datum_in_a_batch_the_sdk_once_split_refuses_the_whole_batch(service, bad_at):
+    """The SDK splits a forward_backward into chunks of 1024 datums, each its own request and seq_id. With the bad
+    datum in the first chunk, the second chunk ran and its gradient stayed for the next optim_step; with it in the
+    last chunk, the SDK never sent the first, and the server waited for its seq_id for ever (every later operation
+    hung). Now the server has the SDK send such a call as one request: one 400, and nothing runs."""
+    tc = service.create_lora_training_client(base_model="edurl/tiny-arithmetic", rank=8).result()
+    prompt = tc.get_tokenizer().encode(PROMPT, add_special_tokens=False)
+    good = make_datum(prompt, [5, 6, 7], [-1.0, -1.0, -1.0], 1.0)
+    targets = list(good.loss_fn_inputs["target_tokens"].data)
+    bad = types.Datum(
+        model_input=good.model_input,
+        loss_fn_inputs={**good.loss_fn_inputs, "target_tokens": targets[:-1] + [10**6]},
+    )
+    batch = [good] * 1030
+    batch[bad_at] = bad
+    with pytest.raises(tinker.BadRequestError, match=rf"datums\[{bad_at % 1030}\].*outside the model's vocabulary"):
+        tc.forward_backward(batch, loss_fn="importance_sampling").result(timeout=60)
+    with pytest.raises(tinker.RequestFailedError, match="found no gradients"):  # nothing of the batch ran
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=30)
+    tc.forward_backward([good] * 4, loss_fn="importance_sampling").result(timeout=30)
+    assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=30) is not None

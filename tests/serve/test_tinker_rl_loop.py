@@ -93,6 +93,8 @@ def test_no_server_or_no_key_is_one_line_at_once(tmp_path, monkeypatch, capsys):
         ({"loss_fn": "cross_entropy"}, "loss_fn"),
         # these three were accepted; at temperature 0 every group is uniform and the run trained on nothing
         ({"temperature": 0.0}, "temperature must be > 0.*uniform"),
+        # the server scores at 1 (Tinker's forward_backward has no temperature): samples at 0.7 were off-policy
+        ({"temperature": 0.7}, "temperature must be 1.0 here.*takes no temperature"),
         ({"learning_rate": -1.0}, "learning_rate"),
         ({"seed": -3}, "seed"),
         ({"adam_eps": 0.0}, "adam_eps"),
