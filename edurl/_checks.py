@@ -3,6 +3,7 @@ what was expected, what was given, and the fix, not deep inside a torch kernel."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -87,11 +88,15 @@ def check_fields(
 
     Each keyword of ``rules`` names a rule of ``_RULES`` (``positive_int``, ``nonneg_int``, ``positive``,
     ``nonneg``, ``unit``, ``finite``, ``sizes``) and the fields it applies to; a field in ``optional`` may also be None.
-    ``choices`` maps a field to its allowed values. The first bad field raises a ValueError that names the
-    config, the field, what it must be and what it got, e.g.
+    ``choices`` maps a field to its allowed values. Every field annotated ``bool`` must be True or False (the
+    string "False" is truthy, and 0 or 1 would be taken silently). The first bad field raises a ValueError that
+    names the config, the field, what it must be and what it got, e.g.
     ``PPOConfig.num_envs must be a positive int, got 0``.
     """
     cls = type(config).__name__
+    for f in dataclasses.fields(config):
+        if f.type in ("bool", bool) and not isinstance(getattr(config, f.name), bool):
+            raise ValueError(f"{cls}.{f.name} must be True or False, got {getattr(config, f.name)!r}.")
     for rule, names in rules.items():
         what, ok = _RULES[rule]
         for name in names:

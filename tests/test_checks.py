@@ -68,6 +68,7 @@ def test_check_fields_names_the_config_the_field_and_the_rule():
 
 
 def _configs():
+    from edurl.llm.grpo import GRPOConfig
     from edurl.llm.model import TinyLMConfig
     from edurl.llm.sft import SFTConfig
     from edurl.llm.tasks import TaskConfig
@@ -96,6 +97,12 @@ def _configs():
         (TinyLMConfig, {"num_heads": 3}, r"hidden_size \(128\) must be divisible by num_heads \(3\)"),
         (TinyLMConfig, {"arch": "gpt2"}, "TinyLMConfig.arch must be one of"),
         (GAEVisualizerConfig, {"lams": (0.5, 1.2)}, r"lams must be one or more numbers in \[0, 1\]"),
+        # a bool field takes only a bool: the string "False" is truthy, and was taken as True
+        (PPOConfig, {"anneal_lr": "False"}, "PPOConfig.anneal_lr must be True or False, got 'False'"),
+        (GRPOConfig, {"center_advantages": "False"}, "GRPOConfig.center_advantages must be True or False"),
+        (GRPOConfig, {"progress": 0}, "GRPOConfig.progress must be True or False, got 0"),
+        (GRPOConfig, {"seed": -1}, "GRPOConfig.seed must be an int >= 0"),
+        (GRPOConfig, {"log_dir": 3}, "GRPOConfig.log_dir must be a folder path, got 3"),
     ]
 
 

@@ -24,7 +24,7 @@ TINY_QWEN = dict(
     num_hidden_layers=1,
     num_attention_heads=2,
     num_key_value_heads=1,
-    vocab_size=256,
+    vocab_size=512,  # room past the byte-level BPE tokenizer's 283 tokens for the random prompt ids
     max_position_embeddings=64,
 )
 

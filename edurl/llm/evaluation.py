@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ def evaluate(
     if not problems:
         raise ValueError("problems is empty; pass e.g. task.sample(200, split='test')")
     check_count(batch_size, "batch_size", "problems per sampling call")  # -1 once sampled nothing and gave 0 %
+    _warn_if_cut(renderer, problems, max_tokens)
     correct, fmt, samples = 0.0, 0.0, []
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(), seed=seed
@@ -56,6 +58,23 @@ def evaluate(
             if len(samples) < keep_samples:
                 samples.append((p.question, message["content"], p.answer))
     return EvalResult(pass_at_1=correct / len(problems), format=fmt / len(problems), samples=samples)
+
+
+def _warn_if_cut(renderer: ChatMLRenderer, problems: Sequence[Problem], max_tokens: int) -> None:
+    """Warn when ``max_tokens`` is shorter than some problems' reference replies: a policy that answers as it was
+    taught is then graded on cut-off replies, as wrong (the default 16 fits 2-digit sums, not a styled or a 9-digit
+    sum's reply), and pass@1 drops for no reason the result shows."""
+    from edurl.llm.sft import reply_lengths  # sft imports this module
+
+    lengths = reply_lengths(renderer, problems)
+    cut = sum(n > max_tokens for n in lengths)
+    if cut:
+        warnings.warn(
+            f"max_tokens={max_tokens} is shorter than {cut} of the {len(problems)} problems' reference replies (up "
+            f"to {max(lengths)} tokens with the end of turn), so replies like them are graded as cut off and wrong; "
+            "pass max_tokens=edurl.llm.sft.reply_budget(renderer, problems)",
+            stacklevel=3,
+        )
 
 
 def sequence_logprobs(

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from edurl._checks import check_fields
 from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import Datum, build_datums
@@ -177,9 +179,14 @@ class GRPOConfig:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
+        check_fields(self, nonneg_int=("seed",))  # and every bool field is a bool
+        if isinstance(self.log_dir, os.PathLike):
+            self.log_dir = os.fspath(self.log_dir)  # a pathlib.Path, as a str (config.json holds it)
+        if not isinstance(self.log_dir, str) or not self.log_dir:
+            raise ValueError(f"GRPOConfig.log_dir must be a folder path, got {self.log_dir!r}")
         for name in ("group_size", "batch_size", "max_steps", "num_substeps", "max_tokens", "num_eval"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+                raise ValueError(f"GRPOConfig.{name} must be a positive int, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
         if self.num_threads is not None and (
@@ -224,7 +231,7 @@ class GRPOConfig:
             raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
         for name in ("eval_every", "save_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
+                raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.eval_every == 0:
             raise ValueError("eval_every must be >= 1 (steps between held-out evaluations)")
         if self.max_steps_off_policy is not None:

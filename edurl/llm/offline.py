@@ -220,6 +220,14 @@ def _check_buffer(config: GRPOConfig, buffer: RolloutBuffer, groups) -> None:
             )
 
 
+def _check_batch_fits(config: GRPOConfig, buffer: RolloutBuffer) -> None:
+    if config.batch_size > len(buffer):
+        raise ValueError(
+            f"batch_size={config.batch_size} groups per step, but the buffer holds {len(buffer)}; collect more "
+            "groups or lower batch_size"
+        )
+
+
 def draw_groups(buffer: RolloutBuffer, batch_size: int, seed: int, step: int) -> list[int]:
     """The indices of the ``batch_size`` buffer groups that step ``step`` trains on: a function of (seed, step),
     so a run repeats and resumes."""
@@ -246,6 +254,7 @@ def offline_step(
     learned more in Chapter 10's study: with a small tau the soft baseline sits near each group's best reward, so
     almost every completion is pushed down, on every one of its tokens."""
     _check_advantage(advantage)
+    _check_batch_fits(config, buffer)  # draw_groups would draw fewer groups than batch_size, without a word
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)
     _check_buffer(config, buffer, drawn)
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
@@ -280,11 +289,7 @@ def train_offline(
     ``step_fn(config, trainer, buffer, step) -> dict`` replaces :func:`offline_step` (Chapter 10's exercise 10.3
     passes the learner's); it returns the step's metrics row and takes its one optimizer step itself."""
     _check_advantage(advantage)
-    if config.batch_size > len(buffer):
-        raise ValueError(
-            f"batch_size={config.batch_size} groups per step, but the buffer holds {len(buffer)}; collect more "
-            "groups or lower batch_size"
-        )
+    _check_batch_fits(config, buffer)
     _check_buffer(config, buffer, range(len(buffer)))
     if step_fn is not None and not callable(step_fn):
         raise TypeError(f"step_fn must be a function step_fn(config, trainer, buffer, step) -> dict, got {step_fn!r}")

@@ -91,8 +91,9 @@ class ChatMLRenderer:
         self.im_start = vocab["<|im_start|>"]
         self.im_end = vocab["<|im_end|>"]
         # the tokenizer's end of sequence when it is not <|im_end|>: sample() stops on the model's EOS too, and a base
-        # Qwen2.5 ends its replies with <|endoftext|>, its tokenizer's EOS. Not every <|endoftext|>: the course's
-        # model pads with it and never stops on it, so a reply cut off on one would be graded complete
+        # Qwen2.5 ends its replies with <|endoftext|>, its tokenizer's EOS. Not every <|endoftext|>: a tokenizer whose
+        # EOS is <|im_end|> may pad with it (the course's build_bpe_tokenizer does; its character tokenizer pads with
+        # <|pad|>), and a reply cut off on one would be graded complete
         eos = tokenizer.eos_token_id
         self.eos_ids = frozenset() if eos is None or eos == self.im_end else frozenset({int(eos)})
         self._special_ids = frozenset(tokenizer.all_special_ids) | {self.im_start, self.im_end}

@@ -204,7 +204,9 @@ class JsonlTask:
     """Problems from a local JSONL file, one ``{"question": ..., "answer": ...}`` per line.
 
     The file has no split of its own, so a problem's split is decided by a hash of
-    its question, like ``ArithmeticTask``.
+    its question, like ``ArithmeticTask``'s. Not by the same hash: ``ArithmeticTask`` hashes
+    ``"12+34"`` and this class the whole question (``"12+34=?"``), so an ``ArithmeticTask``'s
+    problems written to a file land in other splits here (its test problems mostly in train).
     """
 
     def __init__(self, path: str | Path, test_fraction: float = 0.1, valid_fraction: float = 0.05):
@@ -239,6 +241,8 @@ class JsonlTask:
 
     def sample(self, n: int, split: str = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems drawn with replacement from ``split``."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")  # -3 once returned [], as 0 does
         pool = self.problems[_check_split(split)]
         if not pool:
             raise ValueError(f"{self.path} has no problems in the {split!r} split")

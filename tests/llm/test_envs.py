@@ -344,6 +344,25 @@ def test_equal_rewards_summed_in_another_order_are_a_uniform_group(char_tokenize
     assert mixed.advantages() == pytest.approx([-5e-7, 5e-7], abs=1e-12)
 
 
+def test_group_rewards_advantages_and_turns_off_the_usual_path(char_tokenizer, small_model):
+    import numpy as np
+
+    from edurl.llm.envs import TrajectoryGroup
+
+    r = ChatMLRenderer(char_tokenizer)
+    win = _play_scripted(GuessNumberEnv(21, r), r, GAME)
+    # one group reward for four episodes: zip kept one episode and dropped three, without a word
+    with pytest.raises(ValueError, match="1 group rewards for 4 episodes"):
+        TrajectoryGroup([win] * 4, [0.0])
+    # a NumPy or 0-d tensor advantage is one number for every turn, as a float is (both raised a TypeError)
+    want = merged_datum(win, 0.5).loss_fn_inputs["advantages"]
+    for advantage in (np.float32(0.5), torch.tensor(0.5), np.float64(0.5)):
+        assert torch.equal(merged_datum(win, advantage).loss_fn_inputs["advantages"], want)
+    builders = [GuessNumberGroupBuilder(3, r, group_size=2)]
+    with pytest.raises(ValueError, match="max_turns must be a whole number"):  # -1 played no turn at all
+        do_group_rollouts(builders, SamplingClient(small_model, char_tokenizer), SamplingParams(max_tokens=4), -1)
+
+
 def test_turn_advantages_credit_each_turn_with_what_came_after_it(char_tokenizer):
     from edurl.llm.envs import TrajectoryGroup
 

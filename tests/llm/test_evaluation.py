@@ -81,3 +81,16 @@ def test_a_left_padded_row_scores_as_it_does_alone_with_absolute_positions():
         alone, both = sequence_logprobs(model, row), sequence_logprobs(model, padded, mask)
     assert torch.allclose(both[0, 2:], alone[0], atol=1e-6)
     assert torch.equal(both[1], sequence_logprobs(model, padded[1:])[0])  # a row without padding: unchanged
+
+
+def test_evaluate_warns_when_max_tokens_cuts_the_reference_replies(small_model, char_tokenizer):
+    # 9-digit sums' replies take up to 19 tokens: the default 16 graded them as cut off and wrong, without a word
+    renderer = ChatMLRenderer(char_tokenizer)
+    problems = ArithmeticTask(9).sample(4, split="test", seed=0)
+    with pytest.warns(UserWarning, match="max_tokens=16 is shorter than"):
+        evaluate(small_model, renderer, problems, max_tokens=16)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate(small_model, renderer, ArithmeticTask(2).sample(4, split="test", seed=0), max_tokens=16)

@@ -151,6 +151,8 @@ def test_offline_refuses_bad_inputs(setup):
     buffer = collect_buffer({"sft": start}, renderer, task, 2, group_size=4, max_tokens=14, progress_bar=False)
     with pytest.raises(ValueError, match="buffer holds 2"):
         train_offline(config, buffer)
+    with pytest.raises(ValueError, match="buffer holds 2"):  # called directly, it once trained on 2 groups of 4
+        offline_step(config, trainer, buffer, 0)
     with pytest.raises(ValueError, match="group_size"):
         train_offline(replace(config, batch_size=2, group_size=8), buffer)
     with pytest.raises(ValueError, match="advantage must be"):

@@ -110,6 +110,13 @@ def test_jsonl_task(tmp_path):
         JsonlTask(tmp_path / "missing.jsonl")
 
 
+def test_jsonl_task_refuses_a_negative_count(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"question": "1+1=?", "answer": 2}\n')
+    with pytest.raises(ValueError, match="n must be an int >= 0, got -3"):  # returned [], as ArithmeticTask refuses
+        JsonlTask(path, test_fraction=0.5).sample(-3)
+
+
 def test_jsonl_task_reads_line_separators_inside_strings(tmp_path):
     # json.dumps(..., ensure_ascii=False) writes U+2028 as it is; str.splitlines() split the line there
     path = tmp_path / "unicode.jsonl"

@@ -27,12 +27,14 @@ async twin (``initial_observation_async``, ``step_async``), as in :mod:`edurl.ll
 from __future__ import annotations
 
 import asyncio
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 
+from edurl._checks import check_count
 from edurl.llm.clients import SamplingClient
 from edurl.llm.datum import Datum, ModelInput, build_datum
 from edurl.llm.renderer import ChatMLRenderer, Message
@@ -174,6 +176,13 @@ class TrajectoryGroup:
     trajectories: list[Trajectory]
     group_rewards: list[float]
     tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.group_rewards) != len(self.trajectories):  # zip would drop the episodes past the shorter list
+            raise ValueError(
+                f"{len(self.group_rewards)} group rewards for {len(self.trajectories)} episodes: pass one per episode "
+                "(0.0 where a group reward does not apply)"
+            )
 
     @property
     def total_rewards(self) -> list[float]:
@@ -392,6 +401,7 @@ def do_group_rollouts(
     each turn's new tokens through the model, on the keys and values of the episode's earlier turns (the same
     draws up to rounding; ``sampler.sample_batch`` must take ``prefix_cache`` and ``cache_keys``, as
     :class:`SamplingClient`'s does)."""
+    check_count(max_turns, "max_turns", "model turns")  # -1 played no turn and returned empty episodes
     env_groups = [list(b.make_envs()) for b in builders]
     flat = [env for group in env_groups for env in group]
     trajectories = _play(flat, sampler, params, max_turns, prefix_cache)
@@ -436,8 +446,8 @@ def is_prefix_consistent(trajectory: Trajectory) -> bool:
 
 
 def _per_turn(trajectory: Trajectory, advantage: float | Sequence[float]) -> list[float]:
-    if isinstance(advantage, (int, float)):
-        return [float(advantage)] * len(trajectory.transitions)
+    if isinstance(advantage, numbers.Real) or (isinstance(advantage, torch.Tensor) and advantage.dim() == 0):
+        return [float(advantage)] * len(trajectory.transitions)  # a Python, NumPy or 0-d tensor number
     advantage = [float(a) for a in advantage]
     if len(advantage) != len(trajectory.transitions):
         raise ValueError(
