@@ -11,6 +11,7 @@ Left padding makes every row end in the last column (sampling: each next token i
 
 from __future__ import annotations
 
+import numbers
 from array import array
 from collections.abc import Sequence
 from itertools import chain
@@ -47,7 +48,12 @@ def pad(
     # one flat copy of every entry, then one masked write: a per-row Python loop of tensor ops cost about 10 us a
     # row, which a GRPO step (256 datums, several fields) paid a few thousand times (benchmarks/README.md)
     if all(isinstance(row, torch.Tensor) for row in rows):
-        flat = torch.cat([row if row.dim() == 1 else row.reshape(-1) for row in rows]).to("cpu", dtype)
+        flat = torch.cat(list(rows)) if all(row.dim() == 1 for row in rows) else None
+        if flat is None:
+            shapes = sorted({tuple(row.shape) for row in rows if row.dim() != 1})
+            raise ValueError(f"pad takes one-dimensional rows, got rows of shape {shapes[0]}")
+        _check_whole(flat, dtype)
+        flat = flat.to("cpu", dtype)
         counts = [row.shape[0] for row in rows]
     else:
         counts = [len(row) for row in rows]
@@ -55,11 +61,11 @@ def pad(
         flat = _ints(rows) if plain_ints else None
         if flat is None:
             entries = [x for row in rows for x in (row.tolist() if isinstance(row, torch.Tensor) else row)]
-            flat = (
-                torch.tensor(entries, dtype=dtype, device="cpu")
-                if entries
-                else torch.zeros(0, dtype=dtype, device="cpu")
-            )
+            if not (dtype.is_floating_point or dtype.is_complex):  # an integer dtype would truncate 0.7 to 0
+                fractional = next((x for x in entries if _fractional(x)), None)
+                if fractional is not None:
+                    raise ValueError(_TRUNCATES.format(value=fractional, dtype=dtype))
+            flat = torch.tensor(entries, dtype=dtype, device="cpu") if entries else torch.zeros(0, dtype=dtype)
     lengths = torch.tensor(counts, device="cpu")
     col = torch.arange(length, device="cpu")[None]  # (1, T)
     real = col < lengths[:, None] if side == "right" else col >= length - lengths[:, None]  # (B, T)
@@ -67,6 +73,25 @@ def pad(
     out[real] = flat  # row-major order: row 0's entries, then row 1's, ... as in ``flat``
     mask = real.long()
     return (out, mask) if device is None else (out.to(device), mask.to(device))
+
+
+def _check_whole(values: torch.Tensor, dtype: torch.dtype) -> None:
+    """Refuse fractional values for an integer ``dtype``, which the cast would truncate (0.7 to 0): pad's default
+    dtype is for token ids, so float rows (log-probs, advantages) need ``dtype=torch.float32``."""
+    if values.is_floating_point() and not (dtype.is_floating_point or dtype.is_complex):
+        fractional = values[values != values.trunc()]
+        if fractional.numel():
+            raise ValueError(_TRUNCATES.format(value=fractional[0].item(), dtype=dtype))
+
+
+_TRUNCATES = (
+    "the rows hold a fractional value ({value!r}) and dtype is {dtype}, which would truncate it (0.7 to 0); pass "
+    "dtype=torch.float32 for log-probs, advantages or weights"
+)
+
+
+def _fractional(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, numbers.Integral) and not float(x).is_integer()
 
 
 def _ints(rows: Sequence[Sequence[int]]) -> torch.Tensor | None:

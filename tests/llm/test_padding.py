@@ -24,6 +24,18 @@ def test_bad_inputs_say_what_to_do():
         pad([[1, 2]], 0, length=1)
     with pytest.raises(ValueError, match="at least one row"):
         pad([], 0)
+    # the default dtype is for token ids: float rows were truncated, 0.7 to 0 and 1.9 to 1, without a word
+    for rows in ([[0.7, 1.9], [2.5]], [torch.tensor([0.7, 1.0])], [torch.tensor([1.0]), [0.5]]):
+        with pytest.raises(ValueError, match="fractional value.*dtype=torch.float32"):
+            pad(rows, 0)
+    assert pad([[1.0, 2.0], torch.tensor([3.0])], 0)[0].tolist() == [[1, 2], [3, 0]]  # whole floats are ids
+    with pytest.raises(ValueError, match=r"one-dimensional rows, got rows of shape \(3, 1\)"):
+        pad([torch.zeros(3, 1, dtype=torch.long)], 0)
+
+
+def test_float64_lists_keep_float64():
+    x, _ = pad([[0.1, 0.2], [1 / 3]], 0.0, dtype=torch.float64)
+    assert x.dtype == torch.float64 and x[1, 0].item() == 1 / 3
 
 
 def _pad_row_by_row(rows, pad_value, side, dtype, length):
