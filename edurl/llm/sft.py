@@ -146,7 +146,8 @@ def _batch(renderer: ChatMLRenderer, problems, pad_id: int):
 def sft_loss(model, tokens: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over weighted target tokens: predict ``tokens[:, 1:]`` from ``tokens[:, :-1]``."""
     logits = model(input_ids=tokens[:, :-1], attention_mask=mask[:, :-1]).logits  # (B, T-1, V)
-    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction="none")
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # 16-bit raised; a float64 model kept
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="none")
     w = weights[:, 1:].flatten()  # the weight of a target token
     return (nll * w).sum() / w.sum()
 

@@ -189,3 +189,16 @@ def test_train_sft_refuses_num_eval_0_before_it_trains():
     # it trained to the end, then its final evaluation raised "problems is empty", and the model was lost
     with pytest.raises(ValueError, match="num_eval must be a whole number"):
         train_sft(TINY, progress=False, num_eval=0)
+
+
+def test_a_float64_model_gets_a_float64_loss(small_model, char_tokenizer):
+    # the logits were cast to float32, which capped a float64 model's gradient checks at about 1e-7
+    import copy
+
+    model = copy.deepcopy(small_model).double()
+    tokens = torch.tensor([char_tokenizer.encode("7+5=12")])
+    mask, weights = torch.ones_like(tokens), torch.ones(tokens.shape, dtype=torch.float64)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=tokens).logits[0, :-1], -1)  # float64 throughout
+        want = -logp.gather(-1, tokens[0, 1:, None]).mean()
+        assert abs(sft_loss(model, tokens, mask, weights).item() - want.item()) < 1e-12
