@@ -31,8 +31,8 @@ __all__ = ["clip_fraction", "clipped_surrogate", "clipped_surrogate_grad", "entr
 
 def check_clip_range(clip_low_threshold: float, clip_high_threshold: float) -> None:
     """Raise a ValueError unless ``clip_low_threshold <= 1 <= clip_high_threshold``: the range bounds the ratio
-    r = pi / pi_sampler, which is 1 on-policy, and a range without 1 clips every on-policy sample (with [0.2, 0.28],
-    DAPO's eps values passed as bounds, no sample with A > 0 would ever get a gradient)."""
+    r = pi / pi_sampler, which is 1 on-policy, and a range without 1 clips the on-policy samples of one sign of the
+    advantage (with [0.2, 0.28], DAPO's eps values passed as bounds, no sample with A > 0 would ever get a gradient)."""
     if not clip_low_threshold <= clip_high_threshold:
         raise ValueError(
             f"the clip range needs clip_low_threshold <= clip_high_threshold, got "
@@ -42,7 +42,7 @@ def check_clip_range(clip_low_threshold: float, clip_high_threshold: float) -> N
     if not clip_low_threshold <= 1 <= clip_high_threshold:
         raise ValueError(
             f"the clip range [{clip_low_threshold}, {clip_high_threshold}] leaves out r = 1, the ratio of every "
-            "on-policy sample, so the clip would bind before the policy moved. The thresholds bound the ratio "
+            "on-policy sample, so the clip would bind for one sign of the advantage before the policy moved. The thresholds bound the ratio "
             "itself, not eps: for eps_low = 0.2 and eps_high = 0.28 pass [0.8, 1.28]."
         )
 

@@ -53,9 +53,9 @@ from edurl.utils import torch_threads
 # ---------------------------------------------------------------- raters
 
 UNPARSEABLE_SCORE = -4.0
-"""Gold score of a reply with no integer in a ``\\boxed{}``. A boxed integer scores above it unless it misses by
-a lot: with no opening and no fillers, by more than about 6e5 (``e^(4 / 0.3) - 1``); with three fillers, by more
-than about 4e3."""
+"""Gold score of a reply with no integer in a ``\\boxed{}``. A boxed integer can score as low or lower: by a
+miss (with no opening and no fillers, of more than about 6e5, ``e^(4 / 0.3) - 1``; with three fillers, of about
+4e3), or by fillers alone (each costs 0.5, so a right answer with 8 of them scores -4 too)."""
 
 
 GOLD_OPENING = "The answer is "

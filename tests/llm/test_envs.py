@@ -441,6 +441,10 @@ def test_shaped_rewards_refuse_a_guess_penalty(char_tokenizer):
     # 0.05 a 5-guess win totalled 0.75, less than that loss
     with pytest.raises(ValueError, match="narrow loss more than a late win"):
         GuessNumberEnv(16, ChatMLRenderer(char_tokenizer), shaped=True, guess_penalty=0.05)
+    # 5 x 0.001 < 1/32: a 5-guess win (0.995) still beats that loss (0.969), so it is allowed
+    GuessNumberEnv(16, ChatMLRenderer(char_tokenizer), shaped=True, guess_penalty=0.001)
+    with pytest.raises(ValueError, match="no penalty is safe"):
+        GuessNumberEnv(16, ChatMLRenderer(char_tokenizer), shaped=True, relative=True, guess_penalty=0.001)
 
 
 def test_guess_number_rules(char_tokenizer):

@@ -51,6 +51,7 @@ def check_reward_settings(
     win_bonus: float = 0.0,
     relative: bool = False,
     scratchpad_bonus: float = 0.0,
+    num_values: int = 32,
 ) -> None:
     """Refuse reward settings of :class:`GuessNumberEnv` that do not make sense together (also called by
     ``MultiTurnConfig``, so that a run is refused before its warm start, not at its first rollout)."""
@@ -60,11 +61,19 @@ def check_reward_settings(
         raise ValueError(
             f"guess_penalty must be in [0, 1/max_guesses) so that a win always beats a loss, got {guess_penalty!r}"
         )
-    if guess_penalty and shaped:
+    # shaped, a loss that leaves one number earns 1 - 1/num_values and a win 1 + win_bonus, less the penalty (charged
+    # on a win only): the win stays ahead while guess_penalty * max_guesses < win_bonus + 1/num_values
+    room = win_bonus + 1 / num_values
+    if guess_penalty and shaped and (relative or guess_penalty * max_guesses >= room):
         raise ValueError(
-            f"guess_penalty ({guess_penalty!r}) is charged on a win only, and with shaped=True a loss that came "
-            "close already earns nearly a win's reward (1 - 1/32 when one number is left), so a penalty would pay "
-            "a narrow loss more than a late win; use win_bonus to favour winning, or guess_penalty unshaped"
+            f"guess_penalty={guess_penalty!r} with shaped=True pays a narrow loss more than a late win: the penalty "
+            f"is charged on a win only, and a shaped loss that leaves one number already earns 1 - 1/{num_values}, "
+            + (
+                "and with relative=True the rewards do not add up to the share ruled out, so no penalty is safe"
+                if relative
+                else f"so a win needs guess_penalty * max_guesses < win_bonus + 1/{num_values} = {room:.4g}"
+            )
+            + "; lower it, or favour winning with win_bonus"
         )
     if win_bonus < 0 or (win_bonus and not shaped):
         raise ValueError(f"win_bonus must be >= 0, and is used only with shaped=True; got {win_bonus!r}")
@@ -116,7 +125,7 @@ class GuessNumberEnv(MessageEnv):
         super().__init__(renderer)
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is outside [{low}, {high}]")
-        check_reward_settings(max_guesses, guess_penalty, shaped, win_bonus, relative, scratchpad_bonus)
+        check_reward_settings(max_guesses, guess_penalty, shaped, win_bonus, relative, scratchpad_bonus, high - low + 1)
         self.win_bonus, self.relative, self.scratchpad_bonus = float(win_bonus), relative, float(scratchpad_bonus)
         self.secret, self.low, self.high = secret, low, high
         self.max_guesses, self.guess_penalty, self.shaped = max_guesses, guess_penalty, shaped
