@@ -66,6 +66,8 @@ def _warn_if_cut(renderer: ChatMLRenderer, problems: Sequence[Problem], max_toke
     sum's reply), and pass@1 drops for no reason the result shows."""
     from edurl.llm.sft import reply_lengths  # sft imports this module
 
+    if not all(hasattr(p, "demonstration") for p in problems):  # a problem of a learner's own kind: no reference
+        return
     lengths = reply_lengths(renderer, problems)
     cut = sum(n > max_tokens for n in lengths)
     if cut:

@@ -94,3 +94,16 @@ def test_evaluate_warns_when_max_tokens_cuts_the_reference_replies(small_model, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         evaluate(small_model, renderer, ArithmeticTask(2).sample(4, split="test", seed=0), max_tokens=16)
+
+    # a problem of the learner's own kind, with no reference reply to measure, is evaluated without the check
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Mine:
+        question: str
+        answer: str
+
+        def messages(self):
+            return [{"role": "user", "content": self.question}]
+
+    assert evaluate(small_model, renderer, [Mine("12+34=?", "46")], max_tokens=4).pass_at_1 == 0.0
