@@ -366,10 +366,9 @@ class TrainingClient:
 
     # ---------------------------------------------------------------- forward / backward
     def _batch(self, datums: Sequence[Datum]):
-        """Right-padded (B, T) input ids, attention mask and one (B, T) tensor per ``loss_fn_inputs`` field."""
+        """Right-padded (B, T) input ids, attention mask and one (B, T) tensor per ``loss_fn_inputs`` field (every
+        caller has run :func:`_check_datums`, so each datum has the first one's fields)."""
         keys = list(datums[0].loss_fn_inputs)
-        for i, d in enumerate(datums):
-            _check_same_fields(datums[0], d, i)
         ids, attn = pad([d.model_input.tokens for d in datums], self.tokenizer.pad_token_id or 0, device=self.device)
         fields = {
             key: pad(
