@@ -65,6 +65,16 @@ def device(name: str | None = None) -> torch.device:
     return torch.device(name)
 
 
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message)`` pointed at the first frame outside the edurl package: the learner's own call,
+    however deep in the library the check runs (``stacklevel`` would have to count the frames of every caller)."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level + 1 if frame is not None else 2)
+
+
 def seed_everything(seed: int, *, deterministic: bool = False) -> int:
     """Seed Python's ``random``, NumPy's global RNG and torch (CPU and every CUDA device).
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +13,7 @@ from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams, sample
 from edurl.llm.shared_prefix import scaled_log_softmax
 from edurl.llm.tasks import Problem
+from edurl.utils import warn_at_caller
 
 
 @dataclass
@@ -37,12 +37,18 @@ def evaluate(
     batch_size: int = 256,
     seed: int = 0,
     keep_samples: int = 8,
+    *,
+    check_max_tokens: bool = True,
 ) -> EvalResult:
-    """Answer every problem once and grade it. ``temperature=0`` (greedy) is the default."""
+    """Answer every problem once and grade it. ``temperature=0`` (greedy) is the default.
+
+    Warns when ``max_tokens`` cuts off some problems' reference replies (:func:`warn_if_cut`), unless
+    ``check_max_tokens=False``: the training loop warns once when it starts, and not again at every evaluation."""
     if not problems:
         raise ValueError("problems is empty; pass e.g. task.sample(200, split='test')")
     check_count(batch_size, "batch_size", "problems per sampling call")  # -1 once sampled nothing and gave 0 %
-    _warn_if_cut(renderer, problems, max_tokens)
+    if check_max_tokens:
+        warn_if_cut(renderer, problems, max_tokens)
     correct, fmt, samples = 0.0, 0.0, []
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, stop=renderer.get_stop_sequences(), seed=seed
@@ -60,10 +66,13 @@ def evaluate(
     return EvalResult(pass_at_1=correct / len(problems), format=fmt / len(problems), samples=samples)
 
 
-def _warn_if_cut(renderer: ChatMLRenderer, problems: Sequence[Problem], max_tokens: int) -> None:
-    """Warn when ``max_tokens`` is shorter than some problems' reference replies: a policy that answers as it was
-    taught is then graded on cut-off replies, as wrong (the default 16 fits 2-digit sums, not a styled or a 9-digit
-    sum's reply), and pass@1 drops for no reason the result shows."""
+def warn_if_cut(
+    renderer: ChatMLRenderer, problems: Sequence[Problem], max_tokens: int, whose: str = "problems'"
+) -> None:
+    """Warn when ``max_tokens`` is shorter than some problems' reference replies (with their end of turn): a policy
+    that answers as it was taught is then graded on cut-off replies, as wrong (the default 16 fits 2-digit sums, not a
+    styled or a 9-digit sum's reply), and pass@1 drops for no reason the result shows. ``whose`` names the replies in
+    the message; the warning points at the first call from outside the library."""
     from edurl.llm.sft import reply_lengths  # sft imports this module
 
     if not all(hasattr(p, "demonstration") for p in problems):  # a problem of a learner's own kind: no reference
@@ -71,11 +80,11 @@ def _warn_if_cut(renderer: ChatMLRenderer, problems: Sequence[Problem], max_toke
     lengths = reply_lengths(renderer, problems)
     cut = sum(n > max_tokens for n in lengths)
     if cut:
-        warnings.warn(
-            f"max_tokens={max_tokens} is shorter than {cut} of the {len(problems)} problems' reference replies (up "
-            f"to {max(lengths)} tokens with the end of turn), so replies like them are graded as cut off and wrong; "
-            "pass max_tokens=edurl.llm.sft.reply_budget(renderer, problems)",
-            stacklevel=3,
+        warn_at_caller(
+            f"max_tokens={max_tokens} cuts off {cut} of {len(problems)} {whose} reference replies (they take up to "
+            f"{max(lengths)} tokens with the end of turn), so replies like them are graded as cut off and wrong. "
+            f"Pass max_tokens >= {max(lengths)} (edurl.llm.sft.reply_budget(renderer, problems) gives it for any "
+            "problems)."
         )
 
 

@@ -25,9 +25,9 @@ import torch
 
 from edurl.llm.clients import ServiceClient, TrainingClient
 from edurl.llm.distributed import SINGLE, World
-from edurl.llm.evaluation import EvalResult, evaluate
+from edurl.llm.evaluation import EvalResult, evaluate, warn_if_cut
 from edurl.llm.renderer import ChatMLRenderer
-from edurl.llm.sft import load_or_train_sft, reply_lengths
+from edurl.llm.sft import load_or_train_sft
 from edurl.metrics import MetricsLogger, load_metrics, truncate_metrics
 from edurl.utils import device as pick_device
 from edurl.utils import progress, torch_threads, usable_cpus
@@ -125,17 +125,10 @@ def make_training_client(config: GRPOConfig) -> tuple[TrainingClient, ChatMLRend
 
 
 def warn_if_replies_do_not_fit(max_tokens: int, renderer: ChatMLRenderer, task, seed: int = 0) -> None:
-    """Warn when ``max_tokens`` cuts off some of ``task``'s reference replies (with their end of turn): a policy that
-    answers as its warm start was taught is then graded on cut-off replies, as wrong, and nothing else says so."""
-    lengths = reply_lengths(renderer, task.sample(256, split="train", seed=seed))
-    cut = sum(n > max_tokens for n in lengths)
-    if cut:
-        warnings.warn(
-            f"max_tokens={max_tokens} cuts off {cut} of 256 of this task's reference replies (they take up to "
-            f"{max(lengths)} tokens with the end of turn), so replies like them will be graded as cut off and "
-            f"wrong. Pass max_tokens >= {max(lengths)} (edurl.llm.sft.reply_budget gives it for any problems).",
-            stacklevel=3,
-        )
+    """Warn when ``max_tokens`` cuts off some of 256 of ``task``'s reference replies (see
+    :func:`edurl.llm.evaluation.warn_if_cut`): the run would grade replies like them as wrong, and nothing else says
+    so."""
+    warn_if_cut(renderer, task.sample(256, split="train", seed=seed), max_tokens, "this task's")
 
 
 def _checkpoints(log_dir: Path) -> list[Path]:
@@ -350,7 +343,9 @@ def run_training_loop(
                 if main:
                     logger = MetricsLogger(log_dir, if_exists="overwrite")
                     (log_dir / "config.json").write_text(_config_json(config, desc, folder=True), encoding="utf-8")
-                    start_eval = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+                    start_eval = evaluate(
+                        trainer.model, renderer, test, max_tokens=config.max_tokens, check_max_tokens=False
+                    )
                 start_eval = world.broadcast_object(start_eval)
             if on_start is not None:  # after the first evaluation, so that no step's work overlaps it
                 on_start(trainer, renderer, task, start_step)
@@ -368,7 +363,7 @@ def run_training_loop(
                 if not main:  # the other ranks wait for rank 0's evaluation at the next step's first exchange
                     continue
                 if (step + 1) % config.eval_every == 0 or step + 1 == config.max_steps:
-                    ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+                    ev = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens, check_max_tokens=False)
                     row.update({"test/pass_at_1": ev.pass_at_1, "test/format": ev.format})
                     shown = {postfix.rsplit("/", 1)[-1]: f"{row[postfix]:.2f}"} if postfix in row else {}
                     bar.set_postfix({**shown, "test": f"{ev.pass_at_1:.2f}"}, refresh=False)
@@ -389,6 +384,6 @@ def run_training_loop(
                 logger.close()
         final = None
         if main:
-            final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens)
+            final = evaluate(trainer.model, renderer, test, max_tokens=config.max_tokens, check_max_tokens=False)
         final = world.broadcast_object(final)  # also waits for rank 0's metrics.jsonl to be complete
     return GRPOResult(config, load_metrics(log_dir), trainer, start_eval, final)
