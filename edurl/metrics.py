@@ -11,13 +11,14 @@ import json
 import numbers
 import os
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
+
+from edurl.utils import warn_at_caller
 
 __all__ = ["MetricsLogger", "load_metrics", "truncate_metrics"]
 
@@ -160,11 +161,10 @@ def load_metrics(path: str | Path) -> pd.DataFrame:
                 f"them, e.g. load_metrics({str(seeds[0].parent)!r})"
             )
         if top.exists() and any(s.stat().st_mtime > top.stat().st_mtime for s in seeds):
-            warnings.warn(
+            warn_at_caller(
                 f"{top} is older than the seed folders beside it ({seeds[0].parent.name}, ...), which a later run "
                 "with num_seeds > 1 wrote into the same log_dir: this is the earlier run's file. Load a seed's "
                 f"folder for the later run, e.g. load_metrics({str(seeds[0].parent)!r})",
-                stacklevel=2,
             )
         path = top
     if not path.exists():

@@ -95,11 +95,10 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
         if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_available() and torch.cuda.is_initialized():
-            warnings.warn(
+            warn_at_caller(
                 "seed_everything(deterministic=True) after CUDA started: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when "
                 "it starts, so its matrix products may still differ between runs. Call seed_everything first, or "
                 "export CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python.",
-                stacklevel=2,
             )
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     return seed

@@ -15,7 +15,6 @@ import os
 import shutil
 import socket
 import time
-import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import load_or_train_sft
 from edurl.metrics import MetricsLogger, load_metrics, truncate_metrics
 from edurl.utils import device as pick_device
-from edurl.utils import progress, torch_threads, usable_cpus
+from edurl.utils import progress, torch_threads, usable_cpus, warn_at_caller
 
 if TYPE_CHECKING:
     from edurl.llm.grpo import GRPOConfig
@@ -191,11 +190,10 @@ def _check_same_config(config: GRPOConfig, desc: str, world: World) -> None:
             else f"Run at most {cores} rank{'s' if cores != 1 else ''} here (torchrun --nproc_per_node {cores}), "
             "each with num_threads=1."
         )
-        warnings.warn(
+        warn_at_caller(
             f"num_threads={config.num_threads} in each of {ranks_here} ranks on this machine is "
             f"{config.num_threads * ranks_here} threads for the {cores_text} they may run on: threads that outnumber "
             f"the cores wait on each other, and a step can take several times as long. {fix}",
-            stacklevel=3,
         )
 
 
@@ -235,10 +233,9 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
                 "replace it with overwrite=True (--overwrite), or start this one in another log_dir (--log-dir)."
             )
         if logged:
-            warnings.warn(
+            warn_at_caller(
                 f"log_dir {str(log_dir)!r} holds an earlier run's metrics.jsonl ({logged} steps, no checkpoints); "
                 "this run replaces it. Pass another log_dir to keep both.",
-                stacklevel=4,
             )
         return []
     if not checkpoints:

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import time
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -45,7 +44,7 @@ from edurl.llm.tasks import ArithmeticTask
 from edurl.llm.tokenizer import build_char_tokenizer
 from edurl.metrics import MetricsLogger, load_metrics
 from edurl.utils import device as pick_device
-from edurl.utils import progress, torch_threads
+from edurl.utils import progress, torch_threads, warn_at_caller
 
 GAMES = ("guess_number", "calculator")
 CALCULATOR_TASK = ArithmeticTask(num_digits=3, ops=("+",))
@@ -445,12 +444,11 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
     t1 = time.perf_counter()
     datums, datum_row = E.groups_to_datums(groups, config.per_turn_credit, config.discount)
     if config.aggregation == "seq_mean_token_mean" and datum_row["env/all/merged_fraction"] < 1:
-        warnings.warn(
+        warn_at_caller(
             "some episodes were not prefix-consistent and became one datum per turn, and aggregation "
             "'seq_mean_token_mean' averages over datums: such an episode weighs as many sequences as it has turns, "
             "where a merged one weighs one. aggregation='token_mean' or 'sum' gives both layouts the same gradient; "
             "env/all/merged_fraction logs the share that merged.",
-            stacklevel=2,
         )
     row = {**E.rollout_metrics(groups), **datum_row}
     if datums and config.kl_coef > 0:

@@ -21,7 +21,6 @@ Kimi k1.5 report, 2025) does it with two pieces, both here:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from edurl.llm.loop import GRPOResult, problem_seed, run_training_loop
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
-from edurl.utils import progress
+from edurl.utils import progress, warn_at_caller
 
 __all__ = ["ADVANTAGES", "RolloutBuffer", "collect_buffer", "draw_groups", "offline_step", "train_offline"]
 
@@ -100,11 +99,10 @@ class RolloutBuffer:
                 "different distributions, and training scores every group at one. Collect both at one temperature."
             )
         if temps.count(None) == 1:
-            warnings.warn(
+            warn_at_caller(
                 f"joining a buffer sampled at temperature {temps[0] if temps[0] is not None else temps[1]} with one "
                 "of unknown temperature (saved before buffers recorded it): the joined buffer's temperature is "
                 "unknown, so training cannot check that it scores at the temperature the groups were sampled at",
-                stacklevel=2,
             )
         lists = {k: getattr(self, k) + getattr(other, k) for k in self.__dataclass_fields__ if k != "temperature"}
         return RolloutBuffer(**lists, temperature=None if None in temps else temps[0])

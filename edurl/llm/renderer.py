@@ -18,11 +18,12 @@ ones. Special tokens are inserted by id, never parsed out of user text.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from itertools import groupby
 
 from transformers import PreTrainedTokenizerBase
+
+from edurl.utils import warn_at_caller
 
 Message = dict[str, str]
 
@@ -181,12 +182,11 @@ class ChatMLRenderer:
             raise ValueError(f"stop_reason must be 'stop', 'length' or None, got {stop_reason!r}")
         tokens = list(tokens)
         if tokens and max(tokens) >= self._num_ids:
-            warnings.warn(  # one text per tokenizer, so Python's filter shows it once, not on every reply
+            warn_at_caller(  # one text per tokenizer, so Python's filter shows it once, not on every reply
                 f"a reply holds ids past the tokenizer's {self._num_ids} tokens; they decode to nothing. "
                 "A real checkpoint's embedding has spare rows past its tokenizer (Qwen2.5: 151936 "
                 "for 151665 tokens), and a model that puts probability on them can draw them: common early in "
                 "training from random weights, rare from a trained checkpoint.",
-                stacklevel=2,
             )
         ok = self.im_end in tokens
         if ok:

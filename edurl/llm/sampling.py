@@ -35,7 +35,6 @@ prefilled whole, as without the cache, so the cache never conditions on tokens t
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -46,6 +45,7 @@ from edurl.llm.decode import fast_decoder
 from edurl.llm.padding import pad
 from edurl.llm.policy import refuse_prompt_learning
 from edurl.llm.shared_prefix import CACHE_ARG, at_least_float32
+from edurl.utils import warn_at_caller
 
 
 @dataclass
@@ -199,11 +199,10 @@ def warn_past_positions(model, length: int, what: str) -> None:
     there means little. The text names no length, so a loop of varying prompts warns once, not every step."""
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and length > limit:
-        warnings.warn(
+        warn_at_caller(
             f"{what} can reach past the model's max_position_embeddings ({limit}): positions past it were never "
             "trained. Shorten the prompts, lower max_tokens, or build the model with a larger "
             "max_position_embeddings (TinyLMConfig(max_position_embeddings=...)).",
-            stacklevel=3,
         )
 
 

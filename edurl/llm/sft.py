@@ -21,7 +21,6 @@ import os
 import shutil
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,7 +37,7 @@ from edurl.llm.padding import pad
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.tasks import TaskConfig
 from edurl.llm.tokenizer import build_char_tokenizer
-from edurl.utils import cpu_threads, torch_threads
+from edurl.utils import cpu_threads, torch_threads, warn_at_caller
 from edurl.utils import device as pick_device
 from edurl.utils import progress as progress_bar
 
@@ -227,11 +226,10 @@ def train_sft(config: SFTConfig | None = None, progress: bool = True, num_eval: 
             best = (
                 f"best {max(checks):.3f}" if checks else f"no check: fewer steps than check_every={config.check_every}"
             )
-            warnings.warn(
+            warn_at_caller(
                 f"SFT (seed {config.seed}) did not reach target_pass_at_1={config.target_pass_at_1} on the validation "
                 f"split in {steps} steps ({best}); the model is returned as it is. Raise extra_steps or "
                 "learning_rate, or try another seed.",
-                stacklevel=2,
             )
     model.eval()
     return model, tokenizer, history

@@ -185,6 +185,15 @@ def test_a_run_shorter_than_one_check_warns_instead_of_failing():
     assert len(history) == 4 and history[-1]["target_met"] is False
 
 
+def test_a_missed_target_warns_at_the_learners_call(tmp_path, monkeypatch):
+    # load_or_train_sft trains through cached_checkpoint: the warning pointed at a line of sft.py, not at the call
+    monkeypatch.setenv("EDURL_CACHE", str(tmp_path))
+    config = SFTConfig(**{**TINY.__dict__, "target_pass_at_1": 0.5, "check_every": 10, "extra_steps": 0})
+    with pytest.warns(UserWarning, match="did not reach") as record:
+        load_or_train_sft(config, progress=False)
+    assert [r.filename for r in record if "did not reach" in str(r.message)] == [__file__]
+
+
 def test_train_sft_refuses_num_eval_0_before_it_trains():
     # it trained to the end, then its final evaluation raised "problems is empty", and the model was lost
     with pytest.raises(ValueError, match="num_eval must be a whole number"):
