@@ -258,7 +258,7 @@ def launch(
     Returns the finished process with its captured ``stdout`` and ``stderr`` (text). Raises ``RuntimeError``
     with the end of stderr when it exits with a non-zero status, and ``TimeoutError`` past ``timeout``.
     """
-    if not isinstance(nproc, int) or nproc < 0:
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 0:
         raise ValueError(f"nproc must be 0 (one plain process) or the number of torchrun ranks, got {nproc!r}")
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
     cmd = [sys.executable, *launcher, *map(str, args)]

@@ -54,6 +54,7 @@ from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
 from edurl.llm.sft import SFTConfig
 from edurl.objectives import check_clip_range
+from edurl.utils import warn_at_caller
 
 
 class CompletionTokens(list):
@@ -235,7 +236,8 @@ class GRPOConfig:
         if self.eval_every == 0:
             raise ValueError("eval_every must be >= 1 (steps between held-out evaluations)")
         if self.max_steps_off_policy is not None:
-            if not isinstance(self.max_steps_off_policy, int) or self.max_steps_off_policy < 0:
+            k = self.max_steps_off_policy
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:  # True would be k = 1, False k = 0
                 raise ValueError(
                     f"max_steps_off_policy must be None (on-policy) or an int >= 0, got {self.max_steps_off_policy!r}"
                 )
@@ -496,8 +498,17 @@ def train_grpo(config: GRPOConfig | None = None, step_fn=None, reward_fn: Reward
 
 def _train_off_policy(config: GRPOConfig, reward_fn: RewardFn | None) -> GRPOResult:
     """train_grpo with a sampler ``max_steps_off_policy`` steps behind the trainer (:mod:`edurl.llm.off_policy`)."""
-    from edurl.llm.off_policy import SamplerProcess, make_lagged_sampler
+    from edurl.llm.off_policy import SamplerProcess, check_snapshots, make_lagged_sampler, spawn_payload
 
+    if config.sampler_process:
+        spawn_payload(reward_fn)  # a lambda or a notebook's function is refused now, not after the warm start
+    if config.max_steps_off_policy >= config.max_steps > 1:
+        warn_at_caller(
+            f"max_steps_off_policy={config.max_steps_off_policy} >= max_steps={config.max_steps}: every batch is "
+            "sampled with the starting weights, and the run keeps a copy of the trainable weights for every step "
+            "(in memory and in each checkpoint), as a resume with a larger max_steps may need them. "
+            "refresh_sampler=False (with max_steps_off_policy=None) gives exactly this run and keeps one copy."
+        )
     lagged, restored, first = None, {}, []
     process = SamplerProcess() if config.sampler_process else None  # its start-up overlaps the trainer's
 
@@ -515,8 +526,8 @@ def _train_off_policy(config: GRPOConfig, reward_fn: RewardFn | None) -> GRPORes
             row["time/sampler_start"] = lagged.start_seconds
         return row
 
-    def on_resume(trainer, checkpoint, extra):
-        restored.update(extra.get("snapshots", {}))
+    def on_resume(trainer, checkpoint, extra):  # checked now, before the first evaluation and the sampler's start
+        restored.update(check_snapshots(config.max_steps_off_policy, extra["step"], extra.get("snapshots", {})))
 
     def extra_to_save(next_step):
         return {"snapshots": lagged.state(next_step)}

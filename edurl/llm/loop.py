@@ -206,7 +206,8 @@ def _earlier_run(log_dir: Path) -> tuple[list[Path], int]:
 
 def _delete_earlier_run(log_dir: Path) -> None:
     """``overwrite=True``: delete the earlier run's checkpoints and metrics in ``log_dir``. Called after the run's
-    setup has succeeded, so that a bad flag beside ``--overwrite`` fails with the earlier run still there."""
+    setup has succeeded (the warm start, the first evaluation and ``on_start``, which starts an off-policy run's
+    sampler), so that a bad flag beside ``--overwrite`` fails with the earlier run still there."""
     checkpoints, logged = _earlier_run(log_dir)
     if checkpoints or logged:
         shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
@@ -309,6 +310,15 @@ def run_training_loop(
     Under data parallelism (``world``, see :mod:`edurl.llm.distributed`) every rank runs this loop; only rank 0
     evaluates, logs and checkpoints, every rank resumes from rank 0's checkpoint, and the evaluations that the
     result carries are rank 0's on every rank."""
+    size = os.environ.get("WORLD_SIZE", "1")
+    if (
+        world.size == 1 and size.isdigit() and int(size) > 1
+    ):  # every process would train the whole run, into one log_dir
+        raise ValueError(
+            f"{desc} was started by torchrun with WORLD_SIZE={size} processes, but it trains on one process: each "
+            "would train the whole run and write into the same log_dir. Start it with python, not torchrun (of the "
+            "course's loops, only train_grpo's own step splits a batch across processes)."
+        )
     log_dir = Path(config.log_dir)
     main = world.is_main
     _check_same_config(config, desc, world)
@@ -320,8 +330,6 @@ def run_training_loop(
         if main:
             world.barrier()
             warn_if_replies_do_not_fit(config.max_tokens, renderer, task, config.seed)
-            if config.overwrite and not config.resume:  # rank 0 alone deletes; the others find nothing to resume
-                _delete_earlier_run(log_dir)
         world.broadcast_parameters(trainer.model)  # every copy starts from rank 0's weights
         test = task.sample(config.num_eval, split="test", seed=config.seed)
         start_step, start_eval, logger, bar = 0, None, None, None
@@ -333,19 +341,23 @@ def run_training_loop(
                 if on_resume is not None:
                     on_resume(trainer, checkpoint, extra)
                 start_step = extra["step"]
-                if main:
-                    truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
-                    logger = MetricsLogger(log_dir, if_exists="append")
             else:
                 if main:
-                    logger = MetricsLogger(log_dir, if_exists="overwrite")
-                    (log_dir / "config.json").write_text(_config_json(config, desc, folder=True), encoding="utf-8")
                     start_eval = evaluate(
                         trainer.model, renderer, test, max_tokens=config.max_tokens, check_max_tokens=False
                     )
                 start_eval = world.broadcast_object(start_eval)
             if on_start is not None:  # after the first evaluation, so that no step's work overlaps it
                 on_start(trainer, renderer, task, start_step)
+            # only now, with everything set up: a refusal until here leaves the earlier run's files as they were
+            if main and checkpoints:
+                truncate_metrics(log_dir, start_step)  # drop steps logged after the checkpoint
+                logger = MetricsLogger(log_dir, if_exists="append")
+            elif main:
+                if config.overwrite and not config.resume:  # rank 0 alone deletes; the others find nothing to resume
+                    _delete_earlier_run(log_dir)
+                logger = MetricsLogger(log_dir, if_exists="overwrite")
+                (log_dir / "config.json").write_text(_config_json(config, desc, folder=True), encoding="utf-8")
             bar = progress(
                 range(start_step, config.max_steps),
                 desc=desc,

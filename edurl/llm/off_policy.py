@@ -46,7 +46,14 @@ from edurl.llm.grpo import GRPOConfig, Rollout, collect
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.utils import cpu_threads, torch_threads
 
-__all__ = ["LaggedSampler", "ProcessSampler", "SamplerProcess", "make_lagged_sampler"]
+__all__ = [
+    "LaggedSampler",
+    "ProcessSampler",
+    "SamplerProcess",
+    "check_snapshots",
+    "make_lagged_sampler",
+    "spawn_payload",
+]
 
 
 class _Lag:
@@ -59,19 +66,25 @@ class _Lag:
         if config.max_steps_off_policy is None or config.max_steps_off_policy < 0:
             raise ValueError(f"max_steps_off_policy must be an int >= 0, got {config.max_steps_off_policy!r}")
         self.config, self.k = config, config.max_steps_off_policy
-        snapshots = {int(v): w for v, w in (snapshots or {}).items()}
-        missing = [v for v in range(max(0, start_step - self.k), start_step) if v not in snapshots]
-        if missing:
-            raise ValueError(
-                f"resuming at step {start_step} with max_steps_off_policy={self.k} needs the weights of steps "
-                f"{missing[0]} to {missing[-1]}, which the checkpoint does not hold; resume with the "
-                "max_steps_off_policy the run was saved with"
-            )
-        return snapshots
+        return check_snapshots(self.k, start_step, snapshots)
 
     def version_for(self, step: int) -> int:
         """The step whose weights sample batch ``step``."""
         return max(0, step - self.k)
+
+
+def check_snapshots(k: int, start_step: int, snapshots) -> dict[int, dict[str, torch.Tensor]]:
+    """A resumed run's ``snapshots`` (the weights its checkpoint kept, by step), keyed by int step, once they are
+    known to hold every step that a lag of ``k`` needs from ``start_step`` on."""
+    snapshots = {int(v): w for v, w in (snapshots or {}).items()}
+    missing = [v for v in range(max(0, start_step - k), start_step) if v not in snapshots]
+    if missing:
+        raise ValueError(
+            f"resuming at step {start_step} with max_steps_off_policy={k} needs the weights of steps "
+            f"{missing[0]} to {missing[-1]}, which the checkpoint does not hold; resume with the "
+            "max_steps_off_policy the run was saved with"
+        )
+    return snapshots
 
 
 class LaggedSampler(_Lag):
@@ -219,10 +232,32 @@ def _dumps_for_spawn(obj) -> bytes:
     return buffer.getvalue()
 
 
+def spawn_payload(obj) -> bytes:
+    """``obj`` (the sampler process's setup, or a part of it) pickled for the spawned process, or a ``TypeError``
+    that says what cannot be sent and what to do. ``train_grpo`` sends the ``reward_fn`` through it before the warm
+    start, so that such a refusal costs nothing."""
+    try:
+        return _dumps_for_spawn(obj)
+    except _DefinedInMain as error:
+        raise TypeError(
+            "sampler_process=True sends the renderer, the task and the reward_fn to a second process, which "
+            f"imports their functions and classes by name, but the {error} is defined in a notebook cell (or "
+            "python -c, or a REPL), which a process cannot import; put it in a .py file next to the notebook "
+            "and import it from there, or sample in a thread with sampler_process=False"
+        ) from None
+    except Exception as error:
+        raise TypeError(
+            "sampler_process=True sends the model, the renderer, the task and the reward_fn to a second "
+            f"process, but one of them cannot be pickled ({error}); define a reward_fn at module level (not "
+            "a lambda or a closure), or sample in a thread with sampler_process=False"
+        ) from error
+
+
 _MAIN_GUARD = (
     "sampler_process=True starts the sampler with 'spawn', which imports your script again in the new process: put "
-    'the code that calls train_grpo under `if __name__ == "__main__":` (a notebook needs nothing). If the machine '
-    "ran out of memory, or to rule the process out, sample in a thread with sampler_process=False"
+    'the code that calls train_grpo under `if __name__ == "__main__":`, and define a reward_fn and your classes '
+    "above it, at the top level (a notebook needs nothing). If the machine ran out of memory, or to rule the "
+    "process out, sample in a thread with sampler_process=False"
 )
 
 
@@ -259,23 +294,9 @@ class ProcessSampler(_Lag):
         first = trainer.save_weights_and_get_sampling_client("process-sampler")
         device = next(first.model.parameters()).device
         first.model.to("cpu")  # sent as bytes; the process moves it back
-        try:
-            payload = _dumps_for_spawn(
-                (config, first.model, first.tokenizer, str(device), renderer, task, reward_fn, start_step)
-            )
-        except _DefinedInMain as error:
-            raise TypeError(
-                "sampler_process=True sends the renderer, the task and the reward_fn to a second process, which "
-                f"imports their functions and classes by name, but the {error} is defined in a notebook cell (or "
-                "python -c, or a REPL), which a process cannot import; put it in a .py file next to the notebook "
-                "and import it from there, or sample in a thread with sampler_process=False"
-            ) from None
-        except Exception as error:
-            raise TypeError(
-                "sampler_process=True sends the model, the renderer, the task and the reward_fn to a second "
-                f"process, but one of them cannot be pickled ({error}); define a reward_fn at module level (not "
-                "a lambda or a closure), or sample in a thread with sampler_process=False"
-            ) from error
+        payload = spawn_payload(
+            (config, first.model, first.tokenizer, str(device), renderer, task, reward_fn, start_step)
+        )
         del first
         t0 = time.perf_counter()
         self.process = process if process is not None else SamplerProcess()
@@ -414,8 +435,15 @@ def _serve(weights: multiprocessing.Queue, batches: multiprocessing.Queue, stop)
             # as bytes: a tensor put on the queue itself would be shared through a file descriptor that this
             # process must stay alive to hand over
             batches.put(("rollout", pickle.dumps(pack_rollout(rollout))))
-    except BaseException:
-        batches.put(("error", traceback.format_exc()))
+    except BaseException as error:
+        hint = ""
+        if isinstance(error, AttributeError) and "__mp_main__" in str(error):  # found in __main__, not here
+            hint = (
+                "\nThe sampler process imports your script again without running its `if __name__ == "
+                '"__main__":` block, so a reward_fn (or a class) defined inside that block does not exist there. '
+                "Define it at the top level of the script, above the guard."
+            )
+        batches.put(("error", traceback.format_exc() + hint))
     finally:
         # a queue hands its messages to the pipe from a thread of its own: stay until the trainer has read them
         # and says stop (or is gone), or the last batch, or the error, can be lost with this process

@@ -21,6 +21,9 @@ Kimi k1.5 report, 2025) does it with two pieces, both here:
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,9 +87,23 @@ class RolloutBuffer:
                     raise ValueError(
                         f"the buffer's group {i}, completion {j} has {len(tokens)} tokens but {len(lp)} log-probs"
                     )
+                if not all(map(math.isfinite, lp)):  # a sampled token has a finite log-prob; inf or NaN is a bug
+                    raise ValueError(f"the buffer's group {i}, completion {j} has a log-prob that is not finite: {lp}")
+            if not all(map(math.isfinite, rewards)):  # it would make a step's gradient NaN whenever it is drawn
+                raise ValueError(
+                    f"the buffer's group {i} has a reward that is not finite: {rewards}; fix the reward (or drop the "
+                    "group) before training on the buffer"
+                )
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def fingerprint(self) -> str:
+        """A 16-hex-digit hash of the buffer's contents: a checkpoint of :func:`train_offline` keeps it, and a
+        resume from a different buffer is refused (its steps would draw other groups)."""
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        text = json.dumps(fields, default=lambda x: x.tolist() if hasattr(x, "tolist") else str(x))  # NumPy, torch
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def __add__(self, other: RolloutBuffer) -> RolloutBuffer:
         if not len(self) or not len(other):  # an empty accumulator (sum(buffers, RolloutBuffer())) has no samples
@@ -188,9 +205,14 @@ def collect_buffer(
     return buffer
 
 
-def _check_advantage(advantage) -> None:
+def _check_advantage(advantage, config: GRPOConfig) -> None:
     if not (callable(advantage) or advantage in ADVANTAGES):
         raise ValueError(f"advantage must be one of {ADVANTAGES} or a function f(rewards, tau), got {advantage!r}")
+    if not config.center_advantages and advantage != "mean":  # soft advantages carry their own baseline
+        raise ValueError(
+            "center_advantages=False (raw rewards as advantages) applies to advantage='mean' only; with "
+            f"advantage={advantage!r} leave it at True"
+        )
 
 
 def _check_buffer(config: GRPOConfig, buffer: RolloutBuffer, groups) -> None:
@@ -251,19 +273,21 @@ def offline_step(
     or a function ``f(rewards, tau) -> advantages`` (a learner's soft advantages). "mean" is the default because it
     learned more in Chapter 10's study: with a small tau the soft baseline sits near each group's best reward, so
     almost every completion is pushed down, on every one of its tokens."""
-    _check_advantage(advantage)
+    _check_advantage(advantage, config)
     _check_batch_fits(config, buffer)  # draw_groups would draw fewer groups than batch_size, without a word
     drawn = draw_groups(buffer, config.batch_size, config.seed, step)
     _check_buffer(config, buffer, drawn)
     rewards = torch.tensor([buffer.rewards[i] for i in drawn])  # (P, G)
-    if advantage == "mean":
-        adv = L.group_advantages(rewards, config.advantage_scale)
+    if advantage == "mean":  # as the online step: centred unless config.center_advantages is False
+        adv = L.group_advantages(rewards, config.advantage_scale) if config.center_advantages else rewards.clone()
     else:
         soft = L.soft_advantages if advantage == "soft" else advantage
         adv = soft(rewards, config.dro_beta if tau is None else tau)
+    keep = ~L.zero_variance_groups(rewards) if config.drop_uniform_groups else [True] * len(drawn)
     datums = [
         build_datum(buffer.prompts[i], tokens, logprobs, float(adv[n, j]))
         for n, i in enumerate(drawn)
+        if keep[n]
         for j, (tokens, logprobs) in enumerate(zip(buffer.completions[i], buffer.logprobs[i]))
     ]
     row = {
@@ -285,10 +309,15 @@ def train_offline(
     (``advantage`` and ``tau`` are its). Held-out evaluation, logging and checkpoints are GRPO's loop's.
 
     ``step_fn(config, trainer, buffer, step) -> dict`` replaces :func:`offline_step` (Chapter 10's exercise 10.3
-    passes the learner's); it returns the step's metrics row and takes its one optimizer step itself."""
-    _check_advantage(advantage)
+    passes the learner's); it returns the step's metrics row and takes its one optimizer step itself.
+
+    Of the config's advantage fields, ``advantage_scale``, ``center_advantages`` (with ``advantage="mean"``) and
+    ``drop_uniform_groups`` act as in the online step. Checkpoints keep the buffer's :meth:`RolloutBuffer.fingerprint`,
+    and a resume with another buffer is refused. One process only: under torchrun it is refused."""
+    _check_advantage(advantage, config)
     _check_batch_fits(config, buffer)
     _check_buffer(config, buffer, range(len(buffer)))
+    fingerprint = buffer.fingerprint()
     if step_fn is not None and not callable(step_fn):
         raise TypeError(f"step_fn must be a function step_fn(config, trainer, buffer, step) -> dict, got {step_fn!r}")
 
@@ -300,4 +329,20 @@ def train_offline(
             raise TypeError(f"step_fn returned {type(row).__name__}; it must return the step's metrics as a dict")
         return dict(row)
 
-    return run_training_loop(config, loop_step, f"offline {config.loss_fn}", postfix="buffer/correct")
+    def on_resume(trainer, checkpoint, extra):
+        saved = extra.get("buffer")  # None: a checkpoint saved before it was kept
+        if saved is not None and saved != fingerprint:
+            raise ValueError(
+                f"the checkpoint in {checkpoint} was trained on another buffer (fingerprint {saved}, this one's is "
+                f"{fingerprint}): the resumed steps would draw other groups than the run's. Resume with the buffer "
+                "the run started with, or start a fresh run (resume=False, overwrite=True)."
+            )
+
+    return run_training_loop(
+        config,
+        loop_step,
+        f"offline {config.loss_fn}",
+        postfix="buffer/correct",
+        on_resume=on_resume,
+        extra_to_save=lambda next_step: {"buffer": fingerprint},
+    )

@@ -338,3 +338,10 @@ def test_torchrun_resume_repeats_the_uninterrupted_run(runs):
     assert list(resumed["step"]) == list(range(20))
     pd.testing.assert_frame_equal(resumed[EXACT], two[EXACT])
     pd.testing.assert_frame_equal(resumed[CLOSE], two[CLOSE], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("nproc", [-1, 1.5, True])
+def test_launch_refuses_an_nproc_that_is_not_a_count(nproc):
+    # True passed the int check and ran torchrun --nproc_per_node True
+    with pytest.raises(ValueError, match="nproc must be 0"):
+        launch(["-c", "pass"], nproc)

@@ -14,8 +14,9 @@ import torch
 
 from edurl.llm.datum import build_datum
 from edurl.llm.grpo import GRPOConfig, Rollout, train_grpo
-from edurl.llm.loop import make_training_client
+from edurl.llm.loop import make_training_client, run_training_loop
 from edurl.llm.off_policy import ProcessSampler, SamplerProcess, pack_rollout, unpack_rollout
+from edurl.metrics import load_metrics
 
 from .test_grpo import TINY_SFT, _cache, tiny  # noqa: F401  (_cache: the per-session warm-start cache)
 
@@ -42,7 +43,9 @@ def test_zero_steps_off_policy_is_the_synchronous_loop(tmp_path):
 def test_a_sampler_further_behind_than_the_run_is_the_stale_sampler(tmp_path):
     # every batch sampled with the starting weights: what refresh_sampler=False does by keeping the first sampler
     stale = run(tmp_path, "stale", refresh_sampler=False)
-    lagged = run(tmp_path, "lagged", max_steps_off_policy=100)
+    with pytest.warns(UserWarning, match="keeps a copy of the trainable weights for every step") as record:
+        lagged = run(tmp_path, "lagged", max_steps_off_policy=100)
+    assert record[0].filename == __file__
     assert list(lagged["async/staleness"]) == [float(s) for s in range(8)]
     same(stale, lagged.drop(columns=["async/staleness"]))
 
@@ -67,6 +70,14 @@ def test_off_policy_run_resumes_exactly(tmp_path):
     same(whole.drop(columns=["test/pass_at_1", "test/format"]), resumed.drop(columns=["test/pass_at_1", "test/format"]))
     with pytest.raises(ValueError, match="weights of steps 2 to 5"):  # saved at step 8 with k = 2 (6, 7); k = 6
         run(tmp_path, "resumed", max_steps_off_policy=6, save_every=4, max_steps=12, resume=True)
+
+
+def test_a_refused_resume_leaves_the_metrics_as_they_were(tmp_path):
+    # the refusal came after the resume had cut metrics.jsonl back to the checkpoint's step, losing steps 4 and 5
+    run(tmp_path, "cut", max_steps_off_policy=2, save_every=4, max_steps=6)
+    with pytest.raises(ValueError, match="weights of steps 0 to 1"):  # saved at step 4 with k = 2 (2, 3); k = 6
+        run(tmp_path, "cut", max_steps_off_policy=6, save_every=4, resume=True)
+    assert list(load_metrics(tmp_path / "cut" / "run")["step"]) == list(range(6))
 
 
 def test_a_lora_off_policy_checkpoint_keeps_the_adapters_and_resumes_exactly(tmp_path):
@@ -104,6 +115,8 @@ def test_an_error_in_the_sampler_thread_reaches_the_caller(tmp_path):
 def test_off_policy_settings_are_checked(tmp_path):
     with pytest.raises(ValueError, match="int >= 0"):
         GRPOConfig(max_steps_off_policy=-1)
+    with pytest.raises(ValueError, match="int >= 0"):  # True was taken as k = 1
+        GRPOConfig(max_steps_off_policy=True)
     with pytest.raises(ValueError, match="set one of them"):
         GRPOConfig(max_steps_off_policy=1, refresh_sampler=False)
     with pytest.raises(ValueError, match="needs max_steps_off_policy set"):
@@ -213,12 +226,35 @@ def test_an_error_in_the_sampler_process_reaches_the_caller(tmp_path):
     assert "ValueError: the grader broke" in str(info.value)  # the process's traceback
 
 
-def test_the_sampler_process_refuses_what_does_not_pickle(tmp_path):
+def test_the_sampler_process_refuses_what_does_not_pickle(tmp_path, monkeypatch):
+    # before the warm start: make_training_client is not reached (it was, and the refusal came after the first
+    # evaluation)
+    monkeypatch.setitem(run_training_loop.__globals__, "make_training_client", lambda config: 1 / 0)
     with pytest.raises(TypeError, match="define a reward_fn at module level"):
         train_grpo(
             tiny(tmp_path / "lambda", sft=WARM, max_steps_off_policy=1, sampler_process=True),
             reward_fn=lambda problems, prompts, completions: None,
         )
+
+
+class RewardThatWillNotLoad:  # pickles here, fails to unpickle in the sampler process
+    def __call__(self, problems, prompts, completions):
+        return None
+
+    def __reduce__(self):
+        return (_fail_to_load, ())
+
+
+def test_overwrite_keeps_the_earlier_run_when_the_sampler_process_fails_to_start(tmp_path):
+    # overwrite=True deleted the earlier run's checkpoints and metrics before the sampler process started
+    train_grpo(tiny(tmp_path, sft=WARM, max_steps=4, save_every=2))
+    with pytest.raises(RuntimeError, match="failed while starting"):
+        train_grpo(
+            tiny(tmp_path, sft=WARM, max_steps=4, overwrite=True, max_steps_off_policy=1, sampler_process=True),
+            reward_fn=RewardThatWillNotLoad(),
+        )
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_000002", "step_000004"]
+    assert len(load_metrics(tmp_path / "run")) == 4
 
 
 def notebook_reward(problems, prompts, completions):  # becomes a notebook cell's function in the test below
@@ -259,6 +295,25 @@ def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert "exit code 1" in done.stdout
     assert 'if __name__ == "__main__":' in done.stderr
+
+
+def test_a_reward_fn_defined_under_the_main_guard_is_named(tmp_path):
+    # the process failed with AttributeError: Can't get attribute 'my_reward' on <module '__mp_main__'>, no more
+    script = tmp_path / "inside_guard.py"
+    script.write_text(
+        "from edurl.llm.off_policy import SamplerProcess, spawn_payload\n"
+        'if __name__ == "__main__":\n'
+        "    def my_reward(problems, prompts, completions):\n"
+        "        return None\n"
+        "    p = SamplerProcess()\n"
+        '    p.weights.put(("setup", spawn_payload(my_reward)))\n'
+        "    kind, body = p.batches.get(timeout=240)\n"
+        "    print(kind, body)\n"
+        "    p.close()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.stdout.startswith("error") and "my_reward" in done.stdout, done.stderr
+    assert "Define it at the top level of the script, above the guard" in done.stdout
 
 
 def test_packed_rollouts_come_back_equal():

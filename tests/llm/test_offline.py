@@ -207,3 +207,65 @@ def test_a_buffer_off_the_usual_path_says_what_is_wrong(tmp_path):
         # an empty accumulator is not a legacy buffer: it keeps the other's temperature, without a warning
         assert (RolloutBuffer() + buffer).temperature == 1.0 and (buffer + RolloutBuffer()).temperature == 1.0
         assert sum([buffer, buffer], RolloutBuffer()).temperature == 1.0
+
+
+def test_a_buffer_with_a_value_that_is_not_finite_is_refused_when_made():
+    # a NaN reward once passed every check and made the step that first drew its group fail, after the warm start
+    one = dict(prompts=[[1, 2]], completions=[[[3], [4]]], correct=[[1.0, 0.0]], source=["sft"])
+    with pytest.raises(ValueError, match="group 0 has a reward that is not finite"):
+        RolloutBuffer(**one, logprobs=[[[-0.1], [-0.2]]], rewards=[[1.0, float("nan")]])
+    with pytest.raises(ValueError, match="group 0, completion 1 has a log-prob that is not finite"):
+        RolloutBuffer(**one, logprobs=[[[-0.1], [-math.inf]]], rewards=[[1.0, 0.0]])
+
+
+def test_offline_steps_honour_the_advantage_fields_of_the_config(setup, monkeypatch):
+    # center_advantages and drop_uniform_groups were read by the online step only: offline, they changed nothing
+    config, trainer, renderer, task, start, root = setup
+    group = dict(completions=[[3], [4], [5], [6]], logprobs=[[-0.1], [-0.2], [-0.3], [-0.4]], correct=[0.0] * 4)
+    buffer = RolloutBuffer(
+        prompts=[[1, 2]] * 4,
+        completions=[group["completions"]] * 4,
+        logprobs=[group["logprobs"]] * 4,
+        rewards=[[1.0, 0.0, 0.0, 0.0], [0.5] * 4, [0.5] * 4, [0.5] * 4],  # one mixed group, three uniform
+        correct=[group["correct"]] * 4,
+        source=["made"] * 4,
+    )
+    seen = []
+    monkeypatch.setitem(offline_step.__globals__, "update", lambda config, trainer, rollout: seen.append(rollout) or {})
+    advantages = lambda rollout: sorted(float(d.loss_fn_inputs["advantages"][-1]) for d in rollout.datums)  # noqa: E731
+    offline_step(config, trainer, buffer, 0)
+    offline_step(replace(config, center_advantages=False), trainer, buffer, 0)
+    offline_step(replace(config, drop_uniform_groups=True), trainer, buffer, 0)
+    centred, raw, dropped = seen
+    assert advantages(centred) == pytest.approx([-0.25] * 3 + [0.0] * 12 + [0.75])
+    assert advantages(raw) == pytest.approx([0.0] * 3 + [0.5] * 12 + [1.0])
+    assert advantages(dropped) == pytest.approx([-0.25] * 3 + [0.75])  # the uniform groups' datums are gone
+    with pytest.raises(ValueError, match="center_advantages=False .* advantage='mean' only"):
+        offline_step(replace(config, center_advantages=False), trainer, buffer, 0, advantage="soft")
+
+
+def test_a_resume_from_another_buffer_is_refused(setup):
+    # the resumed steps drew their groups from the new buffer, and the run logged a mix of the two, without a word
+    config, trainer, renderer, task, start, root = setup
+    first = collect_buffer({"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, progress_bar=False)
+    other = collect_buffer({"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, progress_bar=False, seed=1)
+    assert first.fingerprint() == RolloutBuffer.load(first.save(root / "fp.pt")).fingerprint() != other.fingerprint()
+    log_dir = str(root / "resume")
+    train_offline(replace(config, max_steps=2, save_every=2, log_dir=log_dir), first)
+    with pytest.raises(ValueError, match="trained on another buffer"):
+        train_offline(replace(config, max_steps=4, save_every=2, log_dir=log_dir, resume=True), other)
+    assert (
+        len(train_offline(replace(config, max_steps=4, save_every=2, log_dir=log_dir, resume=True), first).metrics) == 4
+    )
+
+
+def test_train_offline_under_torchrun_is_refused_before_any_work(setup, monkeypatch):
+    # every rank trained the whole run into one log_dir, and their metrics.jsonl lines ran into each other
+    config, trainer, renderer, task, start, root = setup
+    buffer = collect_buffer({"sft": start}, renderer, task, 4, group_size=4, max_tokens=14, progress_bar=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setitem(
+        train_offline.__globals__["run_training_loop"].__globals__, "make_training_client", lambda c: 1 / 0
+    )
+    with pytest.raises(ValueError, match="started by torchrun with WORLD_SIZE=2 .* Start it with python"):
+        train_offline(replace(config, log_dir=str(root / "torchrun")), buffer)
