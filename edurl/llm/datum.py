@@ -72,6 +72,11 @@ class Datum:
                 "ids with ModelInput.from_ints(tokens)"
             )
         n = self.model_input.length
+        if n == 0:  # forward_backward failed on it deep in torch (argmax of an empty dimension)
+            raise ValueError(
+                "model_input is empty: a datum needs at least one position (a prompt of one token and a completion "
+                "of one, for build_datum)"
+            )
         fixed = {}
         for key, value in self.loss_fn_inputs.items():
             t = torch.as_tensor(value)
@@ -132,11 +137,10 @@ def build_datums(
             f"{len(prompts)} prompts, {len(completions)} completions, {len(sampling_logprobs)} log-prob lists and "
             f"{len(advantages)} advantages; pass one of each per datum"
         )
-    inputs, firsts, targets, logprobs, spans = [], [], [], [], []
+    firsts, targets, logprobs, spans = [], [], [], []
     for prompt, completion, lps in zip(prompts, completions, sampling_logprobs):
         prompt, completion = _checked_tokens(prompt, completion, lps)
         tokens = prompt + completion
-        inputs.append(tuple(tokens[:-1]))
         firsts.append(tokens[0])  # the one token that no target holds
         targets += tokens[1:]
         logprobs += [0.0] * (len(prompt) - 1)
@@ -153,17 +157,27 @@ def build_datums(
         raise TypeError(f"token ids must be ints ({error}); pass the token ids as ints") from error
     counts = torch.tensor(spans, dtype=torch.long, device="cpu")
     lengths = counts.view(-1, 2).sum(1).tolist()
+    # each model input is its first token and its targets but the last, as Python ints (a NumPy or torch id once
+    # stayed one in the ModelInput, where build_datum converts it or refuses it)
+    ids, inputs, start = flat_targets.tolist(), [], 0
+    for first, n in zip(array("q", firsts).tolist(), lengths):
+        inputs.append((first, *ids[start : start + n - 1]) if n else ())  # one token alone: no position
+        start += n
+    real = torch.get_default_dtype()  # build_datum's float fields take the default dtype: the same datums
     is_action = torch.tensor([False, True], device="cpu").repeat(len(inputs)).repeat_interleave(counts)
-    per_datum = torch.tensor([float(a) for a in advantages], dtype=torch.float32, device="cpu")
+    per_datum = torch.tensor([float(a) for a in advantages], dtype=real, device="cpu")
+    code = "f" if real == torch.float32 else "d"  # float32 directly; any other dtype through float64
     fields = {
         "target_tokens": flat_targets.split(lengths),
-        "logprobs": torch.frombuffer(array("f", logprobs), dtype=torch.float32).split(lengths)
+        "logprobs": torch.frombuffer(array(code, logprobs), dtype=torch.float32 if code == "f" else torch.float64)
+        .to(real)
+        .split(lengths)
         if logprobs
-        else torch.zeros(0, device="cpu").split(lengths),
+        else torch.zeros(0, dtype=real, device="cpu").split(lengths),
         "advantages": torch.where(
             is_action, per_datum.repeat_interleave(torch.tensor(lengths, dtype=torch.long, device="cpu")), 0.0
         ).split(lengths),
-        "mask": is_action.float().split(lengths),
+        "mask": is_action.to(real).split(lengths),
     }
     return [
         Datum(ModelInput(tokens), {key: pieces[i] for key, pieces in fields.items()}) for i, tokens in enumerate(inputs)

@@ -186,7 +186,8 @@ class GRPOConfig:
         if not isinstance(self.log_dir, str) or not self.log_dir:
             raise ValueError(f"GRPOConfig.log_dir must be a folder path, got {self.log_dir!r}")
         for name in ("group_size", "batch_size", "max_steps", "num_substeps", "max_tokens", "num_eval"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # True once passed as 1
                 raise ValueError(f"GRPOConfig.{name} must be a positive int, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
@@ -213,8 +214,8 @@ class GRPOConfig:
                 f"kl_penalty must be 'reward' (Tinker: into the advantages) or 'loss' (TRL: a loss "
                 f"term), got {self.kl_penalty!r}"
             )
-        if not self.kl_coef >= 0:
-            raise ValueError(f"kl_coef must be >= 0 (0: no penalty), got {self.kl_coef!r}")
+        if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):  # inf made every penalised loss inf or NaN
+            raise ValueError(f"kl_coef must be a finite number >= 0 (0: no penalty), got {self.kl_coef!r}")
         if isinstance(self.dro_beta, bool) or not (
             isinstance(self.dro_beta, numbers.Real) and math.isfinite(self.dro_beta) and self.dro_beta >= 0
         ):
@@ -228,10 +229,17 @@ class GRPOConfig:
                 "learns from how they differ, and greedy sampling (0) makes them all the same, so every group is "
                 "uniform and nothing is learned. Held-out evaluation is greedy already."
             )
+        if not (1e-6 <= self.temperature < math.inf):  # the sampler's own limits, checked before the warm start
+            raise ValueError(
+                f"temperature must be a finite number >= 1e-6 (the course samples at 1.0), got {self.temperature!r}: "
+                "below 1e-6 the sampler refuses it (logits / temperature can overflow), and at inf every token is "
+                "equally likely and the trainer's log-probs carry no gradient"
+            )
         if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
         for name in ("eval_every", "save_every"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.eval_every == 0:
             raise ValueError("eval_every must be >= 1 (steps between held-out evaluations)")
@@ -258,6 +266,12 @@ class GRPOConfig:
                 f"start, so set only seed (here seed={self.sft.seed}), or leave sft.seed at 0."
             )
         if self.clip_low_threshold is not None or self.clip_high_threshold is not None:
+            if self.loss_fn not in ("ppo", "cispo"):  # they were dropped without a word: the loss has no clip
+                raise ValueError(
+                    f"clip_low_threshold and clip_high_threshold set the clip of loss_fn 'ppo' or 'cispo', but "
+                    f"loss_fn is {self.loss_fn!r}, which has none (optim/clip_fraction then counts against PPO's "
+                    "[0.8, 1.2]); set loss_fn='ppo' (or 'cispo'), or leave both thresholds at None"
+                )
             check_clip_range(*L.clip_bounds(self.loss_fn, self.loss_fn_config()))  # low <= 1 <= high
 
     def loss_fn_config(self) -> dict:

@@ -121,6 +121,7 @@ def rl_objective(
     if metric_mask is None:
         metric_mask = mask
     check_same_shape(train_logprobs, metric_mask, "train_logprobs", "metric_mask")
+    metric_mask = (metric_mask != 0).to(train_logprobs.dtype)  # as the loss counts them: every nonzero weight
     n_tok = metric_mask.sum().clamp(min=1)
     lp = train_logprobs.detach()
     diff = (sampling_logprobs - lp) * metric_mask  # (B, T) sampling - training, on action tokens
@@ -178,8 +179,18 @@ def importance_sampling(
     expected gradient is the one of the policy being trained. Nothing stops r from growing large.
     """
     _check_inputs(train_logprobs, sampling_logprobs, advantages)
-    ratio = torch.exp(train_logprobs - sampling_logprobs)
+    ratio = torch.exp(_on_policy_at_zero_advantage(train_logprobs, sampling_logprobs, advantages) - sampling_logprobs)
     return -(ratio * advantages)
+
+
+def _on_policy_at_zero_advantage(
+    train_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor
+) -> torch.Tensor:
+    """``train_logprobs`` with the sampler's log-probs where the advantage is 0 (no gradient flows there). The
+    loss there is 0 either way, but a ratio that overflows (a log-ratio past about 88 in float32) would make it
+    inf * 0 = NaN, in the value and the gradient: so a datum whose advantages are all 0 adds exactly nothing,
+    as :data:`ZERO_AT_ZERO_ADVANTAGE` promises, and skipping it gives the same update as scoring it."""
+    return torch.where(advantages == 0, sampling_logprobs, train_logprobs)
 
 
 def ppo(
@@ -196,6 +207,7 @@ def ppo(
     :func:`importance_sampling`. PPO's eps = 0.2 is the range [0.8, 1.2].
     """
     _check_inputs(train_logprobs, sampling_logprobs, advantages)
+    train_logprobs = _on_policy_at_zero_advantage(train_logprobs, sampling_logprobs, advantages)
     return clipped_surrogate(train_logprobs, sampling_logprobs, advantages, clip_low_threshold, clip_high_threshold)
 
 
@@ -265,7 +277,7 @@ LOSS_FNS: dict[str, Callable[..., torch.Tensor]] = {
 
 ZERO_AT_ZERO_ADVANTAGE = frozenset({"importance_sampling", "ppo", "cispo"})
 """The losses in :data:`LOSS_FNS` whose per-token value and gradient are exactly 0 wherever the advantage is 0,
-whatever the ratio. A datum whose advantages are all 0 then adds nothing to the gradient, only tokens to the
+whatever the ratio, even one that overflows to inf. A datum whose advantages are all 0 then adds nothing to the gradient, only tokens to the
 aggregation's denominator, so ``TrainingClient.forward_backward`` runs no backward pass through it. Not ``dro``:
 its penalty ``beta / 2 * (lp - q)**2`` has a gradient at A = 0."""
 
@@ -338,9 +350,10 @@ def aggregate(
     token of a short one (the length bias Dr. GRPO points out); token_mean gives every token equal weight, but
     its denominator still depends on the batch's lengths; seq_mean_token_sum_norm divides by the number of
     sequences times a fixed generation budget ``max_tokens`` (GRPO's ``max_tokens``), so no length bias, and a
-    datum's gradient does not depend on which other datums share the call or how long their prompts are.
+    datum's gradient depends on how many datums share the call, not on how long they or their prompts are.
     ``max_tokens`` is required for that mode and ignored by the others.
-    ``mask`` is bool or 0/1 float. An all-zero mask gives a 0 loss that still backpropagates (zero gradients).
+    ``mask`` is bool or float, and every nonzero entry counts whole (0.5 as well as 1; :func:`rl_objective`'s
+    metrics count them the same way). An all-zero mask gives a 0 loss that still backpropagates (zero gradients).
     """
     check_tensor(per_token_loss, "per_token_loss", ndim=(2,), floating=True)
     check_same_shape(per_token_loss, mask, "per_token_loss", "mask")

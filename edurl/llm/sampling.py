@@ -35,6 +35,8 @@ prefilled whole, as without the cache, so the cache never conditions on tokens t
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -64,10 +66,10 @@ class SamplingParams:
     """Seed for this call's random draws; None uses torch's global generator."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not 0 <= self.temperature < math.inf:  # at inf every token is equally likely
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if 0 < self.temperature < 1e-6:
             raise ValueError(
                 f"temperature {self.temperature!r} is greedy in all but name, and logits / temperature can overflow "
@@ -75,13 +77,27 @@ class SamplingParams:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if (
+            isinstance(self.stop, (str, bytes))
+            or not isinstance(self.stop, (list, tuple))
+            or not all(_is_id(s) or (isinstance(s, (list, tuple)) and all(map(_is_id, s))) for s in self.stop)
+        ):
+            raise TypeError(
+                f"stop must be a list of token ids or of token-id sequences, e.g. renderer.get_stop_sequences() or "
+                f"[tokenizer.eos_token_id], got {self.stop!r}; to stop at a string, encode it to ids first"
+            )
 
     def stop_sequences(self) -> list[list[int]]:
         """``stop`` as a list of token-id sequences."""
-        seqs = [[s] if isinstance(s, int) else list(s) for s in self.stop]
+        seqs = [[int(s)] if _is_id(s) else [int(t) for t in s] for s in self.stop]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("stop sequences must not be empty")
         return seqs
+
+
+def _is_id(x) -> bool:
+    """A token id: an int (a NumPy integer too), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass

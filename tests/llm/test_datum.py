@@ -34,8 +34,8 @@ def test_errors():
 def test_build_datums_equals_build_datum_one_by_one():
     gen = torch.Generator().manual_seed(0)
     prompts, completions, logprobs, advantages = [], [], [], []
-    for i in range(40):  # prompts of 1-6 tokens, completions of 0-5, as a GRPO batch has
-        n_prompt, n = 1 + i % 6, i % 6
+    for i in range(40):  # prompts of 1-6 tokens, completions of 0-5, as a GRPO batch has (never both empty-ish)
+        n_prompt, n = 1 + (i + 1) % 6, i % 6
         prompts.append(torch.randint(0, 100, (n_prompt,), generator=gen).tolist())
         completions.append(torch.randint(0, 100, (n,), generator=gen).tolist())
         logprobs.append((-torch.rand(n, generator=gen)).tolist())
@@ -63,6 +63,36 @@ def test_build_datums_errors():
         build_datums([[1]], [[2.5]], [[0.0]], [1.0])
     with pytest.raises(TypeError, match="token ids must be ints"):
         build_datums([[1.0]], [[]], [[]], [1.0])  # a float first token, which no target holds
+
+
+def test_build_datums_gives_int_ids_and_the_default_dtype_as_build_datum_does():
+    # NumPy and torch ids stayed NumPy and torch objects in the ModelInput (json.dumps failed on them), and under a
+    # float64 default the float fields were float32 where build_datum's were float64
+    import json
+
+    import numpy as np
+
+    bulk = build_datums([np.array([1, 2])], [torch.tensor([3, 4])], [[-0.5, -0.25]], [1.0])[0]
+    assert bulk.model_input.tokens == (1, 2, 3) and all(type(t) is int for t in bulk.model_input.tokens)
+    json.dumps(bulk.model_input.tokens)
+    assert bulk.model_input == build_datum([1, 2], [3, 4], [-0.5, -0.25], 1.0).model_input
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        one, bulk = build_datum([1], [2], [-0.1], 0.5), build_datums([[1]], [[2]], [[-0.1]], [0.5])[0]
+    finally:
+        torch.set_default_dtype(before)
+    for key, value in one.loss_fn_inputs.items():
+        assert bulk.loss_fn_inputs[key].dtype == value.dtype and torch.equal(bulk.loss_fn_inputs[key], value), key
+
+
+def test_a_datum_with_no_positions_is_refused():
+    # forward_backward on it failed with "argmax(): Expected reduction dim 1 to have non-zero size"
+    with pytest.raises(ValueError, match="model_input is empty"):
+        build_datum([3], [], [], 1.0)
+    with pytest.raises(ValueError, match="model_input is empty"):
+        build_datums([[3]], [[]], [[]], [1.0])
+    assert build_datum([3, 4], [], [], 1.0).loss_fn_inputs["mask"].tolist() == [0.0]  # a prompt position is one
 
 
 def test_supervised_layout_hand_computed():

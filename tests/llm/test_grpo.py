@@ -1,3 +1,4 @@
+import math
 import os
 import shutil
 import sys
@@ -243,6 +244,17 @@ def test_config_refuses_bad_values_and_a_conflicting_sft_seed(tmp_path):
     ):  # every group uniform: it once trained on, learning nothing
         tiny(tmp_path, temperature=0.0)
     assert tiny(tmp_path, seed=3, sft=SFTConfig(seed=3)).seed == 3
+    # a clip set for a loss without one was dropped without a word (DAPO's clip-higher on the default loss)
+    for loss_fn in ("importance_sampling", "dro"):
+        with pytest.raises(ValueError, match=f"loss_fn is '{loss_fn}', which has none"):
+            tiny(tmp_path, loss_fn=loss_fn, clip_high_threshold=1.28)
+    with pytest.raises(ValueError, match="kl_coef must be a finite number"):
+        tiny(tmp_path, kl_coef=math.inf)
+    for temperature in (math.inf, 1e-7):  # 1e-7 was refused by the sampler only, after the warm start
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 1e-6"):
+            tiny(tmp_path, temperature=temperature)
+    with pytest.raises(ValueError, match="max_tokens must be a positive int"):  # True was taken as 1
+        tiny(tmp_path, max_tokens=True)
 
 
 def test_a_step_fn_replaces_grpo_step(tmp_path):

@@ -526,3 +526,24 @@ def test_which_losses_have_no_gradient_at_zero_advantage(name):
     per_token.sum().backward()
     vanishes = bool((per_token == 0).all() and (train.grad == 0).all())
     assert vanishes == (name in L.ZERO_AT_ZERO_ADVANTAGE)
+
+
+@pytest.mark.parametrize("name", sorted(L.ZERO_AT_ZERO_ADVANTAGE))
+def test_a_ratio_that_overflows_at_zero_advantage_adds_nothing(name):
+    # a sampler log-prob 100 nats below the trainer's: exp(100) is inf in float32, and inf * 0 gave NaN in the
+    # value and the gradient, so scoring a zero-advantage datum and skipping it gave different updates
+    train = torch.tensor([[-0.5, -0.2]], requires_grad=True)
+    sampling = torch.tensor([[-100.5, -0.3]])
+    per_token = L.LOSS_FNS[name](train, sampling, torch.tensor([[0.0, 1.0]]))
+    per_token.sum().backward()
+    assert per_token[0, 0] == 0 and train.grad[0, 0] == 0
+    assert torch.isfinite(per_token).all() and torch.isfinite(train.grad).all()
+
+
+def test_the_metrics_count_a_fractional_mask_as_the_loss_does():
+    # aggregate counts every nonzero mask entry whole; the metrics weighted a 0.5 by half
+    lp, q = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    adv = torch.ones(1, 2)
+    half = L.rl_objective(lp, q, adv, torch.tensor([[0.5, 1.0]]), loss_fn="importance_sampling")
+    whole = L.rl_objective(lp, q, adv, torch.tensor([[1.0, 1.0]]), loss_fn="importance_sampling")
+    assert half[0] == whole[0] and half[1] == whole[1]

@@ -342,3 +342,17 @@ def test_the_prefix_cache_refuses_a_sliding_window_model_with_the_reason():
     if getattr(mistral.config, "layer_types", None) is None:
         with pytest.raises(ValueError, match="sliding-window attention layers"):
             sample(mistral, prompts, 1, params, prefix_cache=PrefixCache(), cache_keys=[0, 1])
+
+
+def test_sampling_params_say_what_is_wrong_with_the_stop_and_the_budget():
+    # stop="ab" failed with "too many dimensions 'str'" and stop=[5.0] with "'float' object is not iterable"
+    import numpy as np
+
+    for stop in ("ab", [5.0], [[1, "x"]], 7):
+        with pytest.raises(TypeError, match="stop must be a list of token ids or of token-id sequences"):
+            SamplingParams(stop=stop)
+    assert SamplingParams(stop=[np.int64(5), [1, 2]]).stop_sequences() == [[5], [1, 2]]
+    with pytest.raises(ValueError, match="max_tokens must be a positive int"):
+        SamplingParams(max_tokens=True)
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        SamplingParams(temperature=float("inf"))
