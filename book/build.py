@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import nbformat
@@ -169,13 +171,24 @@ def book_notebook(executed: Path) -> nbformat.NotebookNode:
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        quiet = cell.source.rstrip().endswith(";")
+        quiet = ends_with_semicolon(cell.source)
         cell.outputs = [
             out
             for out in cell.outputs
             if WIDGET_VIEW not in out.get("data", {}) and not (quiet and out.get("output_type") == "execute_result")
         ]
     return nb
+
+
+def ends_with_semicolon(source: str) -> bool:
+    """Whether a cell's last statement ends with ';' (a comment after it allowed), which hides its result."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):  # not Python (a cell magic's body): read the text
+        return source.rstrip().endswith(";")
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT)
+    last = [t for t in tokens if t.type not in skip]
+    return bool(last) and last[-1].string == ";"
 
 
 def stage() -> None:
@@ -197,6 +210,7 @@ def sphinx(builder: str = "html") -> None:
         "-m",
         "sphinx",
         "-W",
+        "-E",  # read every page again: an unchanged page's warnings (a broken link) must fail every build
         "--keep-going",
         "-q",
         "-b",
@@ -209,6 +223,7 @@ def sphinx(builder: str = "html") -> None:
         str(HTML),
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    shutil.rmtree(HTML, ignore_errors=True)  # a removed chapter's page must not stay behind
     if subprocess.run(cmd, env=env).returncode != 0:
         sys.exit("book: Sphinx reported warnings or errors (listed above); the build fails on any warning (-W).")
 

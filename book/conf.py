@@ -58,6 +58,27 @@ autodoc_typehints = "description"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
+# Code and commands keep their characters: smart quotes turned --flag into an en dash, and a pasted command failed.
+smartquotes = False
+
+
+def literal_commands(app, what, name, obj, options, lines) -> None:
+    """Show a docstring's indented block of shell commands as code. Without a '::' before it, reStructuredText
+    reads it as a quotation: its lines run into one paragraph. The docstrings stay as they are, since a
+    recipe's --help prints them."""
+    commands = ("python ", "torchrun ", "make ", "pip ", "TINKER_API_KEY=")
+    i = 1
+    while i < len(lines):
+        line, before = lines[i], lines[i - 1]
+        if line.startswith("    ") and line.lstrip().startswith(commands) and not before.strip():
+            if i < 2 or not lines[i - 2].rstrip().endswith("::"):
+                lines[i - 1 : i] = ["", "::", ""]
+                i += 2
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                i += 1
+        i += 1
+
+
 html_theme = "sphinx_book_theme"
 html_title = "edurl: RL for LLMs, by building it"
 html_theme_options = {
@@ -72,3 +93,4 @@ html_context = {"default_mode": "auto"}
 
 def setup(app):
     app.connect("build-finished", _copy_mathjax)
+    app.connect("autodoc-process-docstring", literal_commands)

@@ -258,7 +258,8 @@ def plot_datum_layout(tokens: Sequence[str], mask: Sequence[float], width: int =
         for tok, m in row:
             w = max(len(tok), 1)
             ax.add_patch(plt.Rectangle((x, -y - 0.45), w, 0.9, color="tab:orange" if m else "0.88", lw=0))
-            ax.text(x + w / 2, -y, tok, ha="center", va="center", fontsize=7, family="monospace")
+            # parse_math=False: a token is text, and '$$' (a real tokenizer's token) failed to draw as maths
+            ax.text(x + w / 2, -y, tok, ha="center", va="center", fontsize=7, family="monospace", parse_math=False)
             x += w
     ax.set_xlim(0, cols)
     ax.set_ylim(-len(rows) + 0.4, 0.6)

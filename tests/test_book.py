@@ -81,6 +81,22 @@ def test_a_failing_notebook_leaves_no_copy_not_even_an_old_one(tmp_path):
     assert not old.exists()
 
 
+def test_a_run_that_left_out_a_cell_writes_no_copy(tmp_path):
+    # --deselect (or -k) once gave a fresh copy with that cell's outputs missing, which the book then showed
+    nb = _notebook(tmp_path, [new_code_cell("print('one')"), new_code_cell("print('two')"), new_code_cell("3")])
+    env = dict(
+        os.environ,
+        EDURL_BOOK_NOTEBOOKS=str(nb.parent),
+        EDURL_BOOK_EXECUTED=str(tmp_path / "executed"),
+        PYTHONPATH=str(ROOT),
+    )
+    args = ["-p", "book.nbcapture", "-p", "no:cacheprovider", "--nbval-lax", "--nbval-current-env", str(nb)]
+    cmd = [sys.executable, "-m", "pytest", "-q", *args, "--deselect", f"{nb.relative_to(tmp_path)}::Cell 1"]
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "1 deselected" in result.stdout, result.stdout + result.stderr
+    assert not (tmp_path / "executed" / nb.name).exists()
+
+
 def test_the_stamp_goes_stale_when_the_notebook_changes(tmp_path, monkeypatch):
     monkeypatch.setattr(nbcapture, "EXECUTED_DIR", tmp_path / "executed")
     nb = _notebook(tmp_path, [new_code_cell("1 + 1")])
@@ -125,6 +141,22 @@ def test_the_book_drops_widget_views_and_quiet_results_but_keeps_figures(tmp_pat
     assert [o["output_type"] for o in shown.cells[0].outputs] == ["display_data"]
     assert "image/png" in shown.cells[0].outputs[0]["data"]
     assert [o["output_type"] for o in shown.cells[1].outputs] == ["execute_result"]  # no ';': the result shows
+
+
+@pytest.mark.parametrize(
+    "source, quiet",
+    [
+        ("plt.plot(x);", True),
+        ("plt.plot(x);  # draw it", True),  # the comment once let the result through
+        ("f(x)\n# a note;", False),  # the ';' is in a comment
+        ("s = 'a;'\ns", False),
+        ("for i in range(2):\n    g(i);", True),
+        ("%%time\nx = 1;", True),
+        ("", False),
+    ],
+)
+def test_a_trailing_semicolon_is_read_as_ipython_reads_it(source, quiet):
+    assert build.ends_with_semicolon(source) == quiet
 
 
 def test_landing_page_has_the_course_map_and_reads_chapter_then_notebook(tmp_path, monkeypatch):

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from edurl.plotting import align_curves, plot_learning_curves, plot_value_grid, rolling_mean
+from edurl.plotting import align_curves, plot_datum_layout, plot_learning_curves, plot_value_grid, rolling_mean
 
 
 def test_rolling_mean_hand_computed():
@@ -177,3 +177,13 @@ def test_plot_value_grid_datum_layout_and_staleness_check_their_inputs():
         with pytest.raises(ValueError, match="steps"):
             staleness_schedule(1, steps=steps)
     plt.close("all")
+
+
+def test_plot_datum_layout_draws_tokens_as_text_not_maths():
+    # a token with two '$' (a real tokenizer can have '$$') failed to draw: matplotlib read it as maths
+    import io
+
+    ax = plot_datum_layout(["x", "$$", "$y$"], [1, 1, 0])
+    ax.figure.savefig(io.BytesIO(), format="png")
+    assert [t.get_text() for t in ax.texts] == ["x", "$$", "$y$"]
+    plt.close(ax.figure)

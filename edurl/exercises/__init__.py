@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 
-from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Verdict
+from edurl.exercises._core import FAILED, NOT_ATTEMPTED, PASSED, Verdict, printed
 from edurl.exercises.ch01 import check_bellman_backup, check_discounted_returns
 from edurl.exercises.ch02 import check_reinforce_loss, check_reinforce_update
 from edurl.exercises.ch03 import check_baseline_losses
@@ -79,18 +79,14 @@ def hint(name: str, level: int = 1) -> str:
     """Print (and return) hint ``level`` of exercise ``name``: 1 the idea, 2 the formula, 3 the code."""
     if name not in EXERCISES:
         raise KeyError(f"no exercise named {name!r}; the exercises are: {', '.join(sorted(EXERCISES))}.")
-    text = EXERCISES[name][1].hints.level(level)
-    print(text)
-    return text
+    return printed(EXERCISES[name][1].hints.level(level))
 
 
 def show_solution(name: str) -> str:
     """Print (and return) the source of the worked solution to exercise ``name``."""
     if name not in EXERCISES:
         raise KeyError(f"no exercise named {name!r}; the exercises are: {', '.join(sorted(EXERCISES))}.")
-    source = inspect.getsource(EXERCISES[name][2])
-    print(source)
-    return source
+    return printed(inspect.getsource(EXERCISES[name][2]))
 
 
 __all__ = [

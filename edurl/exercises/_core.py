@@ -36,6 +36,21 @@ import torch
 PASSED, FAILED, NOT_ATTEMPTED = "passed", "failed", "not attempted"
 
 
+class Printed(str):
+    """Text that was printed already: a notebook does not show it again as the cell's result (``verdict.hint(1)``
+    on its own once showed the hint twice, the second time as a quoted string full of ``\\n``). It is a ``str``
+    in every other way."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def printed(text: str) -> Printed:
+    """Print ``text`` and return it as :class:`Printed`."""
+    print(text)
+    return Printed(text)
+
+
 _ICONS = {PASSED: "✅", FAILED: "❌", NOT_ATTEMPTED: "⏳"}
 _ASCII_ICONS = {PASSED: "[ok]", FAILED: "[x]", NOT_ATTEMPTED: "[..]"}
 
@@ -131,12 +146,11 @@ class Verdict:
     """The exercise's three levels of help; ``hint(n)`` prints level n."""
 
     def hint(self, level: int = 1) -> str:
-        """Print (and return) hint ``level``: 1 the idea, 2 the formula, 3 the code of the worked solution."""
+        """Print (and return) hint ``level``: 1 the idea, 2 the formula, 3 the code of the worked solution. A notebook
+        shows it once: the returned text does not show again as the cell's result (:class:`Printed`)."""
         if self.hints is None:
             raise ValueError(f"{self.exercise} has no hints.")
-        text = self.hints.level(level)
-        print(text)
-        return text
+        return printed(self.hints.level(level))
 
     @property
     def passed(self) -> bool:

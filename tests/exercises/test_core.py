@@ -146,6 +146,13 @@ def test_hints_come_in_three_levels_and_only_when_asked(capsys):
     assert verdict.hint(1) == "Hint 1 of 3 (the idea): twice as much"
     assert verdict.hint(2) == "Hint 2 of 3 (the formula): y = 2 * x"
     assert "return 2 * x" in verdict.hint(3) and "return 2 * x" in capsys.readouterr().out
+    # printed once: a notebook does not show the returned text again as the cell's result (it showed it twice)
+    from IPython.core.formatters import DisplayFormatter
+
+    from edurl import exercises
+
+    assert DisplayFormatter().format(verdict.hint(1)) == ({}, {})
+    assert DisplayFormatter().format(exercises.show_solution("bellman_backup")) == ({}, {})
     with pytest.raises(ValueError, match="hint levels are 1"):
         verdict.hint(4)
 
