@@ -183,7 +183,9 @@ def test_train_ppo_takes_an_update_fn():
         ours.episodes["episode_return"].to_numpy()[:20], theirs.episodes["episode_return"].to_numpy()[:20]
     )
     frozen = train_ppo(config, update_fn=lambda *args: 0)
-    assert (frozen.updates["approx_kl_k3"] == 0).all() and (frozen.updates["epochs"] == 0).all()
+    # the policy never moves: its KL to itself is 0 up to the rounding of a forward pass over another batch shape
+    # (the rollout scores num_envs states at a time, the diagnostics the whole batch; CI once saw -2.3e-10)
+    assert (frozen.updates["approx_kl_k3"].abs() < 1e-8).all() and (frozen.updates["epochs"] == 0).all()
 
 
 def test_diagnostics_are_measured_after_the_update():
