@@ -65,14 +65,27 @@ def device(name: str | None = None) -> torch.device:
     return torch.device(name)
 
 
+_WRAPPERS = ("contextlib.py", os.path.join("torch", "utils", "_contextlib.py"))  # decorators' frames, e.g. no_grad
+_LAUNCHERS = ("runpy", "threading.py", os.path.join("multiprocessing", "process.py"))  # no learner's call above
+
+
 def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn(message)`` pointed at the first frame outside the edurl package: the learner's own call,
-    however deep in the library the check runs (``stacklevel`` would have to count the frames of every caller)."""
+    """``warnings.warn(message)`` pointed at the learner's own call, however deep in the library the check runs
+    (``stacklevel`` would have to count the frames of every caller): the first frame outside the edurl package and
+    the decorators' wrappers around its functions (``torch.no_grad``). Where no learner's code called it
+    (``python -m edurl.recipes...``, the sampler's thread or process), it points at the outermost edurl frame."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+    frame, level, inside = sys._getframe(1), 1, 1
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if name.startswith(package):
+            inside = level
+        elif not name.endswith(_WRAPPERS):
+            break
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level + 1 if frame is not None else 2)
+    if frame is None or any(part in frame.f_code.co_filename for part in _LAUNCHERS):
+        level = inside
+    warnings.warn(message, category, stacklevel=level + 1)
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> int:

@@ -260,3 +260,22 @@ def test_xdist_workers_get_cores_over_workers_threads_unless_set(preset):
         timeout=300,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def test_warn_at_caller_points_at_the_code_that_called_the_library():
+    # a thread whose target is a library function has no learner's call above it: the warning points at the
+    # library's outermost frame (it pointed at threading.py); called from here, it points here
+    import threading
+    import warnings
+
+    from edurl.llm.offline import RolloutBuffer
+
+    one = dict(prompts=[[1, 2]], completions=[[[3], [4]]], logprobs=[[[-0.1], [-0.2]]], rewards=[[1.0, 0.0]])
+    known, unknown = (RolloutBuffer(**one, correct=[[1.0, 0.0]], source=["a"], temperature=t) for t in (1.0, None))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        thread = threading.Thread(target=RolloutBuffer.__add__, args=(known, unknown))
+        thread.start()
+        thread.join()
+        known + unknown  # noqa: B018
+    assert [w.filename.rsplit("/", 1)[-1] for w in seen] == ["offline.py", "test_utils.py"]

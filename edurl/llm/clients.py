@@ -627,7 +627,7 @@ class TrainingClient:
             loss=float(loss.detach()),
             loss_fn_outputs=outputs,
             metrics=metrics,
-            metric_tokens=int(metric_mask.sum()),
+            metric_tokens=int((metric_mask != 0).sum()),  # as rl_objective counts them: every nonzero weight
             all_zero_advantage=all_zero,
         )
         return Future(out)

@@ -67,7 +67,7 @@ def evaluate(
 
 
 def warn_if_cut(
-    renderer: ChatMLRenderer, problems: Sequence[Problem], max_tokens: int, whose: str = "problems'"
+    renderer: ChatMLRenderer, problems: Sequence[Problem], max_tokens: int, whose: str = "the problems'"
 ) -> None:
     """Warn when ``max_tokens`` is shorter than some problems' reference replies (with their end of turn): a policy
     that answers as it was taught is then graded on cut-off replies, as wrong (the default 16 fits 2-digit sums, not a
@@ -81,7 +81,7 @@ def warn_if_cut(
     cut = sum(n > max_tokens for n in lengths)
     if cut:
         warn_at_caller(
-            f"max_tokens={max_tokens} cuts off {cut} of {len(problems)} {whose} reference replies (they take up to "
+            f"max_tokens={max_tokens} cuts off {cut} of {len(problems)} of {whose} reference replies (they take up to "
             f"{max(lengths)} tokens with the end of turn), so replies like them are graded as cut off and wrong. "
             f"Pass max_tokens >= {max(lengths)} (edurl.llm.sft.reply_budget(renderer, problems) gives it for any "
             "problems)."

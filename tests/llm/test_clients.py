@@ -750,6 +750,16 @@ def test_unscored_mode_scores_everything_when_every_advantage_is_0_or_the_refere
     assert out.metric_tokens == sum(int(d.loss_fn_inputs["mask"].sum()) for d in datums)
 
 
+def test_metric_tokens_count_a_fractional_mask_as_the_metrics_do(trainer):
+    # rl_objective counts every nonzero mask entry whole; metric_tokens summed the weights (0.5 + 1 -> 1)
+    datums = rl_datums(trainer)
+    for d in datums:
+        mask = d.loss_fn_inputs["mask"]
+        d.loss_fn_inputs["mask"] = torch.where(mask != 0, 0.5, 0.0)
+    out = trainer.forward_backward(datums, "importance_sampling").result()
+    assert out.metric_tokens == sum(int((d.loss_fn_inputs["mask"] != 0).sum()) for d in datums) > 0
+
+
 @pytest.mark.parametrize("loss_fn, kl_coef", [("dro", 0.0), ("importance_sampling", 0.1)])
 def test_zero_advantage_datums_keep_their_graph_when_their_gradient_is_not_zero(trainer, loss_fn, kl_coef, monkeypatch):
     """DRO's penalty and a KL term in the loss both have a gradient at advantage 0: one pass over every datum."""

@@ -87,7 +87,9 @@ def test_evaluate_warns_when_max_tokens_cuts_the_reference_replies(small_model, 
     # 9-digit sums' replies take up to 19 tokens: the default 16 graded them as cut off and wrong, without a word
     renderer = ChatMLRenderer(char_tokenizer)
     problems = ArithmeticTask(9).sample(4, split="test", seed=0)
-    with pytest.warns(UserWarning, match=r"max_tokens=16 cuts off \d+ of 4 problems' .*max_tokens >= \d+") as record:
+    with pytest.warns(
+        UserWarning, match=r"max_tokens=16 cuts off \d+ of 4 of the problems' reference replies .*max_tokens >= \d+"
+    ) as record:
         evaluate(small_model, renderer, problems, max_tokens=16)
     assert record[0].filename == __file__  # it points at the call to evaluate, not into the library
     import warnings

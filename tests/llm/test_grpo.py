@@ -494,7 +494,10 @@ def test_a_max_tokens_that_cuts_off_the_tasks_replies_is_named(tmp_path):
     # and graded 0, and nothing said why
     import warnings
 
-    with pytest.warns(UserWarning, match=r"max_tokens=8 cuts off 256 of 256 .* up to 12 tokens.*max_tokens >= 12") as w:
+    with pytest.warns(
+        UserWarning,
+        match=r"max_tokens=8 cuts off 256 of 256 of this task's reference replies .* up to 12 tokens.*max_tokens >= 12",
+    ) as w:
         train_grpo(tiny(tmp_path / "short", max_steps=1))
     assert [r.filename for r in w if "cuts off" in str(r.message)] == [__file__]  # at the call, once
     with warnings.catch_warnings(record=True) as seen:

@@ -282,8 +282,9 @@ def test_a_sample_past_the_models_positions_warns_once_per_setting(small_model, 
         sample(small_model, [fits], 1, SamplingParams(max_tokens=4, seed=0))  # ends at the last trained position
     with pytest.warns(
         UserWarning, match=rf"max_tokens=4 can reach past the model's max_position_embeddings \({limit}\)"
-    ):
+    ) as record:
         sample(small_model, [fits, past], 1, SamplingParams(max_tokens=4, seed=0))
+    assert record[0].filename == __file__  # at this call, not in torch.no_grad's wrapper around sample
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("default")  # Python's own: once per text and line
         for n in (3, 2, 1):  # prompts of other lengths in a loop: the same text, so one warning
