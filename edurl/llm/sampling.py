@@ -69,7 +69,7 @@ class SamplingParams:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
         if not 0 <= self.temperature < math.inf:  # at inf every token is equally likely
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+            raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature!r}")
         if 0 < self.temperature < 1e-6:
             raise ValueError(
                 f"temperature {self.temperature!r} is greedy in all but name, and logits / temperature can overflow "

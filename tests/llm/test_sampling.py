@@ -355,5 +355,5 @@ def test_sampling_params_say_what_is_wrong_with_the_stop_and_the_budget():
     assert SamplingParams(stop=[np.int64(5), [1, 2]]).stop_sequences() == [[5], [1, 2]]
     with pytest.raises(ValueError, match="max_tokens must be a positive int"):
         SamplingParams(max_tokens=True)
-    with pytest.raises(ValueError, match="temperature must be a finite number"):
+    with pytest.raises(ValueError, match="temperature must be >= 0 and finite"):
         SamplingParams(temperature=float("inf"))
