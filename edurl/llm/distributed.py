@@ -174,6 +174,18 @@ SINGLE = World()
 """One process: every collective is a no-op."""
 
 
+def refuse_under_torchrun(desc: str) -> None:
+    """Raise ``ValueError`` if torchrun started this process with more than one rank: a loop that trains on one
+    process (``desc`` names it) would then train the whole run on every rank, into the same ``log_dir``."""
+    size = os.environ.get("WORLD_SIZE", "1")
+    if size.isdigit() and int(size) > 1:
+        raise ValueError(
+            f"{desc} was started by torchrun with WORLD_SIZE={size} processes, but it trains on one process: each "
+            "would train the whole run and write into the same log_dir. Start it with python, not torchrun (of the "
+            "course's loops, only train_grpo's own step splits a batch across processes)."
+        )
+
+
 def init_world(device: str | None = None) -> World:
     """The :class:`World` of this process, from torchrun's environment variables (RANK, WORLD_SIZE, LOCAL_RANK).
 

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from edurl.llm.clients import ServiceClient, TrainingClient
-from edurl.llm.distributed import SINGLE, World
+from edurl.llm.distributed import SINGLE, World, refuse_under_torchrun
 from edurl.llm.evaluation import EvalResult, evaluate, warn_if_cut
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import load_or_train_sft
@@ -310,15 +310,8 @@ def run_training_loop(
     Under data parallelism (``world``, see :mod:`edurl.llm.distributed`) every rank runs this loop; only rank 0
     evaluates, logs and checkpoints, every rank resumes from rank 0's checkpoint, and the evaluations that the
     result carries are rank 0's on every rank."""
-    size = os.environ.get("WORLD_SIZE", "1")
-    if (
-        world.size == 1 and size.isdigit() and int(size) > 1
-    ):  # every process would train the whole run, into one log_dir
-        raise ValueError(
-            f"{desc} was started by torchrun with WORLD_SIZE={size} processes, but it trains on one process: each "
-            "would train the whole run and write into the same log_dir. Start it with python, not torchrun (of the "
-            "course's loops, only train_grpo's own step splits a batch across processes)."
-        )
+    if world.size == 1:  # handed one process: under torchrun, every rank would train the whole run
+        refuse_under_torchrun(desc)
     log_dir = Path(config.log_dir)
     main = world.is_main
     _check_same_config(config, desc, world)

@@ -31,6 +31,7 @@ from edurl._checks import check_fields
 from edurl.llm import losses as L
 from edurl.llm.clients import AdamParams, SamplingClient, TrainingClient
 from edurl.llm.datum import build_supervised_datum
+from edurl.llm.distributed import refuse_under_torchrun
 from edurl.llm.envs import base as E
 from edurl.llm.envs.calculator import CalculatorGroupBuilder, direct_demonstration, tool_demonstration
 from edurl.llm.envs.guess_number import GuessNumberGroupBuilder, check_reward_settings, demonstration
@@ -470,6 +471,7 @@ def multiturn_step(config: MultiTurnConfig, trainer: TrainingClient, renderer: C
 def train_multiturn(config: MultiTurnConfig | None = None) -> MultiTurnResult:
     """GRPO on the game of ``config.sft``; writes ``log_dir/metrics.jsonl``. See the module docstring."""
     config = config or MultiTurnConfig()
+    refuse_under_torchrun("train_multiturn")  # before the warm start: every rank would train the whole run
     game = config.sft.game
     sft = replace(config.sft, seed=config.seed)  # the run's seed also seeds its warm start
     log_dir = Path(config.log_dir)

@@ -336,3 +336,13 @@ def test_multiturn_config_refuses_settings_that_would_do_nothing():
         MultiTurnConfig(tool_cost=0.1)
     assert MultiTurnConfig(sft=calculator, tool_cost=0.1).env_kwargs()["tool_cost"] == 0.1
     assert MultiTurnConfig(per_turn_credit=True, discount=0.0).discount == 0.0
+
+
+def test_train_multiturn_under_torchrun_is_refused_before_any_work(monkeypatch, tmp_path):
+    # every rank trained the whole run, warm start included, into one log_dir
+    from edurl.llm import multiturn
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(multiturn, "load_or_train_game_sft", lambda *a, **k: 1 / 0)
+    with pytest.raises(ValueError, match="train_multiturn was started by torchrun with WORLD_SIZE=2"):
+        multiturn.train_multiturn(multiturn.MultiTurnConfig(log_dir=str(tmp_path)))
