@@ -417,13 +417,13 @@ class Backend:
                 }
             )
 
-        params = self.validate_ordered(m, int(body["seq_id"]), prepare)
+        params = self.validate_ordered(m, _integer(body.get("seq_id"), "seq_id"), prepare)
 
         def run():
             metrics = m.client.optim_step(params).result()
             return {"metrics": metrics, "type": "optim_step"}
 
-        return self.submit_ordered(m, int(body["seq_id"]), run)
+        return self.submit_ordered(m, _integer(body.get("seq_id"), "seq_id"), run)
 
     def save_weights(self, body: dict) -> str:
         """``save_state``: TrainingClient.save_state, with what a new client made from it needs in ``extra``."""
@@ -431,7 +431,7 @@ class Backend:
         given = str(body.get("path") or f"step-{body.get('seq_id')}")
         name = _safe(given)
         path = f"tinker://{m.model_id}/weights/{name}"
-        seq_id = int(body["seq_id"])
+        seq_id = _integer(body.get("seq_id"), "seq_id")
 
         def prepare():
             if name != given:  # 'run/1', 'run_1' and 'run:1' would all be 'run_1'
@@ -479,11 +479,14 @@ class Backend:
         with_optimizer = bool(body.get("optimizer", False))
         if "model_id" in body:
             m = self.model(body["model_id"])
-            self.validate_ordered(m, int(body["seq_id"]), lambda: self._checkpoint_dir(path))
-            return self.submit_ordered(m, int(body["seq_id"]), lambda: self._load_into(m, path, with_optimizer))
+            self.validate_ordered(m, _integer(body.get("seq_id"), "seq_id"), lambda: self._checkpoint_dir(path))
+            return self.submit_ordered(
+                m, _integer(body.get("seq_id"), "seq_id"), lambda: self._load_into(m, path, with_optimizer)
+            )
         # create_training_client_from_state: a new model in the session, made from the checkpoint
         session = self.session(body["session_id"])
-        model_id = f"{session.session_id}:train:{int(body.get('model_seq_id', len(session.models)))}"
+        model_seq_id = _integer(body.get("model_seq_id", len(session.models)), "model_seq_id", low=0)
+        model_id = f"{session.session_id}:train:{model_seq_id}"
 
         def make():
             state = torch.load(self._checkpoint_dir(path) / "state.pt", map_location="cpu", weights_only=False)
@@ -524,7 +527,7 @@ class Backend:
             sampler_id = self._register_sampler(session, m.base_model, None, snapshot)
             return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
 
-        return self.submit_ordered(m, int(body["seq_id"]), run)
+        return self.submit_ordered(m, _integer(body.get("seq_id"), "seq_id"), run)
 
     def create_sampling_session(self, body: dict) -> dict:
         session = self.session(body["session_id"])

@@ -245,3 +245,20 @@ def test_nested_fields_of_the_wrong_type_get_400_with_the_field_and_the_server_k
     assert re.search(match, r.json()["detail"]), r.json()["detail"]
     good = {"sampling_session_id": sampling_session(server_url), "prompt": {"chunks": [CHUNK]}, "num_samples": 1}
     assert post(server_url, "asample", json={**good, "sampling_params": {"max_tokens": 4}}).status_code == 200
+
+
+def test_a_seq_id_that_is_not_an_integer_gets_400(server_url):
+    # int() read 2.5 as 2 and "0" as 0, and a missing seq_id was a KeyError (HTTP 500)
+    rid = post(
+        server_url,
+        "create_model",
+        json={"session_id": session(server_url), "base_model": "edurl/tiny-arithmetic", "lora_config": {"rank": 4}},
+    ).json()["request_id"]
+    model_id = post(server_url, "retrieve_future", json={"request_id": rid}).json()["model_id"]
+    step = {"model_id": model_id, "adam_params": {"learning_rate": 1e-3}}
+    for verb, extra in (("optim_step", step), ("save_weights", {"model_id": model_id, "path": "x"})):
+        for bad in ({"seq_id": 2.5}, {"seq_id": "0"}, {"seq_id": True}, {}):
+            r = post(server_url, verb, json={**extra, **bad})
+            assert r.status_code == 400 and "seq_id must be an integer" in r.json()["detail"], (verb, bad, r.text)
+    r = post(server_url, "load_weights", json={"session_id": session(server_url), "path": "x", "model_seq_id": 1.5})
+    assert r.status_code == 400 and "model_seq_id must be an integer" in r.json()["detail"], r.text
