@@ -114,10 +114,9 @@ def pytest_runtest_makereport(item, call):
         return
     if item.cell_num == 0:
         executed_copy(path).unlink(missing_ok=True)  # a stale copy must not outlive a failing run
-        notebook._edurl_ok, notebook._edurl_ran = True, set()
-    if not report.passed and not report.skipped:
-        notebook._edurl_ok = False
-    getattr(notebook, "_edurl_ran", set()).add(item.cell_num)
+        notebook._edurl_passed = set()  # the code cells that ran and passed
+    if report.passed or report.skipped:
+        getattr(notebook, "_edurl_passed", set()).add(item.cell_num)
     outputs = [nbformat.from_dict(out) for out in (item.test_outputs or [])]
     item.cell.outputs = outputs
     item.cell.execution_count = item.cell_num + 1
@@ -125,9 +124,8 @@ def pytest_runtest_makereport(item, call):
         if out.get("output_type") == "execute_result":
             out["execution_count"] = item.cell_num + 1
     n_code = sum(cell.cell_type == "code" for cell in notebook.nb.cells)
-    # every code cell ran: a cell left out (--deselect, -k) would leave the book a cell without its outputs
-    ran_all = getattr(notebook, "_edurl_ran", set()) == set(range(n_code))
-    if item.cell_num == n_code - 1 and getattr(notebook, "_edurl_ok", False) and ran_all:
+    # every code cell ran and passed: a cell left out (--deselect, -k) would leave the book a cell without outputs
+    if item.cell_num == n_code - 1 and getattr(notebook, "_edurl_passed", set()) == set(range(n_code)):
         nb = notebook.nb
         nb.metadata[STAMP_KEY] = source_stamp(path)
         EXECUTED_DIR.mkdir(parents=True, exist_ok=True)

@@ -180,21 +180,26 @@ class GRPOConfig:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        check_fields(self, nonneg_int=("seed",))  # and every bool field is a bool
+        check_fields(  # and every bool field is a bool; a bool is no count (True was taken as 1)
+            self,
+            positive_int=(
+                "group_size",
+                "batch_size",
+                "max_steps",
+                "num_substeps",
+                "max_tokens",
+                "num_eval",
+                "num_threads",
+            ),
+            nonneg_int=("seed", "eval_every", "save_every", "max_steps_off_policy"),
+            optional=("num_threads", "max_steps_off_policy"),
+        )
         if isinstance(self.log_dir, os.PathLike):
             self.log_dir = os.fspath(self.log_dir)  # a pathlib.Path, as a str (config.json holds it)
         if not isinstance(self.log_dir, str) or not self.log_dir:
             raise ValueError(f"GRPOConfig.log_dir must be a folder path, got {self.log_dir!r}")
-        for name in ("group_size", "batch_size", "max_steps", "num_substeps", "max_tokens", "num_eval"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # True once passed as 1
-                raise ValueError(f"GRPOConfig.{name} must be a positive int, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
-        if self.num_threads is not None and (
-            isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int) or self.num_threads < 1
-        ):
-            raise ValueError(f"num_threads must be a positive int or None, got {self.num_threads!r}")
         if self.resume and self.overwrite:
             raise ValueError("resume=True continues the run in log_dir and overwrite=True deletes it: set one of them")
         if self.batch_size * self.group_size % self.num_substeps:
@@ -237,23 +242,13 @@ class GRPOConfig:
             )
         if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
             raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
-        for name in ("eval_every", "save_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"GRPOConfig.{name} must be an int >= 0, got {getattr(self, name)!r}")
         if self.eval_every == 0:
             raise ValueError("eval_every must be >= 1 (steps between held-out evaluations)")
-        if self.max_steps_off_policy is not None:
-            k = self.max_steps_off_policy
-            if isinstance(k, bool) or not isinstance(k, int) or k < 0:  # True would be k = 1, False k = 0
-                raise ValueError(
-                    f"max_steps_off_policy must be None (on-policy) or an int >= 0, got {self.max_steps_off_policy!r}"
-                )
-            if not self.refresh_sampler:
-                raise ValueError(
-                    "refresh_sampler=False keeps the first sampler for the whole run, but max_steps_off_policy "
-                    "chooses the sampler's weights itself; set one of them"
-                )
+        if self.max_steps_off_policy is not None and not self.refresh_sampler:
+            raise ValueError(
+                "refresh_sampler=False keeps the first sampler for the whole run, but max_steps_off_policy "
+                "chooses the sampler's weights itself; set one of them"
+            )
         if self.sampler_process and (self.max_steps_off_policy is None or not self.concurrent_sampler):
             raise ValueError(
                 "sampler_process=True runs the off-policy sampler beside the trainer in a process of its own; it "

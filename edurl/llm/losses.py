@@ -277,9 +277,9 @@ LOSS_FNS: dict[str, Callable[..., torch.Tensor]] = {
 
 ZERO_AT_ZERO_ADVANTAGE = frozenset({"importance_sampling", "ppo", "cispo"})
 """The losses in :data:`LOSS_FNS` whose per-token value and gradient are exactly 0 wherever the advantage is 0,
-whatever the ratio, even one that overflows to inf. A datum whose advantages are all 0 then adds nothing to the gradient, only tokens to the
-aggregation's denominator, so ``TrainingClient.forward_backward`` runs no backward pass through it. Not ``dro``:
-its penalty ``beta / 2 * (lp - q)**2`` has a gradient at A = 0."""
+whatever the ratio, even one that overflows to inf. A datum whose advantages are all 0 then adds nothing to the
+gradient, only tokens to the aggregation's denominator, so ``TrainingClient.forward_backward`` runs no backward pass
+through it. Not ``dro``: its penalty ``beta / 2 * (lp - q)**2`` has a gradient at A = 0."""
 
 
 def get_loss_fn(name: str) -> Callable[..., torch.Tensor]:

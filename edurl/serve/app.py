@@ -417,13 +417,14 @@ class Backend:
                 }
             )
 
-        params = self.validate_ordered(m, _integer(body.get("seq_id"), "seq_id"), prepare)
+        seq_id = _integer(body.get("seq_id"), "seq_id")
+        params = self.validate_ordered(m, seq_id, prepare)
 
         def run():
             metrics = m.client.optim_step(params).result()
             return {"metrics": metrics, "type": "optim_step"}
 
-        return self.submit_ordered(m, _integer(body.get("seq_id"), "seq_id"), run)
+        return self.submit_ordered(m, seq_id, run)
 
     def save_weights(self, body: dict) -> str:
         """``save_state``: TrainingClient.save_state, with what a new client made from it needs in ``extra``."""
@@ -479,10 +480,9 @@ class Backend:
         with_optimizer = bool(body.get("optimizer", False))
         if "model_id" in body:
             m = self.model(body["model_id"])
-            self.validate_ordered(m, _integer(body.get("seq_id"), "seq_id"), lambda: self._checkpoint_dir(path))
-            return self.submit_ordered(
-                m, _integer(body.get("seq_id"), "seq_id"), lambda: self._load_into(m, path, with_optimizer)
-            )
+            seq_id = _integer(body.get("seq_id"), "seq_id")
+            self.validate_ordered(m, seq_id, lambda: self._checkpoint_dir(path))
+            return self.submit_ordered(m, seq_id, lambda: self._load_into(m, path, with_optimizer))
         # create_training_client_from_state: a new model in the session, made from the checkpoint
         session = self.session(body["session_id"])
         model_seq_id = _integer(body.get("model_seq_id", len(session.models)), "model_seq_id", low=0)
