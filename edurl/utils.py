@@ -69,16 +69,24 @@ _WRAPPERS = ("contextlib.py", os.path.join("torch", "utils", "_contextlib.py")) 
 _LAUNCHERS = ("runpy", "threading.py", os.path.join("multiprocessing", "process.py"))  # no learner's call above
 
 
+def _generated_init_of_ours(frame) -> bool:
+    """Whether ``frame`` is the ``__init__`` that ``dataclasses`` generated (its code has no file) for an edurl class."""
+    if frame.f_code.co_filename != "<string>" or frame.f_code.co_name != "__init__":
+        return False
+    return type(frame.f_locals.get("self")).__module__.partition(".")[0] == "edurl"
+
+
 def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn(message)`` pointed at the learner's own call, however deep in the library the check runs
     (``stacklevel`` would have to count the frames of every caller): the first frame outside the edurl package and
-    the decorators' wrappers around its functions (``torch.no_grad``). Where no learner's code called it
+    the decorators' wrappers around its functions (``torch.no_grad``) and the ``__init__`` that ``dataclasses``
+    writes for its configs (``SFTConfig(...)`` warning from ``__post_init__``). Where no learner's code called it
     (``python -m edurl.recipes...``, the sampler's thread or process), it points at the outermost edurl frame."""
     package = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame, level, inside = sys._getframe(1), 1, 1
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
-        if name.startswith(package):
+        if name.startswith(package) or _generated_init_of_ours(frame):
             inside = level
         elif not name.endswith(_WRAPPERS):
             break

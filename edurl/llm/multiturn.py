@@ -40,7 +40,7 @@ from edurl.llm.loop import check_lora_rank, new_training_client, problem_seed
 from edurl.llm.model import TinyLMConfig, build_tiny_lm
 from edurl.llm.renderer import ChatMLRenderer, Message
 from edurl.llm.sampling import SamplingParams
-from edurl.llm.sft import cached_checkpoint, checkpoint_key, warmup_cosine
+from edurl.llm.sft import cached_checkpoint, check_warmup, checkpoint_key, warmup_cosine
 from edurl.llm.tasks import ArithmeticTask
 from edurl.llm.tokenizer import build_char_tokenizer
 from edurl.metrics import MetricsLogger, load_metrics
@@ -128,6 +128,7 @@ class GameSFTConfig:
             nonneg=("learning_rate",),
             choices={"game": GAMES},
         )
+        check_warmup(self)
 
     def key(self) -> str:
         """A short hash of everything that determines the trained weights (the threads that actually train)."""

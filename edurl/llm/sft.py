@@ -108,6 +108,20 @@ class SFTConfig(TaskConfig):
             unit=("target_pass_at_1",),
             optional=("target_pass_at_1",),
         )
+        check_warmup(self)
+
+
+def check_warmup(config) -> None:
+    """Warn when a warm start's linear warm-up is longer than its schedule (``max_steps``): its learning rate would
+    climb for the whole run and stop short of ``learning_rate``, a run shortened without its warm-up."""
+    if config.warmup_steps > config.max_steps:
+        reached = warmup_cosine(config.learning_rate, config.max_steps - 1, config.max_steps, config.warmup_steps)
+        warn_at_caller(
+            f"{type(config).__name__}: warmup_steps={config.warmup_steps} is more than max_steps={config.max_steps}, "
+            f"so the learning rate rises through the whole run and ends at {reached:.3g}, short of its peak "
+            f"learning_rate={config.learning_rate:g}. Set warmup_steps to at most max_steps (about a tenth of it is "
+            "usual), e.g. warmup_steps=max(1, max_steps // 10)."
+        )
 
 
 def checkpoint_key(fields: dict) -> str:

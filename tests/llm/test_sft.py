@@ -211,3 +211,20 @@ def test_a_float64_model_gets_a_float64_loss(small_model, char_tokenizer):
         logp = torch.log_softmax(model(input_ids=tokens).logits[0, :-1], -1)  # float64 throughout
         want = -logp.gather(-1, tokens[0, 1:, None]).mean()
         assert abs(sft_loss(model, tokens, mask, weights).item() - want.item()) < 1e-12
+
+
+@pytest.mark.parametrize("make", ["sft", "game"])
+def test_a_warmup_longer_than_the_run_is_named(make, recwarn):
+    from edurl.llm.multiturn import GameSFTConfig
+
+    cls = SFTConfig if make == "sft" else GameSFTConfig
+    default_warmup = cls().warmup_steps
+    with pytest.warns(UserWarning, match=rf"warmup_steps={default_warmup} is more than max_steps=20") as caught:
+        cls(max_steps=20)  # a learner's short run, with the default warm-up
+    assert "short of its peak" in str(caught[0].message) and "warmup_steps=max(1, max_steps // 10)" in str(
+        caught[0].message
+    )
+    assert caught[0].filename == __file__  # pointed at the learner's call, not the library
+    recwarn.clear()
+    cls(max_steps=default_warmup)  # a warm-up as long as the run reaches the peak on its last step
+    assert not [w for w in recwarn if "warmup_steps" in str(w.message)]
