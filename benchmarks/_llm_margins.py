@@ -114,7 +114,7 @@ def grpo_short_runs(seed: int, threads: int) -> dict:
 
 
 def grpo_full(seed: int, threads: int) -> dict:
-    """Notebook 07, cells 21-24: GRPO with the defaults (350 steps), and its compute-matched SFT baseline."""
+    """Notebook 07, cells 21-24: GRPO with the defaults (350 steps), and its step-matched SFT baseline."""
     from edurl.llm import SFTConfig
     from edurl.llm.grpo import GRPOConfig, train_grpo
     from edurl.llm.sft import continued_sft

@@ -8,11 +8,18 @@ defaults: 8 envs x 32 steps, one minibatch of 256, 20 epochs, gamma 0.98, lambda
 0.2 both decayed linearly, entropy 0. Both libraries get a 200k-step budget (the schedules' horizon).
 "Solved" = the mean of the last 100 training-episode returns reaches 475; then the greedy policy plays
 100 fresh episodes. Every run uses one CPU thread. SB3 is in the `bench` extra: pip install -e ".[bench]".
+One difference remains in the loss: SB3's value loss is ``F.mse_loss`` (no 1/2), edurl's is
+``0.5 * mean((V - R)^2)``, so at the same ``vf_coef`` 0.5 SB3's value gradient is twice edurl's; both are
+each library's own recipe, and the policy's surrogate is the same.
 
 Last, ``--stack`` seeds (8) train side by side in one process (``PPOConfig(num_seeds=8)``, TorchCartPole), on
 1 and then on ``--stack-threads`` torch threads; a seed's "seconds to solve" is then on the shared clock, and the
 table adds the whole call's wall time over one seed's: the mean of the median single-seed TorchCartPole run
 just before the stacks and, run again, just after them (since 2026-11-29; the machine's speed drifts over a run).
+Each stack's line also gives its wall seconds per seed over SB3's median seconds to solve. SB3 ran on one thread,
+so the 1-thread stack's ratio is the like-for-like one; the 2-thread stack's uses the second core SB3 did not
+(since 2026-12-01; before, only the 2-thread figure was quoted against SB3). Thread counts are those the run
+got, after ``$EDURL_MAX_THREADS`` caps the one asked for.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import argparse
 
 import numpy as np
 from _args import seed_count  # benchmarks/ is on sys.path when a script runs
-from _common import print_table, run_edurl, run_edurl_stacked, run_sb3, warm_up
+from _common import per_seed_ratio, print_table, run_edurl, run_edurl_stacked, run_sb3, warm_up
 
 from edurl.rl import PPOConfig, train_ppo
+from edurl.utils import cpu_threads
 
 BUDGET = 200_000
 
@@ -82,7 +90,8 @@ def main():
     torch_rows = torch_singles()  # right before the stacks, and again right after them (below)
     rows = gym_rows + torch_rows + sb3_rows
     totals = {}
-    for threads in sorted({1, args.stack_threads}) if args.stack else ():
+    for threads in sorted({1, cpu_threads(args.stack_threads)}) if args.stack else ():
+        # cpu_threads: the count the run gets, after $EDURL_MAX_THREADS caps the one asked for
         name = f"edurl PPO, {args.stack} seeds in 1 process ({threads} thr)"
         config = PPOConfig(
             seed=0,
@@ -114,9 +123,11 @@ def main():
         f"(x{later / before:.2f}; the same solve steps: {steps_repeat}); their mean, {single:.1f} s, is one seed's time"
     )
     for name, total in totals.items():
+        ratio = per_seed_ratio(total, args.stack, rows, "SB3 PPO (zoo)")
         print(
             f"  {name}: {total:.1f} s for all of them = x{total / single:.2f} the median single-seed "
             f"TorchCartPole run ({single:.1f} s), {total / args.stack:.1f} s per seed"
+            + ("" if np.isnan(ratio) else f" = x{ratio:.3f} SB3's median seconds to solve (SB3 on 1 thread)")
         )
 
 

@@ -11,7 +11,7 @@ Each run is ``train_grpo`` from a seed's Chapter 6 warm start with the recipe's 
   learning rate.
 
 Held-out pass@1 (greedy, 200 test problems) is measured every 25 steps, with the training seconds so far
-(``time/sample`` + ``time/train``: evaluations left out), so the report also compares the variants per second.
+(the steps' wall time, ``time/step``: evaluations left out), so the report also compares the variants per second.
 Each run appends one JSON line to ``--out`` and claims its (variant, seed) first, so one process per core can
 share the work:
 
@@ -96,9 +96,10 @@ def run(variant: str, seed: int, steps: int, threads: int) -> dict:
 def learning_curve(result) -> dict[str, list]:
     """A GRPO run's held-out curve: ``curve``, [updates done, pass@1] from the start (the evaluation after step s,
     0-based, has seen s + 1 updates), and ``curve_seconds``, the training seconds so far at each point
-    (``time/sample`` + ``time/train``: evaluations left out)."""
+    (the steps' wall time, ``time/step``: evaluations left out; until 2026-12-01 ``time/sample`` + ``time/train``,
+    which missed the sampler's snapshot, about 2-3 % of a step)."""
     m = result.metrics
-    evals = m.assign(train_s=(m["time/sample"] + m["time/train"]).cumsum()).dropna(subset=["test/pass_at_1"])
+    evals = m.assign(train_s=m["time/step"].cumsum()).dropna(subset=["test/pass_at_1"])
     return {
         "curve": [[0, result.start.pass_at_1]]
         + [[int(s) + 1, float(p)] for s, p in evals[["step", "test/pass_at_1"]].values],

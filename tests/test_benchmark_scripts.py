@@ -298,16 +298,17 @@ def test_learning_curve_counts_training_seconds_at_each_evaluation():
             "step": [0, 1, 2, 3],
             "time/sample": [1.0, 1.0, 1.0, 1.0],
             "time/train": [2.0, 2.0, 2.0, 2.0],
+            "time/step": [3.5, 3.5, 3.5, 3.5],  # the two halves and the sampler's snapshot, 0.5 s
             "test/pass_at_1": [math.nan, 0.5, math.nan, 0.7],  # evaluated after steps 1 and 3 (0-based)
         }
     )
     result = SimpleNamespace(metrics=metrics, start=SimpleNamespace(pass_at_1=0.3))
     curve = learning_curve(result)
-    assert curve == {"curve": [[0, 0.3], [2, 0.5], [4, 0.7]], "curve_seconds": [0.0, 6.0, 12.0]}
+    assert curve == {"curve": [[0, 0.3], [2, 0.5], [4, 0.7]], "curve_seconds": [0.0, 7.0, 14.0]}
     run = {"start": 0.3, **curve}
-    assert [round(g, 6) for g in gains_within([run], 11.9)] == [0.2]  # grpo_vs_sft.py --check's measure
-    assert [round(g, 6) for g in gains_within([run], 12.0)] == [0.4]
-    assert gains_within([run], 5.0) == [0.0]  # only the start lies within 5 s
+    assert [round(g, 6) for g in gains_within([run], 13.9)] == [0.2]  # grpo_vs_sft.py --check's measure
+    assert [round(g, 6) for g in gains_within([run], 14.0)] == [0.4]
+    assert gains_within([run], 6.5) == [0.0]  # only the start lies within 6.5 s
 
 
 def test_async_budget_reports_a_failing_side_half_instead_of_waiting_for_ever():
@@ -426,3 +427,33 @@ def test_serve_grpo_takes_seeds_with_spaces_or_commas():
 def test_a_bad_benchmark_flag_is_one_line_before_any_work(argv, message, tmp_path):
     proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+
+
+def test_a_peer_run_tests_the_solve_condition_only_when_an_episode_ends(monkeypatch):
+    common = _benchmark("_common")
+    calls = []
+    monkeypatch.setattr(common, "solved_at", lambda returns: calls.append(len(returns)))  # None: not solved yet
+    log = common.SolveLog()
+    assert log.record([{}, {}], 2)  # no episode ended: nothing to test
+    assert log.record([{}, {"episode": {"r": 12.0}}, {"episode": {"r": 30.0}}], 5)
+    assert calls == [2]  # one test after the two episodes, none on the step before
+    assert (log.returns, log.steps) == ([12.0, 30.0], [5, 5])
+    monkeypatch.setattr(common, "solved_at", lambda returns: 0)
+    assert not log.record([{"episode": {"r": 500.0}}], 9)  # solved: the peer's run stops
+
+
+def test_the_table_warns_when_a_library_left_seeds_unsolved(capsys):
+    common = _benchmark("_common")
+    rows = [
+        {"algo": "peer", "seed": s, "solved": True, "steps": 100.0, "seconds": 10.0, "episodes": 5} for s in (0, 1)
+    ] + [
+        {"algo": "ours", "seed": 0, "solved": True, "steps": 50.0, "seconds": 2.0, "episodes": 5},
+        {"algo": "ours", "seed": 1, "solved": False, "steps": None, "seconds": None, "episodes": None},
+    ]
+    common.print_table(rows, "peer", "title")
+    out = capsys.readouterr().out
+    assert "env steps x0.50   seconds x0.20" in out, out
+    assert "caution: ours left 1 of 2 seeds unsolved" in out, out
+    assert "caution: peer" not in out, out
+    assert common.per_seed_ratio(8.0, 4, rows, "peer") == 0.2  # 8 s / 4 seeds over the peer's median 10 s
+    assert common.per_seed_ratio(8.0, 4, rows[2:], "peer") != common.per_seed_ratio(8.0, 4, rows[2:], "peer")  # NaN

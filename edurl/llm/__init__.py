@@ -13,7 +13,7 @@ Modules, in the order the chapters teach them:
 * ``datum``          -- the training datum: model input, targets, log-probs, advantages, mask
 * ``evaluation``     -- greedy pass@1 and format rate on held-out problems
 * ``policy``         -- ``load_policy`` for any Hugging Face causal LM, optionally with LoRA
-* ``sft``            -- the supervised warm start, cached on disk, and GRPO's compute-matched SFT baseline
+* ``sft``            -- the supervised warm start, cached on disk, and GRPO's step-matched SFT baseline
 * ``temperature``    -- next-token distributions and group diversity by sampling temperature
 * ``losses``         -- ``rl_objective``: per-token losses, aggregation, KL, group advantages (Chapter 7)
 * ``shared_prefix``  -- training log-probs that run a group's shared prompt once

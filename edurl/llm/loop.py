@@ -1,4 +1,4 @@
-"""The loop that GRPO (:func:`edurl.llm.grpo.train_grpo`) and its compute-matched SFT baseline
+"""The loop that GRPO (:func:`edurl.llm.grpo.train_grpo`) and its step-matched SFT baseline
 (:func:`edurl.llm.sft.continued_sft`) share: build the trainer, resume, evaluate on held-out problems,
 write ``metrics.jsonl`` and checkpoints, show a progress bar, and call a step function once per step.
 

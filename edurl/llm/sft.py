@@ -332,7 +332,7 @@ def cached_checkpoint(key: str, config, train, device: str | None = None, retrai
 
 
 def continued_sft(config: GRPOConfig | None = None) -> GRPOResult:
-    """The compute-matched baseline of :func:`edurl.llm.grpo.train_grpo` ``(config)``: the same start trained on the right answers.
+    """The step-matched baseline of :func:`edurl.llm.grpo.train_grpo` ``(config)``: the same start trained on the right answers.
 
     Everything GRPO's training half uses is kept: the trainer built from ``config``, Adam at
     ``learning_rate``, ``max_steps`` batches of ``batch_size * group_size`` sequences, each split into
