@@ -39,7 +39,7 @@ import pandas as pd
 from _args import seed_list  # benchmarks/ is on sys.path when a script runs
 
 from edurl.llm.grpo import GRPOConfig, train_grpo
-from edurl.utils import usable_cores
+from edurl.utils import cpu_threads, usable_cores
 
 TARGET_SPEEDUP, TARGET_GAP = 1.2, 0.05
 
@@ -122,7 +122,7 @@ def main(argv=None) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     print(
         f"\n{args.steps} GRPO steps per arm, 32 problems x {args.group_size} completions, {args.cores} cores; sync: "
-        f"{args.cores} torch threads, async: {side} per side"
+        f"{cpu_threads(args.cores)} torch threads, async: {cpu_threads(side)} per side"
     )
     print(table.to_string(index=False, float_format="%.3f"))
     for sampler in samplers:

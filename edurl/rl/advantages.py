@@ -21,12 +21,20 @@ from edurl.rl.returns import sum_within_episodes
 __all__ = ["td_errors", "gae"]
 
 
-def _check_rollout(rewards, values, next_values, terminated, truncated=None):
+_NONE_MEANS = {"terminated": "no step reached an end state", "truncated": "no time limit cut an episode"}
+
+
+def _check_rollout(rewards, values, next_values, terminated, truncated=None, *, needs_truncated=False):
     check_tensor(rewards, "rewards", ndim=(1, 2), floating=True)
     for name, x in (("values", values), ("next_values", next_values)):
         check_tensor(x, name, floating=True)
         check_same_shape(rewards, x, "rewards", name)
-    for name, x in (("terminated", terminated), ("truncated", truncated)):
+    for name, x, needed in (("terminated", terminated, True), ("truncated", truncated, needs_truncated)):
+        if x is None and needed:
+            raise TypeError(
+                f"{name} is None; pass a bool tensor shaped like rewards, "
+                f"torch.zeros_like(rewards, dtype=torch.bool) if {_NONE_MEANS[name]}"
+            )
         if x is not None:
             check_tensor(x, name, boolean=True)
             check_same_shape(rewards, x, "rewards", name)
@@ -77,7 +85,7 @@ def gae(
     rewards [1, 1, 1], terminated [F, F, F], truncated [F, T, F] gives deltas [1, 11, 1 + next_values[2]]
     and advantages [12, 11, delta_2]: the truncation at t = 1 bootstraps 10 and stops the sum.
     """
-    _check_rollout(rewards, values, next_values, terminated, truncated)
+    _check_rollout(rewards, values, next_values, terminated, truncated, needs_truncated=True)
     lam = check_gamma(lam, "lam")
     deltas = td_errors(rewards, values, next_values, terminated, gamma)
     carry = (~(terminated | truncated)).to(rewards.dtype) * (gamma * lam)  # 0 at every episode end

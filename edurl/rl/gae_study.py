@@ -14,7 +14,7 @@ import torch
 
 from edurl.envs import TorchCartPole
 from edurl.rl.advantages import gae, td_errors
-from edurl.rl.networks import module_device
+from edurl.rl.networks import module_device, module_dtype
 from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
 
@@ -97,7 +97,7 @@ def rollouts_from(
         if t == 0:
             actions = first_actions
         else:
-            actions = torch.multinomial(policy(obs.float()).probs, 1, generator=generator).squeeze(-1)
+            actions = torch.multinomial(policy(obs.to(module_dtype(policy))).probs, 1, generator=generator).squeeze(-1)
         out["obs"].append(obs)
         obs, reward, terminated, _, info = env.step(actions)
         out["next_obs"].append(info["final_obs"])  # every env's state after the step, before any reset
@@ -128,7 +128,7 @@ def _truth_returns(policy, state, action, n: int, horizon: int, gamma: float, ge
     q = _first_episode_returns(ro, gamma)
     alive, last, steps = ~ro["terminated"].any(0), ro["next_obs"][-1], horizon
     while alive.any() and gamma**steps >= 1e-6:
-        first = torch.multinomial(policy(last[alive].float()).probs, 1, generator=tail_gen).squeeze(-1)
+        first = torch.multinomial(policy(last[alive].to(module_dtype(policy))).probs, 1, generator=tail_gen).squeeze(-1)
         tail = rollouts_from(policy, last[alive], first, horizon, tail_gen)
         q[alive] += gamma**steps * _first_episode_returns(tail, gamma)
         still = alive.clone()
@@ -173,15 +173,15 @@ def gae_bias_variance(
         states, actions = states.to(dev), actions.to(dev)
         gen = torch.Generator(device=dev).manual_seed(seed)
         tail_gen = torch.Generator(device=dev).manual_seed(seed + 1)
-        per_state = []
+        per_state, value_dtype = [], module_dtype(value)  # the nets take inputs of their own dtype
         for s, a in progress_bar(list(zip(states, actions)), desc="states", disable=not progress):
             s64 = s.to(torch.float64)
             q = _truth_returns(policy, s64, a, num_truth, horizon, gamma, gen, tail_gen)
-            truth = q.mean() - value(s[None].float()).double()[0]
+            truth = q.mean() - value(s[None].to(value_dtype)).double()[0]
             truth_se2 = q.var() / num_truth
             est = rollouts_from(policy, s64.expand(num_samples, 4), a.expand(num_samples), horizon, gen)
-            values = value(est["obs"].float()).double()
-            next_values = value(est["next_obs"].float()).double()
+            values = value(est["obs"].to(value_dtype)).double()
+            next_values = value(est["next_obs"].to(value_dtype)).double()
             for lam in lams:
                 adv, _ = gae_fn(
                     est["rewards"], values, next_values, est["terminated"], est["truncated"], gamma, float(lam)

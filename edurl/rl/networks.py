@@ -16,7 +16,7 @@ from torch.distributions import Categorical
 
 from edurl.objectives import entropy
 
-__all__ = ["mlp", "CategoricalPolicy", "ValueNet", "module_device"]
+__all__ = ["mlp", "CategoricalPolicy", "ValueNet", "module_device", "module_dtype"]
 
 
 def module_device(module: nn.Module) -> torch.device:
@@ -24,6 +24,15 @@ def module_device(module: nn.Module) -> torch.device:
     for tensor in (*module.parameters(), *module.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def module_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of ``module``'s first floating-point parameter (or buffer), the one its inputs must have; torch's
+    default dtype for a module with none."""
+    for tensor in (*module.parameters(), *module.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.get_default_dtype()
 
 
 def mlp(in_dim: int, out_dim: int, hidden_sizes: Sequence[int] = (64, 64), *, out_gain: float = 1.0) -> nn.Sequential:

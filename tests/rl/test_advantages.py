@@ -133,6 +133,13 @@ def test_bad_inputs():
         gae(ok, ok, ok, b, b, 0.9, 1.5)
     with pytest.raises(ValueError, match="gamma must be in"):
         td_errors(ok, ok, ok, b, -1)
+    # None where a mask belongs: named, with the all-False mask to pass instead
+    with pytest.raises(TypeError, match=r"truncated is None; .*zeros_like\(rewards, dtype=torch.bool\) if no time"):
+        gae(ok, ok, ok, b, None, 0.9, 0.9)
+    with pytest.raises(TypeError, match=r"terminated is None; .*if no step reached an end state"):
+        td_errors(ok, ok, ok, None, 0.9)
+    with pytest.raises(TypeError, match="terminated is None"):
+        gae(ok, ok, ok, None, b, 0.9, 0.9)
 
 
 @pytest.mark.cuda

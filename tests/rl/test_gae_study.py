@@ -131,3 +131,22 @@ def test_the_study_runs_where_a_gpu_trained_policy_is():
         num_truth=32, num_samples=16, horizon=20, progress=False,
     )  # fmt: skip
     assert np.isfinite(df["mse"]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_study_feeds_the_nets_their_own_dtype(dtype):
+    """Nets built under a float64 default (as the seed-stack tests build them) once failed: the study cast every
+    input to float32 ("mat1 and mat2 must have the same dtype")."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        policy, value = _nets()
+        traj = sample_trajectory(policy, value, seed=2)
+        rollouts_from(policy, torch.zeros(3, 4), torch.ones(3, dtype=torch.long), 5, torch.Generator().manual_seed(0))
+        df = gae_bias_variance(
+            policy, value, traj["states"][:1], traj["actions"][:1], lams=[0.0, 1.0], num_truth=16, num_samples=8,
+            horizon=10, progress=False,
+        )  # fmt: skip
+    finally:
+        torch.set_default_dtype(previous)
+    assert list(df["lam"]) == [0.0, 1.0] and np.isfinite(df["mse"]).all()
