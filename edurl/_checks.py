@@ -110,3 +110,16 @@ def check_fields(
         value = getattr(config, name)
         if value not in allowed:
             raise ValueError(f"{cls}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+
+
+def one_number(loss, source: str, checker: str, what: str = "loss") -> torch.Tensor:
+    """A learner's loss as a 0-d tensor: any one-element tensor (``mean(0, keepdim=True)`` too), as the exercise's
+    ``checker`` accepts it. Anything else is refused with a message that names ``source``, the function that
+    returned it, before torch's ``backward`` would fail on it with its own words."""
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(
+            f"{source} returned a {what} of {got}; return it as a one-number tensor (reduce it with .mean()), "
+            f"as {checker} asks"
+        )
+    return loss.reshape(())

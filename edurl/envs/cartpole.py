@@ -214,7 +214,10 @@ class TorchCartPole:
 
 
 def _seed(value) -> int:
-    """One seed for a generator: a non-negative int (a NumPy int too), as Gymnasium asks."""
+    """One seed for a generator: a non-negative int (a NumPy int too), as Gymnasium asks, below 2**64, the most a
+    ``torch.Generator`` takes (Gymnasium takes larger ones)."""
     if not isinstance(value, Integral) or isinstance(value, bool) or value < 0:
         raise ValueError(f"each seed must be a non-negative int, got {type(value).__name__} {value!r}.")
+    if value >= 2**64:
+        raise ValueError(f"each seed must be below 2**64 (a torch.Generator's range), got {value}; use seed % 2**64.")
     return int(value)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import edurl
-from edurl._checks import check_fields
+from edurl._checks import check_fields, one_number
 from edurl.rl.episodes import TrainerConfig, TrainResult
 from edurl.rl.ppo import _standardised, collect_batch, make_env
 from edurl.rl.seed_stack import ActorCriticStack, RowAdam, SeedRuns, clip_grad_norm_per_seed_, drop_seeds
@@ -101,21 +101,13 @@ def _losses(config: A2CConfig, logprobs, values, advantages, returns, losses_fn)
     policy_losses, value_losses = [], []
     for lp, v, a, ret in zip(logprobs, values, adv, returns):  # the learner's exercise 3.1, seed by seed
         fixed = v.detach()
-        policy_losses.append(_one_number(losses_fn(lp, fixed + a, fixed)[0], "policy"))
-        value_losses.append(_one_number(losses_fn(lp.detach(), ret, v)[1], "value"))
-    return torch.stack(policy_losses), torch.stack(value_losses)
-
-
-def _one_number(loss, name: str) -> torch.Tensor:
-    """A ``losses_fn`` loss as a 0-d tensor: any one-element tensor, e.g. ``mean(0, keepdim=True)``, as
-    ``check_baseline_losses`` accepts it."""
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        got = f"shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ValueError(
-            f"losses_fn returned a {name} loss of {got}; return each loss as a one-number tensor (reduce it with "
-            ".mean()), as check_baseline_losses asks"
+        policy_losses.append(
+            one_number(losses_fn(lp, fixed + a, fixed)[0], "losses_fn", "check_baseline_losses", "policy loss")
         )
-    return loss.reshape(())
+        value_losses.append(
+            one_number(losses_fn(lp.detach(), ret, v)[1], "losses_fn", "check_baseline_losses", "value loss")
+        )
+    return torch.stack(policy_losses), torch.stack(value_losses)
 
 
 def _train(config: A2CConfig, losses_fn=None) -> list[TrainResult]:

@@ -19,7 +19,7 @@ import gymnasium as gym
 import torch
 
 import edurl
-from edurl._checks import check_fields
+from edurl._checks import check_fields, one_number
 from edurl.metrics import MetricsLogger
 from edurl.rl.episodes import EpisodeLog, TrainerConfig, TrainResult
 from edurl.rl.networks import CategoricalPolicy, ValueNet
@@ -48,7 +48,8 @@ class ReinforceConfig(TrainerConfig):
     value_learning_rate: float = 0.01
     """Adam learning rate of the value baseline (only with baseline="value")."""
     max_episodes: int = 3000
-    """Stop after this many training episodes (per seed)."""
+    """Stop after this many training episodes (per seed), rounded up to whole updates: with 8 episodes per update,
+    ``max_episodes=10`` plays 16."""
     env_backend: str = "gymnasium"
     """"gymnasium": one Gymnasium env per episode (any ``env_id``). "torch": the episodes of every seed in one
     ``TorchCartPole`` (CartPole-v1 only), actions from a seed stack (edurl.rl.seed_stack); needed for
@@ -135,6 +136,9 @@ def reinforce_update(
     ``train_reinforce`` adds: ``loss_fn(logprobs, weights)`` instead of ``reinforce_loss``, and a learned
     baseline (Chapter 3): ``value`` regresses on G_t with ``value_optimizer`` and the weights become G_t - V(s_t).
     """
+    if (value is None) != (value_optimizer is None):  # before a whole batch is played, not after
+        given, missing = ("value", "value_optimizer") if value_optimizer is None else ("value_optimizer", "value")
+        raise ValueError(f"reinforce_update got {given} without {missing}: a learned baseline needs both, or neither")
     batch = collect_episodes(envs, policy.act, device, seeds=seeds)  # 1. (T, N) tensors, padded
     returns = discounted_returns(batch.rewards, batch.dones, gamma)  # 2. (T, N)
     obs, actions, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]  # (B, ...)
@@ -148,7 +152,10 @@ def reinforce_update(
         value_optimizer.step()
         weights = G - v.detach()
     logprobs = policy(obs).log_prob(actions)  # 3. (B,), with gradient
-    loss = loss_fn(logprobs, weights) if loss_fn else reinforce_loss(logprobs, weights, normalize_advantages)
+    if loss_fn:
+        loss = one_number(loss_fn(logprobs, weights), "loss_fn", "check_reinforce_loss")
+    else:
+        loss = reinforce_loss(logprobs, weights, normalize_advantages)
     optimizer.zero_grad()  # 4. (without it, gradients of earlier updates would add up)
     loss.backward()
     optimizer.step()
@@ -340,7 +347,7 @@ def _train_stacked(config: ReinforceConfig, loss_fn) -> list[TrainResult]:
                 value_loss = 0.5 * ((values - G) ** 2).mean()
                 weights = G - values.detach()
             loss = (
-                loss_fn(logprobs, weights)
+                one_number(loss_fn(logprobs, weights), "loss_fn", "check_reinforce_loss")
                 if loss_fn
                 else reinforce_loss(logprobs, weights, config.normalize_advantages)
             )

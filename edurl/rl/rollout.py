@@ -62,6 +62,7 @@ def collect_episodes(envs: list[gym.Env], act, device: torch.device, seeds: list
     Only the envs still running are stepped, so no step is simulated and thrown away.
     """
     n, dtype = len(envs), torch.get_default_dtype()  # Gymnasium's float32 observations, as the networks' dtype
+    check_count(n, "collect_episodes' number of envs (len(envs))", "envs")
     if seeds is not None and len(seeds) != n:
         raise ValueError(f"collect_episodes needs one seed per env: got {len(seeds)} seeds for {n} envs.")
     space = envs[0].action_space if n else None  # a Discrete space's actions: start .. start + n - 1

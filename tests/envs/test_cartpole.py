@@ -123,6 +123,10 @@ def test_step_before_reset_and_bad_seeds_are_refused():
     for bad in ([-1, 2], [1.7, 2.2], ["1", "2"]):  # -1 was the seed 2**64 - 1; 1.7 was 1; "1" was 1
         with pytest.raises(ValueError, match="non-negative int"):
             TorchCartPole(2).reset(seed=bad)
+    for big in (2**64, [1, 2**64 + 3]):  # torch.Generator's "Overflow when unpacking long long"
+        with pytest.raises(ValueError, match=r"below 2\*\*64 .*seed % 2\*\*64"):
+            TorchCartPole(2).reset(seed=big)
+    TorchCartPole(2).reset(seed=2**64 - 1)  # the largest a generator takes
     a = TorchCartPole(4).reset(seed=np.array([3, 4]))[0]  # a NumPy array of seeds raised a TypeError
     assert torch.equal(a, TorchCartPole(4).reset(seed=[3, 4])[0])
     with pytest.raises(ValueError, match="block indices"):

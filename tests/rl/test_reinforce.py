@@ -135,3 +135,32 @@ def test_an_update_fn_that_returns_the_loss_as_a_float_still_logs(tmp_path):
     result = train_reinforce(config, update_fn=update_with_a_float_loss)
     assert len(result.episodes) >= 16
     assert load_metrics(tmp_path / "run")["optim/policy_loss"].notna().all()
+
+
+@pytest.mark.parametrize("backend, num_seeds", [("gymnasium", 1), ("torch", 1), ("torch", 2)])
+def test_a_loss_fn_that_forgets_the_mean_is_named(backend, num_seeds):
+    """Per-step losses once reached backward() and failed there ("grad can be implicitly created only for scalar
+    outputs"), or, in the seed stack, summed with the value loss into a shape error."""
+    per_step = lambda lp, w: -(lp * w)  # noqa: E731
+    config = ReinforceConfig(max_episodes=8, progress=False, env_backend=backend, num_seeds=num_seeds)
+    with pytest.raises(ValueError, match=r"loss_fn returned a loss of shape \(\d+,\); .*\.mean\(\)"):
+        train_reinforce(config, loss_fn=per_step)
+    # a one-element loss that kept its dimension is a loss, as check_reinforce_loss accepts it
+    train_reinforce(config, loss_fn=lambda lp, w: -(lp * w).mean(0, keepdim=True))
+
+
+@pytest.mark.parametrize("given", ["value", "value_optimizer"])
+def test_reinforce_update_wants_a_baseline_and_its_optimizer_together(given):
+    import gymnasium as gym
+
+    from edurl.rl import CategoricalPolicy, ValueNet, reinforce_update
+
+    policy = CategoricalPolicy(4, 2)
+    value = ValueNet(4)
+    kwargs = {"value": value} if given == "value" else {"value_optimizer": torch.optim.Adam(value.parameters())}
+    envs = [gym.make("CartPole-v1")]
+    played = []
+    policy.act = lambda *a, **k: played.append(1) or CategoricalPolicy.act(policy, *a, **k)
+    with pytest.raises(ValueError, match=f"got {given} without .*a learned baseline needs both"):
+        reinforce_update(policy, torch.optim.Adam(policy.parameters()), envs, [0], 0.99, torch.device("cpu"), **kwargs)
+    assert not played  # refused before any episode was played

@@ -304,3 +304,9 @@ def test_collect_episodes_reads_the_action_range_from_a_discrete_space_with_a_st
     assert batch.lengths.tolist() == [3, 3]
     with pytest.raises(ValueError, match="outside -1..1"):
         collect_episodes([Shifted()], lambda obs: torch.full((len(obs),), 2), CPU)
+
+
+def test_collect_episodes_with_no_envs_says_so():
+    """An empty list once failed inside NumPy ("need at least one array to stack")."""
+    with pytest.raises(ValueError, match=r"number of envs \(len\(envs\)\) must be a whole number of envs >= 1, got 0"):
+        collect_episodes([], lambda obs: torch.zeros(len(obs), dtype=torch.long), torch.device("cpu"))
