@@ -59,20 +59,21 @@ def check_count(value, name: str, unit: str) -> None:
         raise ValueError(f"{name} must be a whole number of {unit} >= 1, got {value!r}.")
 
 
+def _whole(v) -> bool:
+    """A Python or NumPy int (``np.arange``'s seeds), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 _RULES = {
-    "positive_int": ("a positive int", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-    "nonneg_int": ("an int >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "positive_int": ("a positive int", lambda v: _whole(v) and v >= 1),
+    "nonneg_int": ("an int >= 0", lambda v: _whole(v) and v >= 0),
     "positive": ("a finite number > 0", lambda v: _real(v) and math.isfinite(v) and v > 0),
     "nonneg": ("a finite number >= 0", lambda v: _real(v) and math.isfinite(v) and v >= 0),
     "unit": ("a number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
     "finite": ("a finite number", lambda v: _real(v) and math.isfinite(v)),
     "sizes": (
         "a non-empty tuple of positive ints",
-        lambda v: (
-            isinstance(v, (tuple, list))
-            and len(v) > 0
-            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in v)
-        ),
+        lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(_whole(s) and s >= 1 for s in v),
     ),
 }
 
@@ -88,6 +89,7 @@ def check_fields(
 
     Each keyword of ``rules`` names a rule of ``_RULES`` (``positive_int``, ``nonneg_int``, ``positive``,
     ``nonneg``, ``unit``, ``finite``, ``sizes``) and the fields it applies to; a field in ``optional`` may also be None.
+    The int rules take NumPy ints too and store them as Python ints.
     ``choices`` maps a field to its allowed values. Every field annotated ``bool`` must be True or False (the
     string "False" is truthy, and 0 or 1 would be taken silently). The first bad field raises a ValueError that
     names the config, the field, what it must be and what it got, e.g.
@@ -106,6 +108,10 @@ def check_fields(
             if not ok(value):
                 none = " or None" if name in optional else ""
                 raise ValueError(f"{cls}.{name} must be {what}{none}, got {value!r}.")
+            if rule in ("positive_int", "nonneg_int") and type(value) is not int:  # a NumPy int: stored as Python's,
+                object.__setattr__(config, name, int(value))  # which config.json, range() and torch all take
+            elif rule == "sizes" and any(type(s) is not int for s in value):
+                object.__setattr__(config, name, type(value)(int(s) for s in value))
     for name, allowed in (choices or {}).items():
         value = getattr(config, name)
         if value not in allowed:

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from edurl._checks import check_count, check_tensor
+from edurl.utils import warn_at_caller
 
 __all__ = [
     "GRPO_PANELS",
@@ -68,7 +69,7 @@ def align_curves(
     check_count(num_points, "num_points", "points")
     if len(curves) == 0:
         raise ValueError("no curves to align: pass one DataFrame per seed.")
-    series = []
+    series, ends = [], []
     for i, df in enumerate(curves):
         if not isinstance(df, pd.DataFrame):
             raise TypeError(
@@ -77,12 +78,21 @@ def align_curves(
         for col in (x, y):
             if col not in df.columns:
                 raise KeyError(f"curve {i} has no column {col!r}; its columns are {list(df.columns)}.")
-        d = df[[x, y]].dropna().sort_values(x)
+        d = df[[x, y]].dropna().sort_values(x)  # rows that did not log y (sparse logs) are skipped
         if len(d) == 0:
             raise ValueError(f"curve {i} has no rows with both {x!r} and {y!r}.")
         series.append((d[x].to_numpy(float), rolling_mean(d[y].to_numpy(float), window)))
+        ends.append(float(df[x].max()))  # where the curve's own x runs to, with or without a y there
     lo = max(s[0][0] for s in series)
     hi = min(s[0][-1] for s in series)
+    short = min(range(len(series)), key=lambda i: series[i][0][-1])
+    first, last_y, last_x = series[short][0][0], series[short][0][-1], ends[short]
+    if len(series) > 1 and last_x - last_y > 0.1 * (last_x - first):
+        warn_at_caller(
+            f"curve {short}'s {y!r} has no value after {x} {last_y:g} (NaN there: not logged, or the run diverged), "
+            f"though its {x!r} runs to {last_x:g}; the curves are averaged only where all have values, so the grid "
+            f"stops at {last_y:g} for every curve. Plot that curve on its own to see it."
+        )
     if lo > hi:
         raise ValueError(f"the curves share no common {x!r} range; they cannot be averaged point by point.")
     grid = np.linspace(lo, hi, num_points) if hi > lo else np.array([lo])
@@ -120,7 +130,7 @@ def plot_learning_curves(
         (line,) = ax.plot(
             grid,
             mean,
-            label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label else None,
+            label=f"{label} ({n} seed{'s' if n > 1 else ''})" if label is not None else None,  # 0 and "" too
             marker="o" if len(grid) == 1 else None,  # one point: a line without a marker does not show it
         )
         if band != "none" and n > 1:
@@ -131,7 +141,7 @@ def plot_learning_curves(
     ax.set_ylabel(ylabel or (f"{y} (rolling mean of {window})" if window > 1 else y))
     if title:
         ax.set_title(title)
-    if any(label for label in runs):
+    if any(label is not None for label in runs):
         ax.legend()
     ax.grid(alpha=0.3)
     return ax

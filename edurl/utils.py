@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import numbers
 import os
 import platform
 import random
@@ -96,13 +97,17 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(message, category, stacklevel=level + 1)
 
 
-def seed_everything(seed: int, *, deterministic: bool = False) -> int:
+def seed_everything(seed: int, *, deterministic: bool | None = None) -> int:
     """Seed Python's ``random``, NumPy's global RNG and torch (CPU and every CUDA device).
 
     With ``deterministic=True`` torch is also asked for deterministic kernels,
-    which makes GPU runs repeatable at some cost in speed. Returns the seed.
+    which makes GPU runs repeatable at some cost in speed; ``False`` asks for them no more; ``None`` (the
+    default, and what the trainers pass) leaves the setting as it is, so ``seed_everything(0,
+    deterministic=True)`` before ``train_ppo`` stays in force through it. Returns the seed.
     Gymnasium environments take their own seed through ``env.reset(seed=...)``.
     """
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True, False or None, got {deterministic!r}.")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
     if not 0 <= seed < 2**32:
@@ -122,6 +127,8 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
                 "export CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting Python.",
             )
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    elif deterministic is False:  # a True from an earlier call stayed in force after seed_everything(s, False)
+        torch.use_deterministic_algorithms(False)
     return seed
 
 
@@ -154,6 +161,9 @@ def cpu_threads(num_threads: int) -> int:
     alone. ``make test`` runs two notebooks at once, so it sets the cap to cores / workers. Every thread
     count the library sets (:func:`torch_threads`, the notebooks' first cell) goes through here.
     """
+    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive int, got {num_threads!r}.")
+    num_threads = int(num_threads)  # a NumPy int too
     raw = os.environ.get(MAX_THREADS_ENV)
     if raw is None or raw == "":
         return num_threads
@@ -184,7 +194,7 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
     if num_threads is None or (device != "cpu" and _pick_device(device).type != "cpu"):
         yield
         return
-    if not isinstance(num_threads, int) or num_threads < 1:
+    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}.")
     previous = torch.get_num_threads()
     torch.set_num_threads(cpu_threads(num_threads))

@@ -111,3 +111,23 @@ def test_every_config_refuses_a_bad_field_when_it_is_made(cls, fields, message):
     cls()  # the defaults are valid
     with pytest.raises(ValueError, match=message):
         cls(**fields)
+
+
+def test_numpy_ints_are_counts_and_seeds_and_are_stored_as_python_ints():
+    """``for seed in np.arange(10): PPOConfig(seed=seed)`` was refused ("must be an int >= 0, got np.int64(0)")."""
+    import json
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from edurl.llm.sft import SFTConfig
+    from edurl.rl import PPOConfig
+
+    for seed in np.arange(2):
+        config = PPOConfig(seed=seed, num_envs=np.int32(4), hidden_sizes=tuple(np.array([32, 32])))
+        assert config.seed == seed and type(config.seed) is int and type(config.num_envs) is int
+        assert config.hidden_sizes == (32, 32) and all(type(s) is int for s in config.hidden_sizes)
+        json.dumps(asdict(SFTConfig(seed=seed)))  # config.json takes it: np.int64 is not JSON
+    for bad in (np.int64(-1), True, 2.0):
+        with pytest.raises(ValueError, match="PPOConfig.seed must be an int >= 0"):
+            PPOConfig(seed=bad)

@@ -1,3 +1,5 @@
+import warnings
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -187,3 +189,26 @@ def test_plot_datum_layout_draws_tokens_as_text_not_maths():
     ax.figure.savefig(io.BytesIO(), format="png")
     assert [t.get_text() for t in ax.texts] == ["x", "$$", "$y$"]
     plt.close(ax.figure)
+
+
+def test_a_curve_whose_values_stop_early_is_named_not_silently_cut():
+    """A seed whose loss turned NaN halfway once cut every seed's curve at that step, without a word."""
+    steps = np.arange(100)
+    a = pd.DataFrame({"step": steps, "loss": np.ones(100)})
+    b = pd.DataFrame({"step": steps, "loss": np.r_[np.ones(50), np.full(50, np.nan)]})
+    with pytest.warns(UserWarning, match=r"curve 1's 'loss' has no value after step 49 .* runs to 99"):
+        grid, _ = align_curves([a, b], "step", "loss", num_points=5)
+    assert grid[-1] == 49
+    # sparse logging (y on every other row, the last row without it) is not a stop
+    sparse = pd.DataFrame({"step": steps, "loss": np.where(steps % 2 == 0, 1.0, np.nan)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grid, _ = align_curves([a, sparse], "step", "loss", num_points=5)
+    assert grid[-1] == 98
+
+
+def test_falsy_run_labels_are_still_labels():
+    curve = [pd.DataFrame({"step": [0, 1, 2], "episode_return": [1.0, 2.0, 3.0]})]
+    ax = plot_learning_curves({0: curve, 1: curve}, window=1)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0 (1 seed)", "1 (1 seed)"]
+    plt.close("all")

@@ -279,3 +279,31 @@ def test_warn_at_caller_points_at_the_code_that_called_the_library():
         thread.join()
         known + unknown  # noqa: B018
     assert [w.filename.rsplit("/", 1)[-1] for w in seen] == ["offline.py", "test_utils.py"]
+
+
+def test_deterministic_false_undoes_true_and_the_default_leaves_it():
+    """seed_everything(0, deterministic=False) once left an earlier call's True in force."""
+    try:
+        edurl.seed_everything(0, deterministic=True)
+        edurl.seed_everything(1)  # what the trainers call: the learner's True stays
+        assert torch.are_deterministic_algorithms_enabled()
+        edurl.seed_everything(2, deterministic=False)
+        assert not torch.are_deterministic_algorithms_enabled()
+        with pytest.raises(TypeError, match="deterministic must be True, False or None"):
+            edurl.seed_everything(0, deterministic="yes")
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_thread_counts_take_numpy_ints_and_name_a_bad_count_under_the_cap(monkeypatch):
+    import numpy as np
+
+    with edurl.torch_threads(np.int64(1)):  # refused: "must be a positive int or None, got np.int64(1)"
+        assert torch.get_num_threads() == 1
+    monkeypatch.delenv("EDURL_MAX_THREADS", raising=False)  # the xdist runs set a cap of 1
+    assert edurl.cpu_threads(np.int32(3)) == 3
+    monkeypatch.setenv("EDURL_MAX_THREADS", "2")
+    assert edurl.cpu_threads(np.int64(3)) == 2 and type(edurl.cpu_threads(np.int64(3))) is int
+    for bad in (None, 0, -3, True, 1.5):  # None was a TypeError from min(), 0 and -3 went through as counts
+        with pytest.raises(ValueError, match="num_threads must be a positive int"):
+            edurl.cpu_threads(bad)

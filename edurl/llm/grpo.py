@@ -219,6 +219,10 @@ class GRPOConfig:
                 f"kl_penalty must be 'reward' (Tinker: into the advantages) or 'loss' (TRL: a loss "
                 f"term), got {self.kl_penalty!r}"
             )
+        for name in ("kl_coef", "temperature", "learning_rate"):  # True was 1.0, and "1.0" a TypeError below
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"GRPOConfig.{name} must be a number, got {value!r}")
         if not (self.kl_coef >= 0 and math.isfinite(self.kl_coef)):  # inf made every penalised loss inf or NaN
             raise ValueError(f"kl_coef must be a finite number >= 0 (0: no penalty), got {self.kl_coef!r}")
         if isinstance(self.dro_beta, bool) or not (

@@ -85,16 +85,22 @@ class TinkerLoopConfig:
     """Show a tqdm progress bar."""
 
     def __post_init__(self) -> None:
-        for name in ("lora_rank", "batch_size", "group_size", "max_steps", "max_tokens", "eval_every", "num_eval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_fields(  # bools, 2.5, NaN and inf were taken as counts (True as 1); every bool field a bool
+            self,
+            positive_int=("lora_rank", "batch_size", "group_size", "max_steps", "max_tokens", "eval_every", "num_eval"),
+            nonneg=("learning_rate", "grad_clip_norm", "dro_beta"),
+            positive=("adam_eps",),
+            finite=("temperature",),
+            nonneg_int=("seed",),
+        )
+        if isinstance(self.log_dir, os.PathLike):
+            self.log_dir = os.fspath(self.log_dir)  # a pathlib.Path, as a str (config.json holds it)
+        if not isinstance(self.log_dir, str) or not self.log_dir:
+            raise ValueError(f"TinkerLoopConfig.log_dir must be a folder path, got {self.log_dir!r}")
         if self.loss_fn not in RL_LOSSES:
             raise ValueError(f"loss_fn must be one of {list(RL_LOSSES)} (Tinker's RL losses), got {self.loss_fn!r}")
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has no baseline, so every advantage is 0")
-        check_fields(
-            self, nonneg=("learning_rate", "grad_clip_norm", "dro_beta"), positive=("adam_eps",), nonneg_int=("seed",)
-        )
         if not self.temperature > 0:
             raise ValueError(
                 f"temperature must be > 0, got {self.temperature!r}: the G completions of a problem must differ for "

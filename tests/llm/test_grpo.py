@@ -255,6 +255,10 @@ def test_config_refuses_bad_values_and_a_conflicting_sft_seed(tmp_path):
             tiny(tmp_path, temperature=temperature)
     with pytest.raises(ValueError, match="max_tokens must be a positive int"):  # True was taken as 1
         tiny(tmp_path, max_tokens=True)
+    for name in ("kl_coef", "temperature", "learning_rate"):  # True was taken as 1.0
+        for bad in (True, "1.0"):
+            with pytest.raises(ValueError, match=f"GRPOConfig.{name} must be a number, got {bad!r}"):
+                tiny(tmp_path, **{name: bad})
 
 
 def test_a_step_fn_replaces_grpo_step(tmp_path):

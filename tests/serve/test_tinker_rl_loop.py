@@ -98,6 +98,14 @@ def test_no_server_or_no_key_is_one_line_at_once(tmp_path, monkeypatch, capsys):
         ({"learning_rate": -1.0}, "learning_rate"),
         ({"seed": -3}, "seed"),
         ({"adam_eps": 0.0}, "adam_eps"),
+        # these were taken as counts: True as 1, 2.5 until a range() failed, NaN and inf never below 1
+        ({"batch_size": True}, "TinkerLoopConfig.batch_size must be a positive int, got True"),
+        ({"max_steps": 2.5}, "TinkerLoopConfig.max_steps must be a positive int, got 2.5"),
+        ({"num_eval": float("nan")}, "TinkerLoopConfig.num_eval must be a positive int, got nan"),
+        ({"eval_every": float("inf")}, "TinkerLoopConfig.eval_every must be a positive int, got inf"),
+        ({"temperature": True}, "TinkerLoopConfig.temperature must be a finite number, got True"),
+        ({"log_dir": 3}, "TinkerLoopConfig.log_dir must be a folder path, got 3"),
+        ({"log_dir": ""}, "TinkerLoopConfig.log_dir must be a folder path"),
     ],
 )
 def test_config_refuses_bad_values(kwargs, match):
