@@ -140,6 +140,10 @@ def check_episode_mask(fn, *, verbose: bool = True) -> Verdict:
     merged datum (one fewer than the episode's tokens)."""
 
     def compare(got, expected):
+        if got is None:
+            return "expected a list of numbers, got None (did you forget the `return mask` statement?)"
+        if isinstance(got, tuple) and got and hasattr(got[0], "__len__"):
+            return f"expected a list of numbers, got a tuple of {len(got)} things: return just the mask"
         try:
             got = [float(x) for x in got]
         except (TypeError, ValueError):
@@ -229,6 +233,7 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
         if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
             raise _Problem(f"step() returned the reward {result.reward!r}; a reward must be a finite number")
         turns.append((ob.to_ints(), list(action), result))
+        _check_roles(env, tokenizer.decode(action))
         if result.episode_done:
             return turns
         nxt = result.next_observation
@@ -245,6 +250,21 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
         f"max_turns={max_turns}); end it (episode_done=True) after a fixed number of tries. If your environment "
         "allows more tries on purpose, check it with check_env(make_env, max_turns=...) above that number"
     )
+
+
+def _check_roles(env, reply: str) -> None:
+    """A MessageEnv's conversation never holds two assistant messages in a row: ``step`` appends the model's reply
+    itself, so an env whose ``reply`` returns it again shows the model its own answer twice."""
+    messages = getattr(env, "messages", None)
+    if not isinstance(messages, list):
+        return
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    if any(a == b == "assistant" for a, b in zip(roles, roles[1:])):
+        raise _Problem(
+            f"after the reply {reply!r} the conversation holds two assistant messages in a row (roles {roles}): "
+            "MessageEnv.step appends the model's reply to self.messages itself, so reply(text) must return only "
+            "the new messages from the environment (a user or tool message), never the model's reply again"
+        )
 
 
 def _replay(env, replies: list[list[int]], beside: tuple | None = None) -> list[tuple]:
@@ -435,7 +455,10 @@ def check_env(
             if going_rewards
             else (min(first_rewards), "the lowest a random first reply got")
         )
-        total, turns, doing = 0.0, 0, "make_env()"
+        # and a reply that cannot be right, complete (not cut off), every turn: a reward that pays any reply it can
+        # read (a bar taken from random replies alone is the cut-off ones' 0, which any reply beats)
+        wrong = next(w for w in ("zzzz", "qqqq") if w not in {r.strip() for r in right_script})
+        total, turns, ended, wrong_total, doing = 0.0, 0, False, 0.0, "make_env()"
         try:
             env = make_env()
             doing = "initial_observation()"
@@ -448,11 +471,24 @@ def check_env(
                     total = result.reward  # named below
                     break
                 total += result.reward
+                _check_roles(env, reply)
                 if result.episode_done:
+                    ended = True
                     break
                 stop = _stop_ids(
                     result.next_stop_condition, f"step()'s next_stop_condition after the right reply {reply!r}"
                 )
+            doing = "the wrong reply"
+            env = make_env()
+            _, stop = env.initial_observation()
+            for _ in range(max_turns):
+                result = env.step(tokenizer.encode(wrong, add_special_tokens=False) + list(stop))
+                if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+                    raise _Problem(f"the reply {wrong!r} got the reward {result.reward!r}; a reward must be finite")
+                wrong_total += result.reward
+                if result.episode_done:
+                    break
+                stop = _stop_ids(result.next_stop_condition, f"step()'s next_stop_condition after {wrong!r}")
         except NotImplementedError:
             return verdict(
                 NOT_ATTEMPTED, "your environment still raises NotImplementedError; the notebook uses the reference."
@@ -460,7 +496,14 @@ def check_env(
         except _Problem as err:
             return verdict(FAILED, f"{err}.\n  The notebook continues with the reference environment.")
         except Exception as err:
-            where = f"on the right reply {right_script[turns]!r}" if doing == "step()" else "before the right reply"
+            where = (
+                f"on the right reply {right_script[turns]!r}"
+                if doing == "step()"
+                else f"on the reply {wrong!r}"
+                if doing == "the wrong reply"
+                else "before the right reply"
+            )
+            doing = "step()" if doing == "the wrong reply" else doing
             return verdict(
                 FAILED,
                 f"{doing} raised {type(err).__name__}{_where_it_raised(err)} {where}: {err}. The branch of your "
@@ -479,6 +522,22 @@ def check_env(
                 "played on a new environment from make_env(), so it must win whatever make_env builds; if your "
                 "environment pays only later in the episode, pass the replies of a whole winning episode as a list; "
                 "if make_env draws its problem at random, no fixed reply wins, so check with right_reply=None",
+            )
+        if total <= wrong_total:
+            return verdict(
+                FAILED,
+                f"the right reply {shown} got {total:g} in all, no more than the reply {wrong!r}, which cannot be "
+                f"right, got in an episode of it ({wrong_total:g}): reply() pays a reply whatever it says. Compare "
+                "the reply's text, stripped of spaces, with the answer, and pay only a match (e.g. `if text.strip() "
+                "== answer:`, not `if answer:`)",
+            )
+        if not ended:
+            return verdict(
+                FAILED,
+                f"the episode went on after the right reply {shown} ({turns} turn{'s' if turns > 1 else ''}, "
+                f"{total:g} in all): a right answer must end it (episode_done=True), or the model is paid again "
+                "for the same answer on every turn left. If your environment wins only after several turns, pass "
+                "the replies of a whole winning episode as a list",
             )
         played = f" The right reply {shown} got {total:g} in {turns} turn{'s' if turns > 1 else ''}."
     elif min(rewards) == max(rewards):

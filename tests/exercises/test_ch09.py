@@ -105,6 +105,18 @@ def test_episode_mask_rejects_buggy_versions_by_name(buggy, hint):
     assert_rejected(exercises.check_episode_mask, buggy, hint)
 
 
+def test_episode_mask_names_a_missing_return_and_a_returned_tuple():
+    def no_return(observations, actions):
+        mask = ch09.episode_mask(observations, actions)  # noqa: F841 (the mistake under test)
+
+    def with_count(observations, actions):
+        mask = ch09.episode_mask(observations, actions)
+        return mask, sum(mask)
+
+    assert_rejected(exercises.check_episode_mask, no_return, "forget the `return mask`")
+    assert_rejected(exercises.check_episode_mask, with_count, "return just the mask")
+
+
 # ---------------------------------------------------------------- 9.2 an environment of your own
 
 R = ChatMLRenderer(build_char_tokenizer())
@@ -406,6 +418,42 @@ def test_check_env_plays_the_right_reply():
     assert verdict.status == FAILED and "as a list" in verdict.message, verdict.message
     verdict = exercises.check_env(later, right_reply=["pots", "yes"], verbose=False)
     assert verdict.status == PASSED and "got 1 in 2 turns" in verdict.message, verdict.message
+
+
+class PaysAnyReply(ch09.ReverseWordEnv):
+    """``if answer:`` for ``if text.strip() == answer:``: every complete reply wins. Only the cut-off random replies
+    (MessageEnv ends those at 0) scored less, so the right reply once beat the bar and passed."""
+
+    def reply(self, text):
+        if self.word[::-1]:
+            return 1.0, True, [], {"win": 1.0}
+        return 0.0, True, [], {"win": 0.0}
+
+
+class WinDoesNotEnd(ch09.ReverseWordEnv):
+    def reply(self, text):
+        win = text.strip() == self.word[::-1]
+        done = self.turns >= self.tries  # a right answer should end the episode too
+        return float(win), done, [] if done else [{"role": "user", "content": "again"}], {"win": float(win)}
+
+
+class RepeatsTheReply(ch09.ReverseWordEnv):
+    def reply(self, text):
+        reward, done, new, metrics = super().reply(text)
+        return reward, done, ([{"role": "assistant", "content": text}] + new if new else new), metrics
+
+
+def test_check_env_refuses_a_reward_for_any_reply_a_win_that_goes_on_and_a_reply_shown_twice():
+    verdict = exercises.check_env(lambda: PaysAnyReply("stop", R), right_reply="pots", verbose=False)
+    assert verdict.status == FAILED and "pays a reply whatever it says" in verdict.message, verdict.message
+    assert "'zzzz'" in verdict.message
+    verdict = exercises.check_env(lambda: WinDoesNotEnd("stop", R), right_reply="pots", verbose=False)
+    assert verdict.status == FAILED and "a right answer must end it" in verdict.message, verdict.message
+    verdict = exercises.check_env(lambda: RepeatsTheReply("stop", R), right_reply="pots", verbose=False)
+    assert verdict.status == FAILED and "two assistant messages in a row" in verdict.message, verdict.message
+    # a right answer that is the checker's own wrong reply is not held against the environment
+    verdict = exercises.check_env(lambda: ch09.ReverseWordEnv("zzzz", R), right_reply="zzzz", verbose=False)
+    assert verdict.status == PASSED, verdict.message
 
 
 def test_check_env_names_its_turn_limit_and_how_to_raise_it():
