@@ -44,6 +44,22 @@ def refuse_overwrite(name: str, given: torch.Tensor, original: torch.Tensor) -> 
         )
 
 
+def call_on_leaves(fn: Callable, *args):
+    """``fn(*args)``, some of whose arguments are leaves with ``requires_grad``: torch's refusal of an in-place write
+    to one (``lp -= q`` on an input) becomes a message that says what to do instead."""
+    try:
+        return fn(*args)
+    except RuntimeError as err:
+        if "leaf Variable that requires grad" not in str(err):
+            raise
+        raise CheckFailure(  # torch refuses, before the checker's own comparison of the inputs could
+            f"your function changed a tensor that needs a gradient in place{_where_it_raised(err)}, which "
+            "torch refuses. If it is an input, work on a copy (or build a new tensor) so the caller's data "
+            "stays intact; if you made it with requires_grad=True, build it from the inputs with out-of-place "
+            "operations (x = x + y, not x += y)."
+        ) from err
+
+
 def _parameter_name(fn: Callable, i: int) -> str:
     """The name the learner gave ``fn``'s argument ``i`` (they may rename them), or its position."""
     try:
@@ -67,17 +83,7 @@ def with_gradients(loss_names: Sequence[str], grad_wrt: Sequence[tuple[str, int]
             given = {i: args[i] for i in grad_args}  # the checker's own check of the inputs sees these, not the clones
             for i in grad_args:
                 args[i] = args[i].detach().clone().requires_grad_(True)
-            try:
-                out = fn(*args)
-            except RuntimeError as err:
-                if "leaf Variable that requires grad" not in str(err):
-                    raise
-                raise CheckFailure(  # torch refuses, before the checker's own comparison of the inputs could
-                    f"your function changed a tensor that needs a gradient in place{_where_it_raised(err)}, which "
-                    "torch refuses. If it is an input, work on a copy (or build a new tensor) so the caller's data "
-                    "stays intact; if you made it with requires_grad=True, build it from the inputs with out-of-place "
-                    "operations (x = x + y, not x += y)."
-                ) from err
+            out = call_on_leaves(fn, *args)
             for i, original in given.items():
                 refuse_overwrite(_parameter_name(fn, i), args[i], original)
             if out is None:

@@ -37,6 +37,14 @@ def _as_tuple(fn):
         if missing:
             raise CheckFailure(f"loss_fn_inputs lacks {missing}; it needs {list(DATUM_FIELDS)}.")
         fields = [torch.as_tensor(datum.loss_fn_inputs[k]) for k in DATUM_FIELDS]
+        targets = fields[0]
+        if targets.is_floating_point() and not (targets == targets.round()).all():
+            at = int((targets != targets.round()).nonzero()[0, 0])
+            raise CheckFailure(
+                f"target_tokens must be token ids, whole numbers, got {targets[at].item():g} at index {at}. They are "
+                "the next tokens of the sequence (tokens[1:]), not log-probs or advantages; build them with "
+                "torch.tensor(ids, dtype=torch.long)."
+            )
         return (
             torch.tensor(datum.model_input.to_ints(), dtype=torch.long),
             fields[0].long(),

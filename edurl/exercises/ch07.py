@@ -26,6 +26,7 @@ from edurl.exercises._core import (
     run_checker,
     with_hints,
 )
+from edurl.exercises._grad import call_on_leaves
 from edurl.exercises.ch06 import datum_shifted_by_prompt_length, datum_with_unmasked_prompt
 from edurl.exercises.solutions import ch07 as _solutions
 from edurl.llm.clients import AdamParams, Future
@@ -288,7 +289,7 @@ def _per_token_loss_and_grad(fn):
 
     def run(train_logprobs, sampling_logprobs, advantages, *clip_range):
         train_logprobs = train_logprobs.detach().clone().requires_grad_(True)
-        loss = fn(train_logprobs, sampling_logprobs, advantages, *clip_range)
+        loss = call_on_leaves(fn, train_logprobs, sampling_logprobs, advantages, *clip_range)
         if isinstance(loss, torch.Tensor) and loss.shape != train_logprobs.shape:
             hint = (
                 " Do not reduce it (no .mean() or .sum()): aggregation over tokens comes later."

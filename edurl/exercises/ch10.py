@@ -19,7 +19,7 @@ from edurl.exercises._core import (
     run_checker,
     with_hints,
 )
-from edurl.exercises._grad import refuse_overwrite
+from edurl.exercises._grad import call_on_leaves, refuse_overwrite
 from edurl.exercises.solutions import ch10 as _solutions
 from edurl.llm.losses import soft_advantages as _library_soft
 from edurl.llm.losses import truncated_importance_weights as _library_tis
@@ -178,7 +178,7 @@ def check_truncated_importance_weights(fn, *, verbose: bool = True) -> Verdict:
     def with_grad(f):
         def call(train_logprobs, sampling_logprobs, mask, cap):
             given = train_logprobs.clone().requires_grad_(True)
-            out = f(given, sampling_logprobs, mask, cap)
+            out = call_on_leaves(f, given, sampling_logprobs, mask, cap)
             refuse_overwrite("train_logprobs", given, train_logprobs)
             return out
 
@@ -243,7 +243,8 @@ _SOFT_DIAGNOSES = [
         _sum_not_mean,
         "the baseline uses the log of a sum over the group, not of a mean: it is too high by tau * log G, so "
         "every advantage is pushed down by the group size. (In this case, of two rewards, a sum divided by G - 1 "
-        "looks the same: a mean divides by G.)",
+        "looks the same: a mean divides by G. So does one divided by rewards.shape[0] or len(rewards), the number "
+        "of groups, 1 here: G is rewards.shape[1].)",
     ),
     Diagnosis(
         _tau_missing_outside,

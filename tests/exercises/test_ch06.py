@@ -61,6 +61,21 @@ def test_a_list_for_model_input_is_named_at_the_learners_line():
     assert "(at line" in verdict.message and "no ModelInput.from_ints" in verdict.message  # not <string>'s line
 
 
+def _float_targets(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+    # not ids: .long() once truncated 11.4 to 11, and this passed
+    d = reference(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
+    return Datum(d.model_input, {**d.loss_fn_inputs, "target_tokens": d.loss_fn_inputs["target_tokens"] + 0.4})
+
+
+def test_whole_float_ids_pass_and_other_floats_are_named():
+    def whole_floats(prompt_tokens, completion_tokens, sampling_logprobs, advantage):
+        d = reference(prompt_tokens, completion_tokens, sampling_logprobs, advantage)
+        return Datum(d.model_input, {**d.loss_fn_inputs, "target_tokens": d.loss_fn_inputs["target_tokens"].float()})
+
+    assert exercises.check_build_datum(whole_floats, verbose=False).status == PASSED
+    assert_rejected(exercises.check_build_datum, _float_targets, "target_tokens must be token ids, whole numbers")
+
+
 @pytest.mark.parametrize(
     "buggy, message",
     [

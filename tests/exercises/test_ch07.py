@@ -150,6 +150,12 @@ def ppo_probabilities(lp, q, adv, clip_low_threshold=0.8, clip_high_threshold=1.
     return -torch.minimum(r * adv, r.clamp(clip_low_threshold, clip_high_threshold) * adv)
 
 
+def ppo_log_ratio_in_place(lp, q, adv, clip_low_threshold=0.8, clip_high_threshold=1.2):
+    lp -= q  # torch refuses this on a leaf; its error once reached the learner as it was
+    r = lp.exp()
+    return -torch.min(r * adv, r.clamp(clip_low_threshold, clip_high_threshold) * adv)
+
+
 @pytest.mark.parametrize("fn", [reference_ppo, ch07.ppo_loss, ppo_probabilities])
 def test_ppo_loss_checker_passes(fn):
     assert exercises.check_ppo_loss(fn, verbose=False).status == PASSED
@@ -169,6 +175,7 @@ def test_ppo_loss_checker_passes(fn):
         (ppo_eps_bounds, "not clamp(r, 1 - clip_low_threshold, 1 + clip_high_threshold)"),
         (ppo_unclipped, "nothing is clipped"),
         (ppo_mean, "Do not reduce it"),
+        (ppo_log_ratio_in_place, "changed a tensor that needs a gradient in place (at line"),
     ],
 )
 def test_ppo_loss_checker_rejects(buggy, message):

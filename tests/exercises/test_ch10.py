@@ -80,6 +80,11 @@ def tis_writes_over_its_input(lp, q, mask, cap):
     return x.exp().clamp(max=cap) * mask
 
 
+def tis_log_ratio_in_place(lp, q, mask, cap):
+    lp -= q  # torch refuses this on a leaf; its error once reached the learner as it was
+    return torch.where(mask != 0, lp.exp().clamp(max=cap), 0.0).detach()
+
+
 def tis_mean_log_ratio(lp, q, mask, cap):
     mean = ((lp - q) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)
     return mean.detach().exp().clamp(max=cap) * mask
@@ -90,6 +95,7 @@ def tis_mean_log_ratio(lp, q, mask, cap):
     [
         (tis_mask_in_exp, "a log-ratio multiplied by a mask of 0 is 0, and exp(0) = 1"),
         (tis_writes_over_its_input, "changed its input `train_logprobs` in place"),
+        (tis_log_ratio_in_place, "changed a tensor that needs a gradient in place (at line"),
         (tis_mean_log_ratio, "one ratio per sequence (from the sum, or the mean"),
         (tis_inverted, "the ratio is upside down"),
         (tis_no_cap, "the weights are not truncated"),
@@ -182,6 +188,10 @@ def soft_in_float64(r, tau):
     [
         (soft_in_float64, "Compute in any precision you like, and end with .to(input.dtype)"),
         (lambda r, tau: r - tau * (torch.logsumexp(r / tau, 1, keepdim=True) - math.log(r.shape[1] - 1)), "G - 1"),
+        (  # the number of groups for G: the worked example has one group, so it once got only the "sum" hint
+            lambda r, tau: r - tau * (torch.logsumexp(r / tau, 1, keepdim=True) - math.log(r.shape[0])),
+            "the number of groups, 1 here: G is rewards.shape[1]",
+        ),
         (soft_mean, "you subtracted the group mean"),
         (soft_max, "you subtracted the group's maximum"),
         (soft_lse, "log of a sum"),
