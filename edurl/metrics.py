@@ -128,6 +128,10 @@ def truncate_metrics(log_dir: str | Path, before_step: int) -> int:
     the checkpoint of step ``before_step`` must not log twice. A last line without its newline (a write cut
     short) is dropped too. The file is replaced in one rename, so a kill leaves the old or the new file,
     never a mix. Returns the number of lines kept."""
+    if isinstance(before_step, bool) or not isinstance(before_step, numbers.Integral):
+        raise ValueError(
+            f"before_step must be the step (an int) of the checkpoint the run resumes from, got {before_step!r}."
+        )
     path = Path(log_dir) / "metrics.jsonl"
     lines = path.read_text(encoding="utf-8").split("\n")[:-1] if path.exists() else []  # complete lines only
     kept = []

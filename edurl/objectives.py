@@ -33,6 +33,11 @@ def check_clip_range(clip_low_threshold: float, clip_high_threshold: float) -> N
     """Raise a ValueError unless ``clip_low_threshold <= 1 <= clip_high_threshold``: the range bounds the ratio
     r = pi / pi_sampler, which is 1 on-policy, and a range without 1 clips the on-policy samples of one sign of the
     advantage (with [0.2, 0.28], DAPO's eps values passed as bounds, no sample with A > 0 would ever get a gradient)."""
+    if any(v != v for v in (clip_low_threshold, clip_high_threshold)):  # NaN, which every comparison calls false
+        raise ValueError(
+            f"the clip range must be two numbers, got [{clip_low_threshold}, {clip_high_threshold}]: a NaN bound "
+            "clips nothing or everything. Pass e.g. [0.8, 1.2] for PPO's eps = 0.2."
+        )
     if not clip_low_threshold <= clip_high_threshold:
         raise ValueError(
             f"the clip range needs clip_low_threshold <= clip_high_threshold, got "

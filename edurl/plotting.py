@@ -6,6 +6,7 @@ values; the ``plot_*`` functions only draw what it returns.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -172,7 +173,7 @@ def plot_value_grid(
                 f"probabilities per state, got {tuple(policy.shape)}."
             )
     rows, cols = mdp.grid.shape
-    values = V.detach().cpu().numpy().reshape(rows, cols)
+    values = V.detach().cpu().float().numpy().reshape(rows, cols)  # NumPy has no bfloat16
     ax = ax if ax is not None else plt.subplots(figsize=(4.5, 4.5))[1]
     im = ax.imshow(values, cmap="viridis")
     plt.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="V(s)")
@@ -217,6 +218,15 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
             "plot_grpo_metrics takes one run's metrics DataFrame (load_metrics(log_dir)) or {label: DataFrame}, got "
             f"{type(runs).__name__}; for several runs pass e.g. {{'seed 0': m0, 'seed 1': m1}}."
         )
+    check_count(smooth, "smooth", "steps")  # the rolling mean's window; 1 draws the raw values
+    if not runs:
+        raise ValueError("plot_grpo_metrics got no runs; pass load_metrics(log_dir), or {label: DataFrame}.")
+    for label, m in runs.items():
+        if "step" not in m.columns:
+            raise ValueError(
+                f"run {label!r} has no 'step' column (its columns: {list(m.columns)[:8]}); plot_grpo_metrics takes "
+                "the DataFrame of load_metrics(log_dir), one row per logged step."
+            )
     cols = 3
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.1 * rows), squeeze=False)
@@ -234,6 +244,11 @@ def plot_grpo_metrics(runs, panels=GRPO_PANELS, smooth: int = 10):
         ax.set_xlabel("GRPO step")
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
+    if not any(key in m for key, _ in panels for m in runs.values()):
+        warn_at_caller(
+            f"none of the runs logged any of the metrics plotted ({', '.join(key for key, _ in panels)}), so every "
+            "panel is empty; pass panels=[(column, title), ...] with columns the runs have."
+        )
     if len(runs) > 1:
         axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
@@ -245,6 +260,7 @@ def datum_rows(tokens: Sequence[str], mask: Sequence[float], width: int = 64) ->
     a new line after each newline token or every ``width`` tokens."""
     if len(tokens) != len(mask):
         raise ValueError(f"{len(tokens)} tokens but {len(mask)} mask entries; pass one mask entry per target token")
+    check_count(width, "width", "tokens per line")
     rows: list[list[tuple[str, float]]] = [[]]
     for tok, m in zip(tokens, mask):
         if len(rows[-1]) >= width:
@@ -294,12 +310,12 @@ def staleness_schedule(
     which exist once the trainer has finished step s - k - 1; the sampler does one batch at a time, and so does the
     trainer. k = 0 is the synchronous loop. One row per batch: ``batch``, ``weights`` (the step whose weights
     sampled it), ``staleness``, ``sample_start``, ``sample_end``, ``train_start``, ``train_end`` (seconds)."""
-    if not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
+    if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
         raise ValueError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-    if not (sample_seconds > 0 and train_seconds > 0):
-        raise ValueError(f"durations must be > 0, got {sample_seconds!r} and {train_seconds!r}")
+    if not all(isinstance(t, numbers.Real) and 0 < t < float("inf") for t in (sample_seconds, train_seconds)):
+        raise ValueError(f"durations must be finite numbers > 0, got {sample_seconds!r} and {train_seconds!r}")
     k, rows, sampler_free, trainer_free, trained = max_steps_off_policy, [], 0.0, 0.0, {}
     for s in range(steps):
         weights = max(0, s - k)

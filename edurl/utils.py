@@ -34,6 +34,8 @@ def device(name: str | None = None) -> torch.device:
     ``ValueError`` with the fix, rather than failing later inside a kernel.
     """
     source = "device()"
+    if isinstance(name, torch.device):  # what .device gives, e.g. device(model.device)
+        name = str(name)
     if name is None:
         name = os.environ.get("EDURL_DEVICE", "").strip() or None
         source = "EDURL_DEVICE"
@@ -267,6 +269,8 @@ def progress(
     """
     from tqdm.auto import tqdm
 
+    if isinstance(max_redraws, bool) or not isinstance(max_redraws, numbers.Integral) or max_redraws < 1:
+        raise ValueError(f"max_redraws must be a whole number >= 1, got {max_redraws!r}; pass disable=True for no bar.")
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)
     steps = max(1, (total or 0) - kwargs.get("initial", 0))

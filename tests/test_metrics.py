@@ -176,3 +176,14 @@ def test_a_log_dir_that_is_a_file_is_named(tmp_path):
     (tmp_path / "taken").write_text("x")
     with pytest.raises(NotADirectoryError, match="is a file"):
         MetricsLogger(tmp_path / "taken")
+
+
+def test_truncate_metrics_names_a_step_that_is_not_an_int(tmp_path):
+    from edurl.metrics import truncate_metrics
+
+    with MetricsLogger(tmp_path, if_exists="overwrite") as logger:
+        logger.log(0, loss=1.0)
+    for bad in (None, "3", 2.5, True):  # None was "'<' not supported between instances of 'int' and 'NoneType'"
+        with pytest.raises(ValueError, match="before_step must be the step"):
+            truncate_metrics(tmp_path, bad)
+    assert len(load_metrics(tmp_path)) == 1  # nothing lost

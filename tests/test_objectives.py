@@ -90,3 +90,10 @@ def test_a_clip_range_without_1_is_refused():
     with pytest.raises(ValueError, match="leaves out r = 1"):
         clipped_surrogate(lp, lp, torch.ones(3), 1.1, 1.3)
     assert clipped_surrogate(lp, lp, torch.ones(3), 1.0, 1.0).tolist() == [-1.0] * 3  # eps = 0 keeps r = 1
+
+
+def test_check_clip_range_names_a_nan_bound():
+    for low, high in ((float("nan"), 1.2), (0.8, float("nan"))):  # was "needs low <= high", which NaN is not
+        with pytest.raises(ValueError, match="a NaN bound"):
+            objectives.check_clip_range(low, high)
+    objectives.check_clip_range(0.8, float("inf"))  # no upper clip stays allowed

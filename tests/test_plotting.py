@@ -212,3 +212,41 @@ def test_falsy_run_labels_are_still_labels():
     ax = plot_learning_curves({0: curve, 1: curve}, window=1)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["0 (1 seed)", "1 (1 seed)"]
     plt.close("all")
+
+
+def test_plot_helpers_name_bad_arguments_before_drawing():
+    """Each of these once failed inside pandas, NumPy or a loop with an error that named none of the arguments
+    (or, for width <= 0 and k = True, drew something else without a word)."""
+    import torch
+
+    from edurl.plotting import datum_rows, plot_grpo_metrics, staleness_schedule
+
+    m = pd.DataFrame({"step": [0, 1, 2], "env/all/correct": [0.1, 0.2, 0.3]})
+    for smooth in (0, -1, 2.5, True, None):  # min_periods 1 must be <= window 0, ...
+        with pytest.raises(ValueError, match="smooth must be a whole number of steps >= 1"):
+            plot_grpo_metrics(m, smooth=smooth)
+    with pytest.raises(ValueError, match="has no 'step' column"):  # KeyError "['step'] not in index"
+        plot_grpo_metrics(pd.DataFrame({"env/all/correct": [0.1]}))
+    with pytest.raises(ValueError, match="got no runs"):
+        plot_grpo_metrics({})
+    with pytest.warns(UserWarning, match="every panel is empty"):
+        plot_grpo_metrics(pd.DataFrame({"step": [0], "loss": [1.0]}))
+    plt.close("all")
+    for width in (0, -3, 2.5):  # 0 and -3 put each token on its own line, 2.5 worked as 3
+        with pytest.raises(ValueError, match="width must be a whole number of tokens per line"):
+            datum_rows(["a", "b", "c"], [1, 0, 1], width=width)
+    for k in (True, False):  # taken as 1 and 0
+        with pytest.raises(ValueError, match="max_steps_off_policy must be an int >= 0"):
+            staleness_schedule(k)
+    with pytest.raises(ValueError, match="durations must be finite"):
+        staleness_schedule(1, sample_seconds=float("inf"))
+    # bfloat16 values (a model's dtype) drew nothing: NumPy has no bfloat16
+    import gymnasium as gym
+
+    from edurl.rl import TabularMDP, value_iteration
+
+    mdp = TabularMDP.from_gymnasium(gym.make("FrozenLake-v1"))
+    V = value_iteration(mdp, 0.9)[0]
+    ax = plot_value_grid(V.to(torch.bfloat16), mdp)
+    assert ax.images[0].get_array().shape == (4, 4)
+    plt.close("all")

@@ -307,3 +307,10 @@ def test_thread_counts_take_numpy_ints_and_name_a_bad_count_under_the_cap(monkey
     for bad in (None, 0, -3, True, 1.5):  # None was a TypeError from min(), 0 and -3 went through as counts
         with pytest.raises(ValueError, match="num_threads must be a positive int"):
             edurl.cpu_threads(bad)
+
+
+def test_device_takes_a_torch_device_and_progress_names_a_bad_redraw_count():
+    assert edurl.device(torch.device("cpu")) == torch.device("cpu")  # "unknown device device(type='cpu')"
+    for bad in (0, -1, True):  # 0 was a ZeroDivisionError
+        with pytest.raises(ValueError, match="max_redraws must be a whole number >= 1"):
+            progress(range(3), max_redraws=bad, file=io.StringIO())
