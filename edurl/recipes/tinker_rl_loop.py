@@ -97,6 +97,13 @@ class TinkerLoopConfig:
             self.log_dir = os.fspath(self.log_dir)  # a pathlib.Path, as a str (config.json holds it)
         if not isinstance(self.log_dir, str) or not self.log_dir:
             raise ValueError(f"TinkerLoopConfig.log_dir must be a folder path, got {self.log_dir!r}")
+        if self.base_url is not None and not (
+            isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://"))
+        ):  # "127.0.0.1:8000" was reported as no server answering ("unknown url type")
+            raise ValueError(
+                f"TinkerLoopConfig.base_url must be an address with its scheme, e.g. http://127.0.0.1:8000, or None "
+                f"for Tinker's hosted service; got {self.base_url!r}"
+            )
         if self.loss_fn not in RL_LOSSES:
             raise ValueError(f"loss_fn must be one of {list(RL_LOSSES)} (Tinker's RL losses), got {self.loss_fn!r}")
         if self.group_size < 2:

@@ -106,6 +106,7 @@ def test_no_server_or_no_key_is_one_line_at_once(tmp_path, monkeypatch, capsys):
         ({"temperature": True}, "TinkerLoopConfig.temperature must be a finite number, got True"),
         ({"log_dir": 3}, "TinkerLoopConfig.log_dir must be a folder path, got 3"),
         ({"log_dir": ""}, "TinkerLoopConfig.log_dir must be a folder path"),
+        ({"base_url": "127.0.0.1:8000"}, "base_url must be an address with its scheme, e.g. http://127.0.0.1:8000"),
     ],
 )
 def test_config_refuses_bad_values(kwargs, match):
