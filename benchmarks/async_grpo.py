@@ -59,6 +59,15 @@ def run(config: GRPOConfig) -> dict:
     }
 
 
+def header(steps: int, group_size: int, cores: int, side: int) -> str:
+    """The table's title line, with the torch threads each arm got: ``cpu_threads`` applies ``EDURL_MAX_THREADS``,
+    so a capped run says so instead of printing the cores it was asked for."""
+    return (
+        f"{steps} GRPO steps per arm, 32 problems x {group_size} completions, {cores} cores; sync: "
+        f"{cpu_threads(cores)} torch threads, async: {cpu_threads(side)} per side"
+    )
+
+
 def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=seed_list, default="0,1,2", help="comma-separated seeds")
@@ -120,10 +129,7 @@ def main(argv=None) -> pd.DataFrame:
                 before = after
                 print(pd.DataFrame(rows[-1:]).to_string(index=False, float_format="%.3f"), flush=True)
     table = pd.DataFrame(rows)
-    print(
-        f"\n{args.steps} GRPO steps per arm, 32 problems x {args.group_size} completions, {args.cores} cores; sync: "
-        f"{cpu_threads(args.cores)} torch threads, async: {cpu_threads(side)} per side"
-    )
+    print("\n" + header(args.steps, args.group_size, args.cores, side))
     print(table.to_string(index=False, float_format="%.3f"))
     for sampler in samplers:
         part = table[table["sampler"] == sampler]

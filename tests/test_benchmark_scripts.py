@@ -457,3 +457,11 @@ def test_the_table_warns_when_a_library_left_seeds_unsolved(capsys):
     assert "caution: peer" not in out, out
     assert common.per_seed_ratio(8.0, 4, rows, "peer") == 0.2  # 8 s / 4 seeds over the peer's median 10 s
     assert common.per_seed_ratio(8.0, 4, rows[2:], "peer") != common.per_seed_ratio(8.0, 4, rows[2:], "peer")  # NaN
+
+
+def test_async_grpo_header_prints_the_threads_each_arm_got(monkeypatch):
+    async_grpo = _benchmark("async_grpo")
+    monkeypatch.delenv("EDURL_MAX_THREADS", raising=False)
+    assert "2 cores; sync: 2 torch threads, async: 1 per side" in async_grpo.header(150, 8, 2, 1)
+    monkeypatch.setenv("EDURL_MAX_THREADS", "1")  # capped: the line once said 2 threads for a run that had 1
+    assert "2 cores; sync: 1 torch threads, async: 1 per side" in async_grpo.header(150, 8, 2, 1)
