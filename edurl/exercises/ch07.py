@@ -902,6 +902,16 @@ def _check_advantages(
             "holds the format term (a reply without a boxed answer, or cut off by max_tokens, scores below a "
             "finished one): use the grade's reward."
         )
+    if torch.allclose(got, -expected, atol=1e-5):
+        return (
+            f"step {n}: the sign is flipped: a completion that beat its group's mean got a negative advantage. "
+            "A[i, j] = R[i, j] - mean_j R[i, :], reward minus baseline."
+        )
+    if torch.allclose(got, rewards - rewards.mean(dim=0, keepdim=True), atol=1e-5):
+        return (
+            f"step {n}: the baseline is the mean over the problems (dim=0), one per completion index; each group's "
+            "baseline is the mean of its own G rewards: rewards.mean(dim=1, keepdim=True)."
+        )
     sums = got.sum(dim=1)
     r, a = rewards.unsqueeze(2), got.unsqueeze(2)  # (P, G, 1) against (P, 1, G): every pair within a group
     out_of_order = ((r == r.transpose(1, 2)) & ((a - a.transpose(1, 2)).abs() > 1e-5)) | (
@@ -1017,10 +1027,26 @@ def _check_update(got: _StepLog, ref: _StepLog, config, n: int) -> str | None:
     return None
 
 
+def unloggable(row: dict, n: int) -> str | None:
+    """Why the metrics row a learner's step returned cannot be logged (a tensor of many values, a list), as the
+    training loop's MetricsLogger would say it in the training cell; None if it can."""
+    from edurl.metrics import _to_json_value
+
+    for key, value in row.items():
+        try:
+            _to_json_value(key, value)
+        except (TypeError, ValueError) as err:
+            return f"step {n}: the metrics row cannot be logged: {err}"
+    return None
+
+
 def _check_row(row, ref_row, n: int) -> str | None:
     if not isinstance(row, dict):
         extra = " (did you forget the `return` statement?)" if row is None else ""
         return f"step {n}: expected the step's metrics as a dict, got {type(row).__name__}{extra}."
+    problem = unloggable(row, n)
+    if problem:
+        return problem
     for key in ("env/all/correct", "env/all/reward/total"):
         if key not in row:
             return f"step {n}: the metrics row lacks {key!r}, the batch's mean over all P x G completions."

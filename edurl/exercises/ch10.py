@@ -460,15 +460,13 @@ def _offline_problem(log, row, ref_log, config, buffer, step) -> str | None:
 
 def _row_problem(row, n: int) -> str | None:
     """What is wrong with the metrics row a step returned, for train_offline's log and the notebook's table."""
-    from edurl.metrics import _to_json_value
+    from edurl.exercises.ch07 import unloggable
 
     if not isinstance(row, dict):
         return f"step {n}: expected the step's metrics as a dict, got {type(row).__name__}."
-    for key, value in row.items():
-        try:
-            _to_json_value(key, value)
-        except (TypeError, ValueError) as err:
-            return f"step {n}: the metrics row cannot be logged: {err}"
+    problem = unloggable(row, n)
+    if problem:
+        return problem
     missing = [k for k in NOTEBOOK_READS if k not in row]
     if missing:
         return (

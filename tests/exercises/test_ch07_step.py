@@ -61,6 +61,10 @@ def buggy_step(bug: str):
             advantages = rewards.clone()
         elif bug == "batch mean":
             advantages = rewards - rewards.mean()
+        elif bug == "sign flipped":
+            advantages = rewards.mean(1, keepdim=True) - rewards
+        elif bug == "mean over problems":
+            advantages = rewards - rewards.mean(0, keepdim=True)
         elif bug == "std":
             advantages = (rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)
         else:
@@ -98,7 +102,10 @@ def buggy_step(bug: str):
             assert set(metrics) == {"optim/grad_norm", "optim/lr"}  # code that reads them gets the hint, not a crash
         if bug == "no return":
             return None
-        return {"env/all/reward/total": float(rewards.mean()), "env/all/correct": float(correct.mean())}
+        row = {"env/all/reward/total": float(rewards.mean()), "env/all/correct": float(correct.mean())}
+        if bug == "a tensor in the row":  # train_grpo's logger refused it in the training cell, after a pass here
+            row["env/all/reward/by_problem"] = rewards.mean(1)
+        return row
 
     return step_fn
 
@@ -146,6 +153,10 @@ def test_the_checked_problems_have_replies_that_max_tokens_cuts_off():
         ("off by one", "off by one"),
         ("mixed groups", "a group mixed completions of different problems"),
         ("batch mean", "the whole batch's mean reward"),
+        # these two were told that a group mixed completions of different problems, and to check their loops
+        ("sign flipped", "the sign is flipped"),
+        ("mean over problems", "the mean over the problems (dim=0)"),
+        ("a tensor in the row", "the metrics row cannot be logged: metric 'env/all/reward/by_problem' is a tensor"),
         ("std", "no division by the std"),
         ("aggregation", "aggregation='its default' where the config asks for 'seq_mean_token_mean'"),
         ("library defaults", "loss_fn='importance_sampling' where the config asks for 'ppo'"),
