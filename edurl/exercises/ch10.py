@@ -4,8 +4,9 @@ run beside :func:`edurl.llm.offline.offline_step`."""
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
@@ -477,19 +478,53 @@ def _row_problem(row, n: int) -> str | None:
     return None
 
 
+def _changed_buffer(after, before, n: int) -> str | None:
+    """What the learner's step changed in the buffer it trained on, which the notebook trains on again after it."""
+    if after == before:
+        return None
+    field = next((f.name for f in fields(before) if getattr(after, f.name, None) != getattr(before, f.name)), "?")
+    old, new = getattr(before, field), getattr(after, field, None)
+    where = (
+        f"its {field} went from {len(old)} groups to {len(new)}"
+        if isinstance(new, list) and len(new) != len(old)
+        else f"group {next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)}'s {field} changed"
+        if isinstance(new, list)
+        else f"its {field} changed"
+    )
+    return (
+        f"step {n}: your step changed the buffer it trains on ({where}). The notebook trains on the same buffer "
+        "again after it, and every step draws its groups from all of it: read from the buffer and build new lists "
+        "and tensors, never write to it (no -=, del or pop on its lists)."
+    )
+
+
 def _compare_offline_steps(fn, base=None, config=None) -> Verdict:
     from edurl.exercises.ch07 import compare_two_steps
 
     config, trainers, buffer = _offline_setup(base, config)
     configs = [config, *[replace(config, **SECOND_STEP)] * (config.max_steps - 1)]  # see OFFLINE_CHECK
+    given = {}  # step -> the copy of the buffer the learner's step got: a step that writes to it is named, and a
+    # buffer the two steps shared once let the learner's writes reach the reference's step and the expected rewards
+
+    def run(f, trainer, step):
+        own = copy.deepcopy(buffer)
+        if f is not _reference_offline_step:
+            given[step] = own
+        return f(configs[step], trainer, own, step)
+
+    def problem(log, row, ref_log, ref_row, step):
+        return _changed_buffer(given.get(step, buffer), buffer, step + 1) or _offline_problem(
+            log, row, ref_log, configs[step], buffer, step
+        )
+
     return compare_two_steps(
         "Exercise 10.3 offline_step",
         fn,
         _reference_offline_step,
         trainers,
         config.max_steps,
-        lambda f, trainer, step: f(configs[step], trainer, buffer, step),
-        lambda log, row, ref_log, ref_row, step: _offline_problem(log, row, ref_log, configs[step], buffer, step),
+        run,
+        problem,
         f"{config.max_steps} steps of {config.batch_size} logged groups x {config.group_size} completions, each with "
         "its own learning rate and beta: the same datums, advantages, loss and gradients as the library's "
         "offline_step, and the same weights after each update. The notebook now trains offline with your step.",

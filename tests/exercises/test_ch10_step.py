@@ -26,6 +26,10 @@ def buggy_step(bug: str):
             trainer.save_weights_and_get_sampling_client("fresh")
         seed = {"unseeded draw": step, "seed 0": 0}.get(bug, config.seed)
         drawn = draw_groups(buffer, config.batch_size, seed, step if bug != "unseeded draw" else 1000 + step)
+        if bug == "centred in the buffer":  # the buffer's own rewards centred: it passed, as its advantages are right
+            for i in drawn:
+                mean = sum(buffer.rewards[i]) / len(buffer.rewards[i])
+                buffer.rewards[i] = [r - mean for r in buffer.rewards[i]]
         rewards = torch.tensor([buffer.correct[i] if bug == "correctness" else buffer.rewards[i] for i in drawn])
         if bug == "soft advantages":
             adv = solutions.soft_advantages(rewards, config.dro_beta)
@@ -56,6 +60,10 @@ def buggy_step(bug: str):
             trainer.optim_step(llm.AdamParams(learning_rate=lr)).result()
         if bug == "optim_step twice":
             trainer.optim_step(llm.AdamParams(learning_rate=lr)).result()
+        if bug == "each group once":  # the drawn groups deleted: once blamed on the advantages, which are right
+            for name in ("prompts", "completions", "logprobs", "rewards", "correct", "source"):
+                for i in sorted(drawn, reverse=True):
+                    del getattr(buffer, name)[i]
         if bug == "loss only":  # the notebook reads optim/kl_sample_train_v2 from the rows
             return {"optim/loss": out.loss}
         if bug == "a tensor in the row":
@@ -94,6 +102,8 @@ def test_offline_step_checker_passes(fn, base):
         ("forward_backward twice", "forward_backward ran 2 times on the step's datums"),
         ("loss only", "lacks 'optim/kl_sample_train_v2', which the notebook reads"),
         ("a tensor in the row", "metric 'buffer/group_reward' is a tensor of shape (4,)"),
+        ("centred in the buffer", "your step changed the buffer it trains on (group"),
+        ("each group once", "your step changed the buffer it trains on (its prompts went from 12 groups to 8)"),
     ],
 )
 def test_offline_step_checker_names_the_mistake(bug, message, base):
