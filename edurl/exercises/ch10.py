@@ -402,6 +402,19 @@ def _offline_advantages(got, rewards, correct, config, n: int) -> str | None:
         return f"step {n}: the advantages are the raw rewards; subtract each group's mean reward."
     if torch.allclose(got, rewards - rewards.mean(), atol=1e-5):
         return f"step {n}: the baseline is the mean over the whole batch; take each group's own mean."
+    if torch.allclose(got, -expected, atol=1e-5):
+        return f"step {n}: the sign is flipped: the advantage is the reward minus its group's mean, not the reverse."
+    if torch.allclose(got, rewards - rewards.mean(dim=0, keepdim=True), atol=1e-5):
+        return (
+            f"step {n}: the baseline is the mean over the drawn groups (dim=0), one per completion index; each "
+            "group's baseline is the mean of its own rewards: rewards.mean(dim=1, keepdim=True)."
+        )
+    std = rewards.std(dim=1, keepdim=True)
+    if torch.allclose(got * std.clamp_min(1e-3), expected, atol=1e-4) and (std > 1e-3).any():
+        return (
+            f"step {n}: the advantages are divided by each group's std. This step centres them only (the config's "
+            "advantage_scale is 'none'), as DRO's loss expects: subtract the group's mean reward, no more."
+        )
     return f"step {n}: the advantages differ from each drawn group's logged rewards minus the group's mean."
 
 

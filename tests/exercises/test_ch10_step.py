@@ -35,6 +35,12 @@ def buggy_step(bug: str):
             adv = solutions.soft_advantages(rewards, config.dro_beta)
         elif bug == "batch mean":
             adv = rewards - rewards.mean()
+        elif bug == "sign flipped":
+            adv = rewards.mean(dim=1, keepdim=True) - rewards
+        elif bug == "mean over groups":
+            adv = rewards - rewards.mean(dim=0, keepdim=True)
+        elif bug == "std":
+            adv = (rewards - rewards.mean(dim=1, keepdim=True)) / (rewards.std(dim=1, keepdim=True) + 1e-6)
         else:
             adv = rewards - rewards.mean(dim=1, keepdim=True)
         datums = []
@@ -87,6 +93,10 @@ def test_offline_step_checker_passes(fn, base):
         ("unseeded draw", "not this step's groups"),
         ("soft advantages", "the advantages are DRO's soft ones"),
         ("batch mean", "the mean over the whole batch"),
+        # these three got "the advantages differ from each drawn group's logged rewards minus the group's mean"
+        ("sign flipped", "the sign is flipped"),
+        ("mean over groups", "the mean over the drawn groups (dim=0)"),
+        ("std", "divided by each group's std"),
         ("own logprobs", "not the logged ones"),
         ("wrong loss", "forward_backward was called with loss_fn='importance_sampling'"),
         ("no beta", "loss_fn_config={'beta': 0.05}"),
