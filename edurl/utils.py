@@ -68,7 +68,9 @@ def device(name: str | None = None) -> torch.device:
     return torch.device(name)
 
 
-_WRAPPERS = ("contextlib.py", os.path.join("torch", "utils", "_contextlib.py"))  # decorators' frames, e.g. no_grad
+# decorators' frames (no_grad), and dataclasses.replace, which remakes a config (the library's loops do) and so
+# runs its __post_init__ checks again: the warning goes to the code that called replace, or past edurl's own
+_WRAPPERS = ("contextlib.py", os.path.join("torch", "utils", "_contextlib.py"), os.sep + "dataclasses.py")
 _LAUNCHERS = ("runpy", "threading.py", os.path.join("multiprocessing", "process.py"))  # no learner's call above
 
 

@@ -22,7 +22,7 @@ from edurl.exercises._core import (
 )
 from edurl.exercises.solutions import ch09 as _solutions
 from edurl.llm.datum import ModelInput
-from edurl.llm.envs import Env, StepResult, Trajectory, Transition, extends, merged_datum
+from edurl.llm.envs import Env, MessageEnv, StepResult, Trajectory, Transition, extends, merged_datum
 from edurl.llm.envs.base import TokensWithLogprobs
 
 __all__ = ["check_episode_mask", "check_env"]
@@ -142,7 +142,11 @@ def check_episode_mask(fn, *, verbose: bool = True) -> Verdict:
     def compare(got, expected):
         if got is None:
             return "expected a list of numbers, got None (did you forget the `return mask` statement?)"
-        if isinstance(got, tuple) and got and hasattr(got[0], "__len__"):
+        if (
+            isinstance(got, tuple)
+            and got
+            and getattr(got[0], "ndim", 1 if isinstance(got[0], (list, tuple)) else 0) >= 1
+        ):
             return f"expected a list of numbers, got a tuple of {len(got)} things: return just the mask"
         try:
             got = [float(x) for x in got]
@@ -220,6 +224,7 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
     for _ in range(max_turns):
         action = _random_reply(rng, tokenizer, stop)
         try:
+            before = _sent(env)
             result = env.step(list(action))
         except NotImplementedError:
             raise
@@ -233,7 +238,7 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
         if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
             raise _Problem(f"step() returned the reward {result.reward!r}; a reward must be a finite number")
         turns.append((ob.to_ints(), list(action), result))
-        _check_roles(env, tokenizer.decode(action))
+        _check_roles(env, tokenizer.decode(action), before)
         if result.episode_done:
             return turns
         nxt = result.next_observation
@@ -252,16 +257,22 @@ def _play(env, rng, tokenizer, max_turns: int) -> list[tuple[list[int], list[int
     )
 
 
-def _check_roles(env, reply: str) -> None:
-    """A MessageEnv's conversation never holds two assistant messages in a row: ``step`` appends the model's reply
-    itself, so an env whose ``reply`` returns it again shows the model its own answer twice."""
-    messages = getattr(env, "messages", None)
-    if not isinstance(messages, list):
+def _sent(env) -> int | None:
+    """How many messages a MessageEnv's conversation holds (None for another Env): taken before a step, so that
+    :func:`_check_roles` can read what the step added."""
+    return len(env.messages) if isinstance(env, MessageEnv) and isinstance(env.messages, list) else None
+
+
+def _check_roles(env, reply: str, before: int | None) -> None:
+    """``MessageEnv.step`` appends the model's reply to the conversation itself, then the messages ``reply``
+    returns: an env whose ``reply`` returns the model's reply again shows the model its own answer twice. (No
+    message at all, to let the model try again without a word, is allowed.)"""
+    if before is None or not isinstance(env.messages, list):
         return
-    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
-    if any(a == b == "assistant" for a, b in zip(roles, roles[1:])):
+    added = [m.get("role") if isinstance(m, dict) else None for m in env.messages[before + 1 :]]
+    if "assistant" in added:
         raise _Problem(
-            f"after the reply {reply!r} the conversation holds two assistant messages in a row (roles {roles}): "
+            f"after the reply {reply!r}, reply(text) returned an assistant message (it added the roles {added}): "
             "MessageEnv.step appends the model's reply to self.messages itself, so reply(text) must return only "
             "the new messages from the environment (a user or tool message), never the model's reply again"
         )
@@ -457,30 +468,34 @@ def check_env(
         )
         # and a reply that cannot be right, complete (not cut off), every turn: a reward that pays any reply it can
         # read (a bar taken from random replies alone is the cut-off ones' 0, which any reply beats)
-        wrong = next(w for w in ("zzzz", "qqqq") if w not in {r.strip() for r in right_script})
-        total, turns, ended, wrong_total, doing = 0.0, 0, False, 0.0, "make_env()"
+        said = {r.strip() for r in right_script}  # one of len(said) + 1 candidates is not among them
+        wrong = next(w for w in ("zzzz", "qqqq", *("z" * k for k in range(5, 6 + len(said)))) if w not in said)
+        total, turns, ended, wrong_total, doing, phase = 0.0, 0, False, 0.0, "make_env()", "right"
         try:
             env = make_env()
             doing = "initial_observation()"
             _, stop = env.initial_observation()
             doing = "step()"
             for reply in right_script:
+                before = _sent(env)
                 result = env.step(tokenizer.encode(reply, add_special_tokens=False) + list(stop))
                 turns += 1
                 if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
                     total = result.reward  # named below
                     break
                 total += result.reward
-                _check_roles(env, reply)
+                _check_roles(env, reply, before)
                 if result.episode_done:
                     ended = True
                     break
                 stop = _stop_ids(
                     result.next_stop_condition, f"step()'s next_stop_condition after the right reply {reply!r}"
                 )
-            doing = "the wrong reply"
+            phase, doing = "wrong", "make_env()"
             env = make_env()
+            doing = "initial_observation()"
             _, stop = env.initial_observation()
+            doing = "step()"
             for _ in range(max_turns):
                 result = env.step(tokenizer.encode(wrong, add_special_tokens=False) + list(stop))
                 if not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
@@ -496,19 +511,13 @@ def check_env(
         except _Problem as err:
             return verdict(FAILED, f"{err}.\n  The notebook continues with the reference environment.")
         except Exception as err:
-            where = (
-                f"on the right reply {right_script[turns]!r}"
-                if doing == "step()"
-                else f"on the reply {wrong!r}"
-                if doing == "the wrong reply"
-                else "before the right reply"
-            )
-            doing = "step()" if doing == "the wrong reply" else doing
-            return verdict(
-                FAILED,
-                f"{doing} raised {type(err).__name__}{_where_it_raised(err)} {where}: {err}. The branch of your "
-                "environment that rewards a right answer must run too",
-            )
+            if phase == "wrong":
+                where = f"on the reply {wrong!r}" if doing == "step()" else f"before the reply {wrong!r}"
+                why = "An environment must answer any reply, a wrong one too, without a crash"
+            else:
+                where = f"on the right reply {right_script[turns]!r}" if doing == "step()" else "before the right reply"
+                why = "The branch of your environment that rewards a right answer must run too"
+            return verdict(FAILED, f"{doing} raised {type(err).__name__}{_where_it_raised(err)} {where}: {err}. {why}")
         shown = repr(right_reply)
         if not isinstance(total, (int, float)) or not math.isfinite(total):
             return verdict(

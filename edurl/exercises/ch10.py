@@ -491,19 +491,29 @@ def _row_problem(row, n: int) -> str | None:
     return None
 
 
+def _differs(a, b) -> bool:
+    """``a != b``, where a comparison that cannot give one answer (a NumPy array or a tensor written into the
+    buffer's plain lists) counts as a change."""
+    try:
+        return bool(a != b)
+    except (ValueError, RuntimeError, TypeError):
+        return True
+
+
 def _changed_buffer(after, before, n: int) -> str | None:
     """What the learner's step changed in the buffer it trained on, which the notebook trains on again after it."""
-    if after == before:
-        return None
-    field = next((f.name for f in fields(before) if getattr(after, f.name, None) != getattr(before, f.name)), "?")
-    old, new = getattr(before, field), getattr(after, field, None)
-    where = (
-        f"its {field} went from {len(old)} groups to {len(new)}"
-        if isinstance(new, list) and len(new) != len(old)
-        else f"group {next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)}'s {field} changed"
-        if isinstance(new, list)
-        else f"its {field} changed"
+    field = next(
+        (f.name for f in fields(before) if _differs(getattr(after, f.name, None), getattr(before, f.name))), None
     )
+    if field is None:
+        return None
+    old, new = getattr(before, field), getattr(after, field, None)
+    if isinstance(new, list) and len(new) != len(old):
+        where = f"its {field} went from {len(old)} groups to {len(new)}"
+    elif isinstance(new, list):
+        where = f"group {next(i for i, (a, b) in enumerate(zip(old, new)) if _differs(a, b))}'s {field} changed"
+    else:
+        where = f"its {field} changed"
     return (
         f"step {n}: your step changed the buffer it trains on ({where}). The notebook trains on the same buffer "
         "again after it, and every step draws its groups from all of it: read from the buffer and build new lists "

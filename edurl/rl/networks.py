@@ -28,7 +28,9 @@ def module_device(module: nn.Module) -> torch.device:
 
 def module_dtype(module: nn.Module) -> torch.dtype:
     """The dtype of ``module``'s first floating-point parameter (or buffer), the one its inputs must have; torch's
-    default dtype for a module with none."""
+    default dtype for a module with none, or for a plain function (a critic such as ``lambda obs: 0 * obs[..., 0]``)."""
+    if not isinstance(module, nn.Module):
+        return torch.get_default_dtype()
     for tensor in (*module.parameters(), *module.buffers()):
         if tensor.is_floating_point():
             return tensor.dtype

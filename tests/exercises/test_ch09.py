@@ -116,6 +116,11 @@ def test_episode_mask_names_a_missing_return_and_a_returned_tuple():
     assert_rejected(exercises.check_episode_mask, no_return, "forget the `return mask`")
     assert_rejected(exercises.check_episode_mask, with_count, "return just the mask")
 
+    def tuple_of_numbers(observations, actions):  # a tuple of 0-d tensors is a mask, not a (mask, count) pair
+        return tuple(torch.tensor(ch09.episode_mask(observations, actions)))
+
+    assert exercises.check_episode_mask(tuple_of_numbers, verbose=False).status == PASSED
+
 
 # ---------------------------------------------------------------- 9.2 an environment of your own
 
@@ -443,6 +448,20 @@ class RepeatsTheReply(ch09.ReverseWordEnv):
         return reward, done, ([{"role": "assistant", "content": text}] + new if new else new), metrics
 
 
+class SilentRetry(ch09.ReverseWordEnv):
+    def reply(self, text):
+        if text.strip() == self.word[::-1]:
+            return 1.0, True, [], {"win": 1.0}
+        return 0.0, self.turns >= self.tries, [], {"win": 0.0}
+
+
+class CrashesOnZ(ch09.ReverseWordEnv):
+    def reply(self, text):
+        if text.strip() == "zzzz":  # random replies never say it: only the checker's wrong reply reaches this
+            raise KeyError("z")
+        return super().reply(text)
+
+
 def test_check_env_refuses_a_reward_for_any_reply_a_win_that_goes_on_and_a_reply_shown_twice():
     verdict = exercises.check_env(lambda: PaysAnyReply("stop", R), right_reply="pots", verbose=False)
     assert verdict.status == FAILED and "pays a reply whatever it says" in verdict.message, verdict.message
@@ -450,10 +469,18 @@ def test_check_env_refuses_a_reward_for_any_reply_a_win_that_goes_on_and_a_reply
     verdict = exercises.check_env(lambda: WinDoesNotEnd("stop", R), right_reply="pots", verbose=False)
     assert verdict.status == FAILED and "a right answer must end it" in verdict.message, verdict.message
     verdict = exercises.check_env(lambda: RepeatsTheReply("stop", R), right_reply="pots", verbose=False)
-    assert verdict.status == FAILED and "two assistant messages in a row" in verdict.message, verdict.message
+    assert verdict.status == FAILED and "reply(text) returned an assistant message" in verdict.message, verdict.message
     # a right answer that is the checker's own wrong reply is not held against the environment
     verdict = exercises.check_env(lambda: ch09.ReverseWordEnv("zzzz", R), right_reply="zzzz", verbose=False)
     assert verdict.status == PASSED, verdict.message
+    verdict = exercises.check_env(lambda: ch09.ReverseWordEnv("qqqq", R), right_reply=["zzzz", "qqqq"], verbose=False)
+    assert verdict.status == PASSED, verdict.message  # was a StopIteration: no wrong reply left to play
+    # a wrong try answered with no message at all (the model tries again) is allowed
+    verdict = exercises.check_env(lambda: SilentRetry("stop", R), right_reply="pots", verbose=False)
+    assert verdict.status == PASSED, verdict.message
+    verdict = exercises.check_env(lambda: CrashesOnZ("stop", R), right_reply="pots", verbose=False)
+    assert verdict.status == FAILED and "on the reply 'zzzz'" in verdict.message, verdict.message
+    assert "a wrong one too, without a crash" in verdict.message and "right answer must run" not in verdict.message
 
 
 def test_check_env_names_its_turn_limit_and_how_to_raise_it():

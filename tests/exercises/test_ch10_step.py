@@ -173,3 +173,25 @@ def ch10_renderer_task(base):
     from edurl.llm.renderer import ChatMLRenderer
 
     return ChatMLRenderer(base[1]), WARM.task()
+
+
+def test_a_buffer_changed_to_hold_arrays_is_named_not_a_crash():
+    """An array written into the buffer's lists made the comparison itself raise ("truth value of an array is
+    ambiguous") out of the checker."""
+    import copy
+
+    import numpy as np
+
+    from edurl.llm.offline import RolloutBuffer
+
+    before = RolloutBuffer(
+        prompts=[[1, 2], [1, 3]], completions=[[[3], [4]], [[5], [6]]], logprobs=[[[-0.1], [-0.2]]] * 2,
+        rewards=[[1.0, 0.0], [0.0, 0.0]], correct=[[1.0, 0.0], [0.0, 0.0]], source=["sft", "sft"], temperature=1.0,
+    )  # fmt: skip
+    assert ch10._changed_buffer(copy.deepcopy(before), before, 1) is None
+    group = copy.deepcopy(before)
+    group.rewards[1] = np.asarray(group.rewards[1]) - 0.0  # the same values, as an array
+    assert "group 1's rewards changed" in ch10._changed_buffer(group, before, 1)
+    whole = copy.deepcopy(before)
+    whole.rewards = np.asarray(whole.rewards)
+    assert "(its rewards changed)" in ch10._changed_buffer(whole, before, 1)

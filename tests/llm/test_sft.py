@@ -1,4 +1,5 @@
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,9 @@ def test_a_warmup_longer_than_the_run_is_named(make, recwarn):
         caught[0].message
     )
     assert caught[0].filename == __file__  # pointed at the learner's call, not the library
+    with pytest.warns(UserWarning, match="warmup_steps") as caught:
+        replace(cls(max_steps=20), seed=1)  # as the library's loops remake a config: once pointed at dataclasses.py
+    assert {w.filename for w in caught} == {__file__}
     recwarn.clear()
     cls(max_steps=default_warmup)  # a warm-up as long as the run reaches the peak on its last step
     assert not [w for w in recwarn if "warmup_steps" in str(w.message)]

@@ -150,3 +150,15 @@ def test_the_study_feeds_the_nets_their_own_dtype(dtype):
     finally:
         torch.set_default_dtype(previous)
     assert list(df["lam"]) == [0.0, 1.0] and np.isfinite(df["mse"]).all()
+
+
+def test_the_study_takes_a_critic_that_is_a_plain_function():
+    """sample_trajectory takes one; the study, once it read the critic's dtype, raised AttributeError on it."""
+    policy, _ = _nets()
+    zero_critic = lambda obs: torch.zeros(obs.shape[:-1], dtype=obs.dtype)  # noqa: E731
+    traj = sample_trajectory(policy, zero_critic, seed=2)
+    df = gae_bias_variance(
+        policy, zero_critic, traj["states"][:1], traj["actions"][:1], lams=[0.0, 1.0], num_truth=16, num_samples=8,
+        horizon=10, progress=False,
+    )  # fmt: skip
+    assert list(df["lam"]) == [0.0, 1.0] and np.isfinite(df["mse"]).all()
