@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from edurl.utils import warn_at_caller
+from edurl.utils import file_in_the_way, warn_at_caller
 
 __all__ = ["MetricsLogger", "load_metrics", "truncate_metrics"]
 
@@ -68,10 +68,10 @@ class MetricsLogger:
         if if_exists not in _IF_EXISTS:
             raise ValueError(f"if_exists must be one of {_IF_EXISTS}, got {if_exists!r}.")
         self.log_dir = Path(log_dir)
-        if self.log_dir.exists() and not self.log_dir.is_dir():  # was a bare "[Errno 17] File exists"
+        clash = file_in_the_way(self.log_dir)  # was a bare "[Errno 17] File exists" or "[Errno 20] Not a directory"
+        if clash is not None:
             raise NotADirectoryError(
-                f"log_dir {str(self.log_dir)!r} is a file; a MetricsLogger writes <log_dir>/metrics.jsonl, so pass a "
-                "folder (new or existing)."
+                f"log_dir {clash}; a MetricsLogger writes <log_dir>/metrics.jsonl, so pass a folder (new or existing)."
             )
         self.path = self.log_dir / "metrics.jsonl"
         self._time_offset = 0.0

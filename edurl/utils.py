@@ -14,6 +14,7 @@ import random
 import re
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -99,6 +100,21 @@ def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
     if frame is None or any(part in frame.f_code.co_filename for part in _LAUNCHERS):
         level = inside
     warnings.warn(message, category, stacklevel=level + 1)
+
+
+def file_in_the_way(folder) -> str | None:
+    """Why no folder can be made at ``folder``, or None if one can: it is a file, or it lies under a file
+    (``mkdir(parents=True)`` ends there in a bare ``NotADirectoryError``). The reason names the file, e.g.
+    ``"'notes.txt/run' lies under 'notes.txt', which is a file"``."""
+    path = Path(folder)
+    for above in (path, *path.parents):
+        if above.exists():
+            if above.is_dir():
+                return None
+            if above == path:
+                return f"{str(path)!r} is a file"
+            return f"{str(path)!r} lies under {str(above)!r}, which is a file"
+    return None
 
 
 def seed_everything(seed: int, *, deterministic: bool | None = None) -> int:

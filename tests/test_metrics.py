@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from edurl import MetricsLogger, load_metrics
+from edurl.utils import file_in_the_way
 
 
 def test_log_writes_one_json_object_per_step(tmp_path):
@@ -176,6 +177,9 @@ def test_a_log_dir_that_is_a_file_is_named(tmp_path):
     (tmp_path / "taken").write_text("x")
     with pytest.raises(NotADirectoryError, match="is a file"):
         MetricsLogger(tmp_path / "taken")
+    with pytest.raises(NotADirectoryError, match="'.*inner' lies under '.*taken', which is a file"):
+        MetricsLogger(tmp_path / "taken" / "inner")  # was a bare "[Errno 20] Not a directory"
+    assert file_in_the_way(tmp_path / "new" / "deeper") is None and file_in_the_way(tmp_path) is None
 
 
 def test_truncate_metrics_names_a_step_that_is_not_an_int(tmp_path):

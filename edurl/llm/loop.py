@@ -29,7 +29,7 @@ from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.sft import load_or_train_sft
 from edurl.metrics import MetricsLogger, load_metrics, truncate_metrics
 from edurl.utils import device as pick_device
-from edurl.utils import progress, torch_threads, usable_cpus, warn_at_caller
+from edurl.utils import file_in_the_way, progress, torch_threads, usable_cpus, warn_at_caller
 
 if TYPE_CHECKING:
     from edurl.llm.grpo import GRPOConfig
@@ -221,8 +221,9 @@ def _check_log_dir(config: GRPOConfig, log_dir: Path, desc: str, main: bool = Tr
     folder with an earlier run's checkpoints (a later resume would load them), a resume with nothing to resume
     from but an earlier run's metrics (they would be overwritten), and a resume whose config computes something
     else than the run it continues."""
-    if log_dir.exists() and not log_dir.is_dir():
-        raise ValueError(f"log_dir {str(log_dir)!r} is a file; pass a folder (it is made if missing)")
+    clash = file_in_the_way(log_dir)
+    if clash is not None:
+        raise ValueError(f"log_dir {clash}; pass a folder (it is made if missing)")
     checkpoints, logged = _earlier_run(log_dir)
     if not config.resume:
         if config.overwrite:

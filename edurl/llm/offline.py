@@ -39,7 +39,7 @@ from edurl.llm.loop import GRPOResult, problem_seed, run_training_loop
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.rewards import grade
 from edurl.llm.sampling import SamplingParams
-from edurl.utils import progress, warn_at_caller
+from edurl.utils import file_in_the_way, progress, warn_at_caller
 
 __all__ = ["ADVANTAGES", "RolloutBuffer", "collect_buffer", "draw_groups", "offline_step", "train_offline"]
 
@@ -148,6 +148,9 @@ class RolloutBuffer:
         """Write the buffer to one file (``torch.save`` of plain lists); read it with :meth:`load`."""
         self.check()  # its lists are filled in place (collect_buffer appends), so check them before they are kept
         path = Path(path)
+        clash = file_in_the_way(path.parent)
+        if clash is not None:  # the buffer stays in memory: save it again to another path
+            raise NotADirectoryError(f"cannot save the buffer to {str(path)!r}: {clash}. Pass a path in a folder.")
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({k: getattr(self, k) for k in self.__dataclass_fields__}, path)
         return path

@@ -15,13 +15,14 @@ from pathlib import Path
 import tyro
 
 from edurl.utils import device as _pick_device
+from edurl.utils import file_in_the_way
 
 
 def parse_config(cls, argv: list[str] | None = None, *, data_parallel: bool = False, **defaults):
     """Build ``cls`` from the command line (``sys.argv[1:]`` when ``argv`` is None); ``defaults`` override the
     class's own defaults (e.g. a recipe's ``log_dir``). Unknown or malformed flags exit with tyro's message;
     a value the config itself refuses exits with tyro's message too. A ``device`` field (at any depth) that names
-    hardware this machine lacks (``--device cuda`` without CUDA), and a ``log_dir`` that is a file, exit with the
+    hardware this machine lacks (``--device cuda`` without CUDA), and a ``log_dir`` that is a file or lies under one, exit with the
     reason before anything is built or trained, and so does a recipe under torchrun (WORLD_SIZE > 1) unless it
     splits its batch across the ranks (``data_parallel``)."""
     config = tyro.cli(cls, args=argv, default=cls(**defaults) if defaults else None)
@@ -38,8 +39,9 @@ def parse_config(cls, argv: list[str] | None = None, *, data_parallel: bool = Fa
         except ValueError as err:
             refuse(f"{flag} {name}: {err}")
     log_dir = getattr(config, "log_dir", None)
-    if isinstance(log_dir, str) and Path(log_dir).exists() and not Path(log_dir).is_dir():
-        refuse(f"--log-dir {log_dir}: that is a file; pass a folder (it is made if missing)")
+    clash = file_in_the_way(log_dir) if isinstance(log_dir, str) else None
+    if clash is not None:
+        refuse(f"--log-dir {log_dir}: {clash}; pass a folder (it is made if missing)")
     return config
 
 

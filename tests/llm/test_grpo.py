@@ -514,6 +514,8 @@ def test_a_log_dir_that_is_a_file_is_refused_before_any_work(tmp_path):
     (tmp_path / "run").write_text("notes", encoding="utf-8")  # it used to fail in mkdir, after the model was loaded
     with pytest.raises(ValueError, match="is a file; pass a folder"):
         train_grpo(tiny(tmp_path, max_steps=1))
+    with pytest.raises(ValueError, match="lies under .*run', which is a file; pass a folder"):
+        train_grpo(tiny(tmp_path / "run", max_steps=1))  # a NotADirectoryError from mkdir, after the model was built
 
 
 def test_dro_beta_is_checked_when_the_config_is_built():

@@ -166,7 +166,10 @@ def test_offline_refuses_bad_inputs(setup):
 def test_a_buffer_whose_groups_do_not_line_up_is_refused(tmp_path):
     # 2 completions with 3 rewards used to train on a baseline of 2/3 instead of 1/2, and saved and loaded as well
     good = dict(prompts=[[1, 2]], completions=[[[3, 4], [5]]], logprobs=[[[-0.1, -0.2], [-0.3]]], rewards=[[1.0, 0.0]])
-    RolloutBuffer(**good, correct=[[1.0, 0.0]], source=["sft"]).save(tmp_path / "ok.pt")
+    ok = RolloutBuffer(**good, correct=[[1.0, 0.0]], source=["sft"])
+    ok.save(tmp_path / "ok.pt")
+    with pytest.raises(NotADirectoryError, match="lies under '.*ok.pt', which is a file. Pass a path in a folder"):
+        ok.save(tmp_path / "ok.pt" / "again" / "b.pt")  # a bare "[Errno 20] Not a directory" from mkdir
     with pytest.raises(ValueError, match="group 0 has 2 completions but 2 lists of log-probs, 3 rewards"):
         RolloutBuffer(**{**good, "rewards": [[1.0, 0.0, 0.0]]}, correct=[[1.0, 0.0]], source=["sft"])
     with pytest.raises(ValueError, match="group 0, completion 1 has 1 tokens but 2 log-probs"):

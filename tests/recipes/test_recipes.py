@@ -104,9 +104,11 @@ def test_a_log_dir_a_recipe_cannot_use_is_one_line_before_any_work(tmp_path, cap
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     for recipe in (ppo_cartpole, reinforce_cartpole, a2c_cartpole):
-        with pytest.raises(SystemExit) as exit_:
-            recipe.main(["--log-dir", str(afile)])
-        assert exit_.value.code == 2 and "that is a file" in capsys.readouterr().err
+        for log_dir, reason in [(afile, "is a file"), (afile / "run", f"lies under {str(afile)!r}, which is a file")]:
+            with pytest.raises(SystemExit) as exit_:  # under a file: a NotADirectoryError traceback, after training
+                recipe.main(["--log-dir", str(log_dir)])
+            err = capsys.readouterr().err
+            assert exit_.value.code == 2 and reason in err and "Traceback" not in err, err
     assert afile.read_text() == "keep me"
     from edurl.recipes import grpo_arithmetic
 
