@@ -51,6 +51,7 @@ from edurl.llm.padding import pad
 from edurl.llm.policy import LoraSettings, load_policy, refuse_prompt_learning, wrap_lora
 from edurl.llm.sampling import PrefixCache, SamplingParams, embedding_rows, sample
 from edurl.llm.shared_prefix import token_logprobs
+from edurl.utils import file_in_the_way
 
 T = TypeVar("T")
 
@@ -337,6 +338,9 @@ class TrainingClient:
             disable_dropout(reference) if reference is not None else None
         )  # None: LoRA's is the adapter off
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        clash = file_in_the_way(self.log_dir) if self.log_dir is not None else None
+        if clash is not None:  # else save_state failed with a bare NotADirectoryError, after the training before it
+            raise NotADirectoryError(f"log_dir {clash}; checkpoints go to <log_dir>/checkpoints, so pass a folder.")
         self.optimizer: torch.optim.Optimizer | None = None
         self._master: list[torch.nn.Parameter] | None = None  # fp32 copies of bf16/fp16 weights (optim_step)
         self.device = next(model.parameters()).device
@@ -748,6 +752,12 @@ class TrainingClient:
         back with :meth:`load_sampler`) to one file. The file appears only when complete (written to a
         temporary name, then renamed), so a run killed at any moment leaves the previous checkpoints readable."""
         path = self._state_path(name)
+        clash = file_in_the_way(path)
+        if clash is not None:
+            raise NotADirectoryError(
+                f"cannot save state {name!r}: {clash}. The weights are still in memory: set this client's log_dir "
+                "to a folder (checkpoints go to <log_dir>/checkpoints) and call save_state again."
+            )
         path.mkdir(parents=True, exist_ok=True)
         names = self._trainable_names()
         values = self._master if self._master is not None else self.trainable_parameters()

@@ -37,7 +37,7 @@ from edurl.llm.padding import pad
 from edurl.llm.renderer import ChatMLRenderer
 from edurl.llm.tasks import TaskConfig
 from edurl.llm.tokenizer import build_char_tokenizer
-from edurl.utils import cpu_threads, torch_threads, warn_at_caller
+from edurl.utils import cpu_threads, file_in_the_way, torch_threads, warn_at_caller
 from edurl.utils import device as pick_device
 from edurl.utils import progress as progress_bar
 
@@ -292,6 +292,12 @@ def cached_checkpoint(key: str, config, train, device: str | None = None, retrai
             )
         history = json.loads((path / "history.json").read_text(encoding="utf-8"))
         return model, tokenizer, history, path
+    clash = file_in_the_way(path.parent)  # checked before train(): mkdir below failed only after minutes of it
+    if clash is not None:
+        raise NotADirectoryError(
+            f"cannot cache the checkpoint at {str(path)!r}: {clash}. Point $EDURL_CACHE at a folder (it is made if "
+            "missing); nothing was trained."
+        )
     model, tokenizer, history = train()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))

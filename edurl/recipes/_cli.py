@@ -132,6 +132,9 @@ def save_figure(fig, path, **savefig_kwargs) -> Path:
     import matplotlib.pyplot as plt
 
     path = Path(path)
+    clash = file_in_the_way(path.parent)
+    if clash is not None:  # the figure stays open: save it again to another path
+        raise NotADirectoryError(f"cannot save the figure to {str(path)!r}: {clash}. Pass a path in a folder.")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fig.savefig(path, **savefig_kwargs)

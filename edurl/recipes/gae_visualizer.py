@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edurl._checks import check_fields, check_gamma
 from edurl.recipes._cli import parse_config, run_as_script, save_figure
+from edurl.utils import file_in_the_way
 
 
 @dataclass
@@ -38,6 +39,9 @@ class GAEVisualizerConfig:
         if Path(self.out).is_dir() or self.out.endswith(("/", os.sep)):  # "figs/" was written to figs/.png
             folder = self.out.rstrip("/" + os.sep)
             raise ValueError(f"GAEVisualizerConfig.out {self.out!r} is a folder; name the PNG, e.g. {folder}/gae.png")
+        clash = file_in_the_way(Path(self.out).parent)  # else save_figure refused it only after the training
+        if clash is not None:
+            raise ValueError(f"GAEVisualizerConfig.out {self.out!r}: {clash}; name a PNG in a folder (made if missing)")
         from matplotlib.backend_bases import FigureCanvasBase
 
         # a name without an image extension gets ".png": "gae_gamma0.99" has the suffix ".99", which savefig refused

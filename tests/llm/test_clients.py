@@ -227,6 +227,20 @@ def test_save_and_load_state_restore_weights_and_optimizer(trainer, small_model,
         assert torch.equal(a, b)
 
 
+def test_a_log_dir_under_a_file_is_named(trainer, small_model, char_tokenizer, tmp_path):
+    """save_state into a log_dir that is a file, or lies under one, failed with a bare NotADirectoryError from mkdir;
+    now the client refuses such a log_dir when it is made, and save_state says how to save the weights still held."""
+    (tmp_path / "notes.txt").write_text("keep me")
+    for log_dir in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "run"):
+        with pytest.raises(NotADirectoryError, match="pass a folder"):
+            ServiceClient(device="cpu", log_dir=log_dir).create_training_client((small_model, char_tokenizer))
+        trainer.log_dir = log_dir
+        with pytest.raises(NotADirectoryError, match="still in memory: set this client's log_dir"):
+            trainer.save_state("ckpt")
+    trainer.log_dir = tmp_path / "run"
+    assert trainer.save_state("ckpt").is_dir() and (tmp_path / "notes.txt").read_text() == "keep me"
+
+
 def test_forward_is_forward_backward_without_the_gradient(trainer):
     datums = rl_datums(trainer)
     only = trainer.forward(datums, "ppo", aggregation="token_mean").result()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from edurl.llm.renderer import ChatMLRenderer
-from edurl.llm.sft import SFTConfig, _batch, load_or_train_sft, reply_budget, sft_loss, train_sft
+from edurl.llm.sft import SFTConfig, _batch, cached_checkpoint, load_or_train_sft, reply_budget, sft_loss, train_sft
 from edurl.llm.tasks import make_problem
 
 from .conftest import SMALL
@@ -69,6 +69,18 @@ def test_a_cached_checkpoint_is_read_off_its_file(tmp_path, monkeypatch):
     again, _, _, path = load_or_train_sft(TINY, progress=False)
     assert _mapped(path) == []
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+
+
+def test_a_cache_under_a_file_is_named_before_training(tmp_path, monkeypatch):
+    """$EDURL_CACHE pointing at a file (or under one) trained the whole warm start, then failed in mkdir with a bare
+    NotADirectoryError, and the trained model was lost."""
+    (tmp_path / "notes.txt").write_text("keep me")
+    trained = []
+    for cache in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "cache"):
+        monkeypatch.setenv("EDURL_CACHE", str(cache))
+        with pytest.raises(NotADirectoryError, match=r"EDURL_CACHE.*nothing was trained"):
+            cached_checkpoint("key", TINY, lambda: trained.append(1))
+    assert trained == [] and (tmp_path / "notes.txt").read_text() == "keep me"
 
 
 def test_a_retrain_that_cannot_move_the_old_checkpoint_keeps_it(tmp_path, monkeypatch):

@@ -224,6 +224,29 @@ def test_gae_visualizer_out_with_a_dot_or_a_slash(tmp_path, capsys):
     assert "is a folder; name the PNG" in " ".join(capsys.readouterr().err.translate(box).split())
 
 
+def test_a_figure_path_under_a_file_is_named(tmp_path, capsys):
+    """--out notes.txt/gae.png trained the policy, then failed in save_figure's mkdir with a bare
+    NotADirectoryError; save_figure itself said no more, and closed the figure it could not save."""
+    import matplotlib.pyplot as plt
+
+    from edurl.recipes._cli import save_figure
+
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit):
+        parse_config(gae_visualizer.GAEVisualizerConfig, ["--out", str(tmp_path / "notes.txt" / "gae.png")])
+    box = str.maketrans("│|", "  ")
+    assert "notes.txt' is a file; name a PNG in a folder" in " ".join(capsys.readouterr().err.translate(box).split())
+    fig = plt.figure()
+    try:
+        with pytest.raises(NotADirectoryError, match="lies under .*notes.txt', which is a file. Pass a path"):
+            save_figure(fig, tmp_path / "notes.txt" / "figs" / "f.png")
+        assert plt.fignum_exists(fig.number)  # still open, to be saved elsewhere
+        assert save_figure(fig, tmp_path / "f.png").is_file()
+    finally:
+        plt.close(fig)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
 def test_a_recipe_run_from_a_notebook_leaves_its_figures_on(tmp_path):
     """Each recipe's main() called matplotlib.use("Agg"), which switched a notebook's inline backend off for the
     rest of the session: notebook 07 runs tinker_rl_loop.main in-process, and its later figures showed nothing.
