@@ -471,6 +471,7 @@ def check_env(
         said = {r.strip() for r in right_script}  # one of len(said) + 1 candidates is not among them
         wrong = next(w for w in ("zzzz", "qqqq", *("z" * k for k in range(5, 6 + len(said)))) if w not in said)
         total, turns, ended, wrong_total, doing, phase = 0.0, 0, False, 0.0, "make_env()", "right"
+        paid = []  # (reply, reward) per turn of the right script
         try:
             env = make_env()
             doing = "initial_observation()"
@@ -484,6 +485,7 @@ def check_env(
                     total = result.reward  # named below
                     break
                 total += result.reward
+                paid.append((reply.strip(), result.reward))
                 _check_roles(env, reply, before)
                 if result.episode_done:
                     ended = True
@@ -539,6 +541,25 @@ def check_env(
                 f"right, got in an episode of it ({wrong_total:g}): reply() pays a reply whatever it says. Compare "
                 "the reply's text, stripped of spaces, with the answer, and pay only a match (e.g. `if text.strip() "
                 "== answer:`, not `if answer:`)",
+            )
+        # a win that leaves the episode going, played again by a script of repeats (["pots"] * 3) whose episode ends
+        # only when the tries run out: each turn but the last was paid above the bar, and the same reply again
+        again = next(
+            (
+                (j, k)
+                for k, (text, reward) in enumerate(paid)
+                for j, (earlier, paid_then) in enumerate(paid[:k])
+                if earlier == text and reward > bar and paid_then > bar
+            ),
+            None,
+        )
+        if again is not None:
+            j, k = again
+            return verdict(
+                FAILED,
+                f"the right reply {paid[k][0]!r} was paid {paid[j][1]:g} on turn {j + 1} and the episode went on, then "
+                f"paid {paid[k][1]:g} again for the same reply on turn {k + 1}: a right answer must end the episode "
+                "(episode_done=True), or the model is paid again for the same answer on every turn left",
             )
         if not ended:
             return verdict(

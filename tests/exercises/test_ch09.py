@@ -468,6 +468,11 @@ def test_check_env_refuses_a_reward_for_any_reply_a_win_that_goes_on_and_a_reply
     assert "'zzzz'" in verdict.message
     verdict = exercises.check_env(lambda: WinDoesNotEnd("stop", R), right_reply="pots", verbose=False)
     assert verdict.status == FAILED and "a right answer must end it" in verdict.message, verdict.message
+    # played until the tries run out, the same env once passed: its episode ended, on the third win
+    verdict = exercises.check_env(lambda: WinDoesNotEnd("stop", R), right_reply=["pots"] * 3, verbose=False)
+    assert verdict.status == FAILED and "paid 1 again for the same reply on turn 2" in verdict.message, verdict.message
+    verdict = exercises.check_env(lambda: ch09.ReverseWordEnv("stop", R), right_reply=["pots"] * 3, verbose=False)
+    assert verdict.status == PASSED, verdict.message  # the first win ends the episode: the repeats are never played
     verdict = exercises.check_env(lambda: RepeatsTheReply("stop", R), right_reply="pots", verbose=False)
     assert verdict.status == FAILED and "reply(text) returned an assistant message" in verdict.message, verdict.message
     # a right answer that is the checker's own wrong reply is not held against the environment
