@@ -157,6 +157,8 @@ class TorchCartPole:
                 f"keep_blocks needs a non-empty list of block indices in 0..{len(self._gens) - 1} (one block per seed "
                 f"given to reset), got {blocks}."
             )
+        if len(set(blocks)) < len(blocks):  # two blocks would share one generator: neither the run of its seed
+            raise ValueError(f"keep_blocks got a block index twice ({blocks}); keep each block at most once.")
         size = self.num_envs // len(self._gens)
         rows = torch.cat([torch.arange(b * size, (b + 1) * size, device=self.device) for b in blocks])
         self._state, self.elapsed = self._state[rows], self.elapsed[rows]

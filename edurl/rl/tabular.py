@@ -24,6 +24,7 @@ moving; ``solve_policy_values`` solves the same linear system directly, as an in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -287,8 +288,10 @@ def monte_carlo_value(
     so give the env a time limit long enough for gamma**limit to be negligible.
     """
     gamma = check_gamma(gamma)
-    if num_episodes < 2:
-        raise ValueError(f"num_episodes must be at least 2 to estimate a standard error, got {num_episodes}.")
+    if isinstance(num_episodes, bool) or not isinstance(num_episodes, Integral) or num_episodes < 2:
+        raise ValueError(  # 2.0 failed in np.empty, None in the comparison
+            f"num_episodes must be a whole number >= 2 to estimate a standard error, got {num_episodes!r}."
+        )
     rng = np.random.default_rng(seed)
     probs = policy.detach().cpu().numpy()
     returns = np.empty(num_episodes)

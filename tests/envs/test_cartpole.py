@@ -131,6 +131,9 @@ def test_step_before_reset_and_bad_seeds_are_refused():
     assert torch.equal(a, TorchCartPole(4).reset(seed=[3, 4])[0])
     with pytest.raises(ValueError, match="block indices"):
         env.keep_blocks([2])
+    env.reset(seed=[1, 2])
+    with pytest.raises(ValueError, match=r"block index twice \(\[0, 0\]\)"):  # two blocks drew from one generator
+        env.keep_blocks([0, 0])
 
 
 def test_the_default_dtype_and_numpy_counts():

@@ -144,6 +144,10 @@ def test_bad_inputs_have_clear_errors(frozen_lake):
         )
     with pytest.raises(TypeError, match="no transition table"):
         TabularMDP.from_gymnasium(gym.make("CartPole-v1"))
+    env, pi = gym.make("FrozenLake-v1", max_episode_steps=20), torch.full((16, 4), 0.25, dtype=torch.float64)
+    for bad in (1, 2.0, None, True):  # 2.0 failed in np.empty, None in a comparison, each with torch's words
+        with pytest.raises(ValueError, match=f"num_episodes must be a whole number >= 2 .*got {bad!r}"):
+            monte_carlo_value(env, pi, 0.9, bad, progress=False)
 
 
 def test_a_float32_value_vector_works_on_a_float64_mdp():
