@@ -316,14 +316,15 @@ def _dpo_cases() -> list[Case]:
         ),
         _dpo_case("8 pairs of summed log-probs, beta = 0.1", g, 8, beta=0.1, drift=3.0),
         _dpo_case("16 pairs in float64, beta = 0.5", g, 16, beta=0.5, drift=2.0, dtype=torch.float64),
-        # margins of ±200 nats, as DPO reaches on long replies once it pushes the rejected ones far down
+        # margins of hundreds of nats, as DPO reaches on long replies once it pushes the rejected ones far down, and
+        # one of about 2000, where a float64 log(sigmoid) overflows too (8.1's case at -1000 catches it there)
         Case(
-            "a policy far from its reference, beta = 0.5: beta * margin = ±100",
+            "a policy far from its reference, beta = 0.5: beta * margin = +100, -110 and -995",
             dict(
-                policy_chosen_logps=torch.tensor([-20.0, -230.0]),
-                policy_rejected_logps=torch.tensor([-230.0, -20.0]),
-                ref_chosen_logps=torch.tensor([-25.0, -25.0]),
-                ref_rejected_logps=torch.tensor([-35.0, -35.0]),
+                policy_chosen_logps=torch.tensor([-20.0, -230.0, -2000.0]),
+                policy_rejected_logps=torch.tensor([-230.0, -20.0, -20.0]),
+                ref_chosen_logps=torch.tensor([-25.0, -25.0, -25.0]),
+                ref_rejected_logps=torch.tensor([-35.0, -35.0, -35.0]),
                 beta=0.5,
             ),
         ),
