@@ -395,7 +395,7 @@ def qwen_shaped_policy(
     shapes = {**QWEN25_05B, **(model_shapes or {})}
     # for its pad id and chat template; the token ids here are random. A byte-level BPE, as Qwen's is: the course's
     # character tokenizer saved beside a Qwen2 config loads as Qwen2's tokenizer, loses its spaces, and is refused
-    tokenizer = build_bpe_tokenizer(["What is 12+34? The answer is \\boxed{46}."] * 20)
+    tokenizer = build_bpe_tokenizer(["What is 12+34? The answer is \\boxed{46}."] * 20, split="qwen2")
     config = Qwen2Config(**shapes, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,8 @@ def evaluate(
     )
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
+        if seed is not None:  # one seed for every batch gave row i of each batch the same draws (batch_size=1: one
+            params = dataclasses.replace(params, seed=seed + start)  # stream for every problem); greedy is unchanged
         prompts = [renderer.build_generation_prompt(p.messages()) for p in chunk]
         for p, c in zip(chunk, sample(model, prompts, 1, params, pad_token_id=renderer.tokenizer.pad_token_id)):
             message, ok = renderer.parse_response(c.tokens, c.stop_reason)

@@ -8,7 +8,9 @@ Qwen2.5-0.5B, so every line that runs it also runs the real thing:
 Why Llama and not Qwen2 by default: in transformers 5, ``AutoTokenizer.from_pretrained``
 on a folder whose ``config.json`` says ``qwen2`` builds a ``Qwen2Tokenizer``, which
 replaces our character-level pre-tokenizer with Qwen's BPE one and silently changes
-the token ids. A ``llama`` folder keeps the tokenizer it was saved with.
+the token ids. A ``llama`` folder keeps the tokenizer it was saved with. (A BPE tokenizer from
+``build_bpe_tokenizer(corpus, split='qwen2')`` cuts text as Qwen2's does, and reloads with its ids;
+``load_policy`` refuses a folder whose reloaded tokenizer encodes differently from the one saved.)
 Dropout is 0, so a forward pass is a deterministic function of the weights --
 the sampler's log-probs and the trainer's log-probs must agree.
 """
@@ -58,6 +60,12 @@ class TinyLMConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"TinyLMConfig.hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        if (self.hidden_size // self.num_heads) % 2:  # else the first forward pass failed inside the rotary code
+            raise ValueError(
+                f"TinyLMConfig: each head gets hidden_size / num_heads = {self.hidden_size // self.num_heads} "
+                "dimensions, and rotary position embeddings rotate them in pairs, so it must be even; e.g. "
+                f"hidden_size={2 * self.hidden_size} or num_heads={self.num_heads // 2 or 1}"
             )
 
 

@@ -13,6 +13,7 @@ which Chapter 7 uses as the KL reference without a second copy in memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -54,6 +55,12 @@ def check_model_path(name: str) -> Path:
             f"{name!r} is a folder without a config.json, so it holds no Hugging Face model: pass a folder written by "
             "save_pretrained (config.json, the weights and the tokenizer's files), or a hub id."
         )
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
+    if path.is_dir() and not any((path / f).is_file() for f in tokenizer_files):
+        raise FileNotFoundError(  # AutoTokenizer's own message asked for sentencepiece or tiktoken
+            f"{name!r} holds no tokenizer (none of {', '.join(tokenizer_files)}): save the tokenizer beside the "
+            "model, tokenizer.save_pretrained(folder), as well as model.save_pretrained(folder)."
+        )
     if not path.exists() and _looks_like_path(name):
         raise FileNotFoundError(
             f"model path {name!r} does not exist. Pass a folder written by save_pretrained "
@@ -87,21 +94,32 @@ def load_policy(
     """
     name = str(name_or_path)
     path = check_model_path(name)
+    if lora is not None:
+        check_lora(lora)
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     source = str(path) if path.exists() else name
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
-    except OSError as err:
-        raise FileNotFoundError(
+
+    def missing(err: OSError) -> FileNotFoundError:
+        return FileNotFoundError(
             f"could not load {name!r}: no such local folder, and the hub id is not in the local cache ({err}). "
             "Download the checkpoint on a machine with access, then pass its folder."
-        ) from None
+        )
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_files_only)
+    except OSError as err:
+        raise missing(err) from None
+    # the tokenizer's checks before the weights load: a 0.5B checkpoint took its time to be refused
     _require_whitespace_round_trip(tokenizer, source)
+    _require_saved_ids(tokenizer, path if path.is_dir() else None, source)
     if require_chat:
         require_chat_template(tokenizer)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_files_only)
+    except OSError as err:
+        raise missing(err) from None
     if tokenizer.pad_token_id is None:  # sampling pads prompts on the left
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -132,6 +150,43 @@ def _require_whitespace_round_trip(tokenizer, source: str) -> None:
         )
 
 
+def _require_saved_ids(tokenizer, folder: Path | None, source: str) -> None:
+    """Refuse a tokenizer that encodes differently from the ``tokenizer.json`` saved in ``folder``. AutoTokenizer
+    reads any folder whose config says ``qwen2`` with Qwen2's tokenizer class, which builds its own pre-tokenizer
+    (every digit a token of its own); the course's BPE tokenizer, saved beside a model of ``arch='qwen2'``, merges
+    digits, so "12+34=?" became other ids than the model was trained on, with no error."""
+    file = folder / "tokenizer.json" if folder is not None else None
+    if file is None or not file.is_file():
+        return
+    from tokenizers import Tokenizer
+
+    probe = "<|im_start|>user\n12 + 34=? The answer: 46.<|im_end|>\n"
+    try:
+        saved = Tokenizer.from_file(str(file)).encode(probe, add_special_tokens=False).ids
+    except Exception:  # a tokenizer.json this version of tokenizers cannot read: AutoTokenizer's reading stands
+        return
+    loaded = tokenizer.encode(probe, add_special_tokens=False)
+    if list(loaded) != list(saved):
+        raise RuntimeError(
+            f"AutoTokenizer loaded {source!r} as {type(tokenizer).__name__}, which encodes {probe!r} as {list(loaded)}, "
+            f"but the folder's tokenizer.json encodes it as {saved}: the model would read other ids than it was "
+            "trained on. A course model saved with TinyLMConfig(arch='qwen2') gives its own tokenizer to Qwen2's "
+            "tokenizer class, which cuts text Qwen2's way (see edurl/llm/model.py): save it with arch='llama', or "
+            "build a BPE tokenizer for it with build_bpe_tokenizer(corpus, split='qwen2')"
+        )
+
+
+def check_lora(lora) -> None:
+    """Refuse, before anything loads, a ``lora`` that is neither a rank (an int >= 1) nor :class:`LoraSettings`
+    with one: ``True`` became rank True and ``2.0`` an AttributeError deep in peft, after the model had loaded."""
+    rank = lora.rank if isinstance(lora, LoraSettings) else lora
+    if isinstance(rank, bool) or not isinstance(rank, Integral) or rank < 1:
+        raise ValueError(
+            f"lora must be a LoRA rank (an int >= 1, e.g. lora=16), LoraSettings(rank=...) or None for full weights; "
+            f"got {'LoraSettings with rank ' if isinstance(lora, LoraSettings) else ''}{rank!r}"
+        )
+
+
 def _trainable_saved_adapter(source: str, lora: LoraSettings | int, dtype, dev, local_files_only: bool):
     """The base model with the adapter saved at ``source`` on it, trainable; its rank must be ``lora``'s (its alpha,
     dropout and target modules are the saved adapter's)."""
@@ -143,7 +198,7 @@ def _trainable_saved_adapter(source: str, lora: LoraSettings | int, dtype, dev, 
             f"{source!r} holds a saved {getattr(saved, 'peft_type', '?')} adapter, not LoRA: load it without lora= "
             "(frozen), or load its base model to train a LoRA adapter"
         )
-    rank = lora if isinstance(lora, int) else lora.rank
+    rank = lora.rank if isinstance(lora, LoraSettings) else int(lora)
     if getattr(saved, "r", None) != rank:
         raise ValueError(
             f"{source!r} holds a saved LoRA adapter of rank {getattr(saved, 'r', None)}, and lora asks for rank "
@@ -176,7 +231,8 @@ def wrap_lora(model, lora: LoraSettings | int):
     """Wrap ``model`` with a peft LoRA adapter; only the adapter's weights stay trainable."""
     from peft import LoraConfig, get_peft_model
 
-    settings = LoraSettings(rank=lora) if isinstance(lora, int) else lora
+    check_lora(lora)
+    settings = LoraSettings(rank=int(lora)) if not isinstance(lora, LoraSettings) else lora
     present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     targets = [m for m in settings.target_modules if m in present]
     if not targets:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,13 @@ def style(problems: list[Problem], seed: int, split: str) -> list[StyledProblem]
 def format_answer(answer: object) -> str:
     """``42`` -> ``\\boxed{42}``."""
     return "\\boxed{" + str(answer) + "}"
+
+
+def _check_n(n) -> int:
+    """A number of problems to sample: a whole number >= 0 (a NumPy int too, not a bool), as an int."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}: the number of problems to sample")
+    return int(n)
 
 
 def _check_split(split: str) -> str:
@@ -175,8 +183,7 @@ class ArithmeticTask:
     def sample(self, n: int, split: str = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems from ``split``, reproducible from ``seed`` (repeats possible)."""
         _check_split(split)
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        n = _check_n(n)  # 2.5 gave 3 problems, True 1, None a TypeError from the comparison
         rng = random.Random(f"{seed}-{split}")
         out: list[Problem] = []
         draws = 0
@@ -241,8 +248,7 @@ class JsonlTask:
 
     def sample(self, n: int, split: str = "train", seed: int = 0) -> list[Problem]:
         """``n`` problems drawn with replacement from ``split``."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got {n!r}")  # -3 once returned [], as 0 does
+        n = _check_n(n)  # -3 once returned [], as 0 does
         pool = self.problems[_check_split(split)]
         if not pool:
             raise ValueError(f"{self.path} has no problems in the {split!r} split")

@@ -67,15 +67,36 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
     return tok
 
 
-def build_bpe_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTrainedTokenizerFast:
+#: Qwen2's pre-tokenizer split: a run of letters, one digit, punctuation, whitespace (as its tokenizer.json has it)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def build_bpe_tokenizer(corpus: list[str], vocab_size: int = 400, *, split: str = "gpt2") -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on ``corpus`` here (no hub), with the ChatML special tokens: the kind
     of tokenizer Qwen and Llama use, small enough to train in a second. Unlike the character tokenizer, it can
     spell one text several ways (``"ab"`` as one merged token or as ``"a"``, ``"b"``), which is what breaks the
-    prefix property of Chapter 9."""
+    prefix property of Chapter 9.
+
+    ``split`` is how text is cut into words before the merges: ``"gpt2"`` (GPT-2's rule: a run of digits stays
+    one word, so ``"12"`` can merge) or ``"qwen2"`` (Qwen2's: every digit a token of its own). A model of
+    ``arch='qwen2'`` needs ``"qwen2"``: transformers reads the tokenizer saved beside it as Qwen2's tokenizer
+    class, which cuts text Qwen2's way whatever the file says, and ``load_policy`` refuses the other."""
     if not corpus or not all(isinstance(t, str) for t in corpus):
         raise ValueError("corpus must be a non-empty list of strings to learn the merges from")
+    if split not in ("gpt2", "qwen2"):
+        raise ValueError(f"split must be 'gpt2' or 'qwen2', got {split!r}")
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split == "gpt2":
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        core.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     core.decoder = decoders.ByteLevel()
     specials = [EOS, IM_START, IM_END]
     alphabet = pre_tokenizers.ByteLevel.alphabet()

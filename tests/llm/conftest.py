@@ -57,7 +57,7 @@ def small_model(char_tokenizer):
 def make_bpe_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained here (no hub) with Qwen's ChatML special tokens and template."""
     corpus = ["You are a helpful assistant.", "What is 12+34? The answer is \\boxed{46}.", "user assistant system"] * 50
-    tok = build_bpe_tokenizer(corpus, vocab_size=400)
+    tok = build_bpe_tokenizer(corpus, vocab_size=400, split="qwen2")  # as a real Qwen2 checkpoint's: it reloads
     tok.chat_template = QWEN_STYLE_TEMPLATE
     return tok
 

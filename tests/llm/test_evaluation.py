@@ -49,6 +49,20 @@ def test_an_untrained_model_scores_near_zero_and_keeps_samples(small_model, char
     assert result.samples[0][2] == problems[0].answer
 
 
+def test_sampled_batches_draw_their_own_randomness(small_model, char_tokenizer):
+    """One seed for every batch gave row i of each batch the same draws: at batch_size=1 every problem got one
+    random stream, and 8 copies of a problem got 8 copies of one reply."""
+    renderer = ChatMLRenderer(char_tokenizer)
+    problems = ArithmeticTask().sample(1, split="test", seed=0) * 8
+    replies = {}
+    for batch_size in (1, 8):
+        result = evaluate(small_model, renderer, problems, temperature=1.5, max_tokens=6, batch_size=batch_size)
+        replies[batch_size] = [reply for _, reply, _ in result.samples]
+    assert len(set(replies[1])) > 4 and len(set(replies[8])) > 4, replies
+    greedy = [evaluate(small_model, renderer, problems, max_tokens=6, batch_size=b).samples for b in (1, 8)]
+    assert greedy[0] == greedy[1] and len({reply for _, reply, _ in greedy[0]}) == 1  # greedy: as before
+
+
 def test_an_empty_problem_list_is_refused(small_model, char_tokenizer):
     with pytest.raises(ValueError, match="problems is empty"):
         evaluate(small_model, ChatMLRenderer(char_tokenizer), [])

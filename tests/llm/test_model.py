@@ -35,7 +35,12 @@ def test_num_parameters_counts_tied_embeddings_once(char_tokenizer):
 
 @pytest.mark.parametrize(
     "kw, message",
-    [({"arch": "gpt2"}, "arch must be one of"), ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads")],
+    [
+        ({"arch": "gpt2"}, "arch must be one of"),
+        ({"hidden_size": 30, "num_heads": 4}, "divisible by num_heads"),
+        # a head of 3 dimensions built, then failed in the rotary code of the first forward pass
+        ({"hidden_size": 6, "num_heads": 2}, "hidden_size / num_heads = 3 dimensions.*must be even"),
+    ],
 )
 def test_bad_configs_say_why(char_tokenizer, kw, message):
     with pytest.raises(ValueError, match=message):

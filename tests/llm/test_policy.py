@@ -159,3 +159,65 @@ def test_lora_on_a_saved_adapter_folder_trains_the_saved_adapter(qwen_dir, tmp_p
     assert not any(p.requires_grad for n, p in again.named_parameters() if "lora_" not in n)
     with pytest.raises(ValueError, match="saved LoRA adapter of rank 4, and lora asks for rank 8: pass lora=4"):
         load_policy(tmp_path / "adapter", lora=8, device="cpu")
+
+
+def test_a_tokenizer_that_reloads_with_other_ids_is_refused(tmp_path):
+    """A Qwen2 folder with a BPE tokenizer that keeps digit runs whole reloaded as Qwen2's tokenizer class, which
+    splits every digit: "12+34" became other ids than the model was trained on, and load_policy said nothing."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from edurl.llm.tokenizer import build_bpe_tokenizer
+
+    corpus = ["What is 12+34? The answer is \\boxed{46}.", "user assistant system"] * 50
+    for split in ("gpt2", "qwen2"):
+        tok = build_bpe_tokenizer(corpus, vocab_size=300, split=split)
+        config = Qwen2Config(
+            vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+        Qwen2ForCausalLM(config).save_pretrained(tmp_path / split)
+        tok.save_pretrained(tmp_path / split)
+    with pytest.raises(
+        RuntimeError, match=r"Qwen2Tokenizer, which encodes .* but the folder's tokenizer.json .*'qwen2'"
+    ):
+        load_policy(tmp_path / "gpt2", device="cpu")
+    _, tok = load_policy(tmp_path / "qwen2", device="cpu")  # Qwen2's own split reloads with the same ids
+    saved = build_bpe_tokenizer(corpus, vocab_size=300, split="qwen2")
+    assert tok.encode("12+34=?\n46", add_special_tokens=False) == saved.encode("12+34=?\n46", add_special_tokens=False)
+
+
+def test_bad_inputs_are_refused_before_the_weights_load(tmp_path, qwen_dir, monkeypatch):
+    """lora=True became rank True and lora=2.0 an AttributeError inside peft, a missing chat template and lora=0
+    were refused after the weights had loaded (a 0.5B checkpoint's take a while), and a folder without tokenizer
+    files got transformers' "install sentencepiece or tiktoken"."""
+    import shutil
+
+    import edurl.llm.policy as policy
+
+    loads = []
+    real = policy.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(
+        policy.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loads.append(a[0]) or real(*a, **k)
+    )
+    for bad in (True, 2.0, 0, -2, LoraSettings(rank=0), "16"):
+        with pytest.raises(ValueError, match="lora must be a LoRA rank"):
+            load_policy(qwen_dir, lora=bad, device="cpu")
+    bare = tmp_path / "no_template"
+    shutil.copytree(qwen_dir, bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = bare / "tokenizer_config.json"
+    import json
+
+    settings = json.loads(config.read_text())
+    settings.pop("chat_template", None)
+    config.write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match="no chat template"):
+        load_policy(bare, device="cpu")
+    assert loads == []
+    untokenized = tmp_path / "no_tokenizer"
+    untokenized.mkdir()
+    shutil.copy(qwen_dir / "config.json", untokenized)
+    with pytest.raises(FileNotFoundError, match="holds no tokenizer .*tokenizer.save_pretrained"):
+        load_policy(untokenized, device="cpu")
+    import numpy as np
+
+    assert load_policy(qwen_dir, lora=np.int64(4), device="cpu")[0].peft_config["default"].r == 4

@@ -117,6 +117,19 @@ def test_jsonl_task_refuses_a_negative_count(tmp_path):
         JsonlTask(path, test_fraction=0.5).sample(-3)
 
 
+def test_sample_refuses_a_count_that_is_not_a_whole_number(tmp_path):
+    """ArithmeticTask.sample(2.5) gave 3 problems, (True) 1, and (None) a TypeError from a comparison."""
+    import numpy as np
+
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"question": "1+1=?", "answer": 2}\n')
+    for task in (ArithmeticTask(), JsonlTask(path, test_fraction=0.5)):
+        for bad in (2.5, True, None, -1, "3"):
+            with pytest.raises(ValueError, match=f"n must be an int >= 0, got {bad!r}"):
+                task.sample(bad)
+    assert len(ArithmeticTask().sample(np.int64(3))) == 3  # a NumPy count, as the helpers take
+
+
 def test_jsonl_task_reads_line_separators_inside_strings(tmp_path):
     # json.dumps(..., ensure_ascii=False) writes U+2028 as it is; str.splitlines() split the line there
     path = tmp_path / "unicode.jsonl"
