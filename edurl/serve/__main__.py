@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import secrets
+import shutil
+import signal
 import socket
 import sys
+import tempfile
+import threading
 
 
 def is_loopback(host: str) -> bool:
@@ -48,6 +53,31 @@ def _port(text: str) -> int:
     return port
 
 
+def _megabytes(text: str) -> float:
+    """--max-body-mb: a finite number above 0 (0 or less refused every request, inf and nan ended in a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if not math.isfinite(value) or value <= 0 or int(value * 2**20) < 1:
+        raise argparse.ArgumentTypeError(f"the body limit must be a finite number of MiB above 0, got {text!r}")
+    return value
+
+
+def refuse(message: str) -> None:
+    """Stop before any work with ``error: message`` and exit status 2, as a bad flag does (and the recipes)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: unwinds main() so that its clean-up runs (the default action ends the process at once)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise _Terminated(signum)
+
+
 def _check_free(host: str, port: int) -> None:
     """Exit (status 3, as uvicorn does) with the reason when ``host:port`` cannot be bound, e.g. a server already
     listens there; a bind that uvicorn's own options allow passes."""
@@ -76,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--api-key", default=None, help="the key clients must send (tml-...); or EDURL_SERVE_API_KEY")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: edurl.device())")
     parser.add_argument("--state-dir", default=None, help="where save_state writes checkpoints (default: a temp dir)")
-    parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted (MiB)")
+    parser.add_argument(
+        "--max-body-mb", type=_megabytes, default=64.0, help="largest request body accepted (MiB, above 0)"
+    )
     parser.add_argument(
         "--preload",
         action="append",
@@ -87,6 +119,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     key, generated = resolve_key(args.host, args.api_key)
+    # what would fail only later, inside the first request (a device) or the first save_state (a state folder that
+    # is a file), stops the server here, before any model loads
+    if args.device is not None:
+        from edurl.utils import device
+
+        try:
+            device(args.device)
+        except ValueError as exc:
+            refuse(f"--device {args.device}: {exc}")
+    if args.state_dir is not None:
+        from edurl.utils import file_in_the_way
+
+        clash = file_in_the_way(args.state_dir)
+        if clash is not None:
+            refuse(f"--state-dir {args.state_dir}: {clash}; pass a folder (it is made if missing)")
     _check_free(args.host, args.port)  # before any model loads, and before "serving" is printed
     try:
         import uvicorn
@@ -100,16 +147,35 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.preload:
         print(f"edurl.serve: loading {name} ...", file=sys.stderr, flush=True)
         models.load(name)
-    app = create_app(
-        key,
-        models=models,
-        state_dir=args.state_dir,
-        max_body_bytes=int(args.max_body_mb * 2**20),
-    )
-    if generated:
-        print(f"edurl.serve: no --api-key given; clients must send this one: {key}", file=sys.stderr, flush=True)
-    print(f"edurl.serve: serving the Tinker API on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    # Without --state-dir the folder is made here and removed in the finally below. An exit hook would not run on
+    # SIGTERM: uvicorn shuts down, then raises the signal again, whose default action ends the process at once.
+    # So SIGTERM gets a handler that unwinds main(), and is raised again after the clean-up (the exit status
+    # stays that of a process ended by SIGTERM).
+    made = None if args.state_dir is not None else tempfile.mkdtemp(prefix="edurl-serve-")
+    terminated = False
+    main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        app = create_app(
+            key,
+            models=models,
+            state_dir=args.state_dir if made is None else made,
+            max_body_bytes=int(args.max_body_mb * 2**20),
+        )
+        if generated:
+            print(f"edurl.serve: no --api-key given; clients must send this one: {key}", file=sys.stderr, flush=True)
+        print(f"edurl.serve: serving the Tinker API on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    except _Terminated:
+        terminated = True
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    if terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ How a request flows:
   ``request_id`` at once and queue the work. A training client's operations run in the order of their
   ``seq_id``; a repeated ``(model_id, seq_id)`` is the same operation, not a new one. The client config
   (``CLIENT_CONFIG``) has the SDK send a forward_backward as one request unless it nears the body limit, so that
-  a refused batch runs none of its datums. All model work runs on one worker thread, in arrival order.
+  a refused batch runs none of its datums. A call that large goes in chunks, and when one is refused, no part of
+  the batch is stepped on: the gradients of the chunks before it are dropped (the error says so), and the next
+  optim_step refuses the gradients of the chunks the SDK sends after it. All model work runs on one worker
+  thread, in arrival order.
 - ``retrieve_future`` long-polls: it waits up to ``poll_seconds`` for the result, then answers ``try_again``.
   A failed operation answers ``{"error": ..., "category": "user"}``, which the SDK raises as
   ``RequestFailedError``.
@@ -35,6 +38,7 @@ import hmac
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -66,6 +70,30 @@ API = "/api/v1"
 
 class UserError(ValueError):
     """The request was understood but cannot be done (unknown model, bad loss config, ...): HTTP 400."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """save_state could not write its file (a full disk, a name the file system refuses, ...): the save fails, but
+    it changed no weight, so the model keeps working and can be saved again elsewhere."""
+
+
+NAME_MAX_BYTES = 255  # the longest file or folder name most file systems take (ext4, APFS, NTFS: 255)
+
+
+def _check_name_length(name: str, given: str) -> None:
+    size = len(name.encode("utf-8"))
+    if size > NAME_MAX_BYTES:
+        raise UserError(
+            f"checkpoint name {_shown(given)} is {size} bytes long; the file system takes names of at most "
+            f"{NAME_MAX_BYTES} bytes (UTF-8): pick a shorter one"
+        )
+
+
+def _check_optimizer_config(body: dict) -> None:
+    """edurl.serve builds AdamW for every model; a request for another optimizer is refused when it arrives."""
+    optimizer = _object(body.get("optimizer_config"), "optimizer_config").get("type", "adamw")
+    if optimizer != "adamw":
+        raise UserError(f"optimizer_config type {optimizer!r}: edurl.serve implements AdamW only ('adamw')")
 
 
 # The JSON verbs read nested fields by hand; each of these checks one field's type and names it when it is wrong
@@ -124,6 +152,9 @@ class TrainingModel:
     submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> request_id, to recognise a resend
     broken: str | None = None
     saving: set[str] = field(default_factory=set)  # checkpoint names whose save_state is queued, not yet written
+    last_chunk: _Chunk | None = None  # the last forward_backward request submitted, to recognise an SDK call's chunks
+    dropped: str | None = None  # why a refused chunk dropped the gradients since the last optim_step
+    partial: str | None = None  # why the gradients held now may be those of part of a refused call
 
 
 @dataclass
@@ -141,6 +172,41 @@ class Session:
     last_seen: float
     models: list[str] = field(default_factory=list)
     samplers: list[str] = field(default_factory=list)
+    # model_seq_id -> (what was asked, request_id): a resent create_model gets the first one's answer, never a
+    # second model over the first
+    created: dict[int, tuple[tuple, str]] = field(default_factory=dict)
+    next_model_seq: int = 0
+
+
+@dataclass
+class _Chunk:
+    """A forward_backward request as the SDK's chunking sees it: the SDK splits a call into chunks of at most
+    ``fwdbwd_max_chunk_bytes_count`` estimated bytes, each a request with the next seq_id."""
+
+    seq_id: int
+    nbytes: int
+    first: int  # index, within the SDK call, of the chunk's first datum (0 unless it continues a call)
+    n: int
+    key: tuple  # (loss_fn, loss_fn_config, forward_only): the chunks of one call share it
+    refused: str | None = None  # why the call this chunk belongs to was refused, if it was
+
+
+def _datum_bytes(datum) -> int:
+    """The SDK's size estimate of one protobuf datum (tinker's ``_estimate_datum_bytes_count_proto``): token
+    bytes plus tensor bytes, which decides where it cuts a forward_backward into chunks."""
+    n = 0
+    for chunk in datum.model_input:
+        n += len(chunk.encoded_text.tokens) if chunk.WhichOneof("chunk") == "encoded_text" else chunk.ByteSize()
+    for t in datum.loss_fn_inputs.values():
+        n += len(t.dense) if t.WhichOneof("encoding") == "dense" else t.ByteSize()
+    return n
+
+
+def _shift_datum_indices(message: str, offset: int) -> str:
+    """``datums[3]`` (or ``data[3]``) of a chunk as the index within the whole SDK call."""
+    if not offset:
+        return message
+    return re.sub(r"\b(datums|data)\[(\d+)\]", lambda x: f"{x.group(1)}[{int(x.group(2)) + offset}]", message)
 
 
 class Backend:
@@ -175,6 +241,8 @@ class Backend:
         self.counter = itertools.count()
         self.sample_queue: list[_SampleJob] = []
         self.sample_calls = 0  # batched sampler calls made so far (the tests read it)
+        # the chunk size the client config gives the SDK (create_app sets it from the body limit)
+        self.fwdbwd_chunk_bytes = 16 * 2**20
 
     # ------------------------------------------------------------------ bookkeeping
     def session(self, session_id: str) -> Session:
@@ -284,7 +352,8 @@ class Backend:
                 raise UserError(f"an earlier operation on {model.model_id} failed: {model.broken}")
             try:
                 return fn()
-            except (ValueError, TypeError, NoGradientError, FloatingPointError):  # refused before any weight moved
+            # refused before any weight moved, or a save that could not write (it moves none)
+            except (ValueError, TypeError, NoGradientError, FloatingPointError, CheckpointWriteError):
                 raise
             except Exception as exc:
                 model.broken = str(exc)
@@ -309,25 +378,52 @@ class Backend:
             raise UserError("create_model needs a base_model: 'edurl/tiny-arithmetic' or a local Hugging Face folder")
         lora = _object(body.get("lora_config"), "lora_config")
         rank = _integer(lora.get("rank", 32), "lora_config.rank", low=1)  # peft refused 0 only inside the work
-        optimizer = _object(body.get("optimizer_config"), "optimizer_config").get("type", "adamw")
-        if optimizer != "adamw":
-            raise UserError(f"optimizer_config type {optimizer!r}: edurl.serve implements AdamW only ('adamw')")
+        _check_optimizer_config(body)
         if lora.get("train_attn", True) is False or lora.get("train_mlp", True) is False:
             raise UserError(
                 "lora_config with train_attn=False or train_mlp=False: edurl.serve adapts the attention and MLP "
                 "layers together (and never the unembedding); send both True"
             )
-        model_seq_id = _integer(body.get("model_seq_id", len(session.models)), "model_seq_id", low=0)
-        model_id = f"{session.session_id}:train:{model_seq_id}"
         seed = lora.get("seed", body.get("seed"))  # the SDK sends it inside lora_config
         if seed is not None:
             _integer(seed, "lora_config.seed" if "seed" in lora else "seed", *SEED_RANGE)
+        asked = ("create_model", base_model, rank, seed)
 
-        def make():
-            self._add_model(session, model_id, base_model, rank, seed)
-            return {"model_id": model_id, "type": "create_model"}
+        def make(model_id: str):
+            def run():
+                self._add_model(session, model_id, base_model, rank, seed)
+                return {"model_id": model_id, "type": "create_model"}
 
-        return self.submit(session.session_id, make)
+            return run
+
+        return self._submit_new_model(session, body.get("model_seq_id"), asked, make)
+
+    def _submit_new_model(self, session: Session, model_seq_id, asked: tuple, make) -> str:
+        """Queue ``make(model_id)()``, the work that builds a new model in ``session``, and return its request id.
+
+        Without a ``model_seq_id`` the model takes the session's next free one, counted here, under the lock, when
+        the request arrives (two requests sent back to back once both read the same count and got one id, and
+        the second model replaced the first). A ``model_seq_id`` already used is the same request sent again: it
+        gets the first request's id, and the model in use is never rebuilt; asking for something else under it
+        is refused."""
+        if model_seq_id is not None:
+            model_seq_id = _integer(model_seq_id, "model_seq_id", low=0)
+        with self.lock:
+            if model_seq_id is None:
+                while session.next_model_seq in session.created:
+                    session.next_model_seq += 1
+                model_seq_id = session.next_model_seq
+            elif model_seq_id in session.created:
+                first, rid = session.created[model_seq_id]
+                if first == asked:
+                    return rid
+                raise UserError(
+                    f"model_seq_id {model_seq_id} is already taken in session {session.session_id} (by {first[0]} "
+                    f"of {_shown(first[1])}); give each new model a model_seq_id of its own, or leave it out"
+                )
+            rid = self.submit(session.session_id, make(f"{session.session_id}:train:{model_seq_id}"))
+            session.created[model_seq_id] = (asked, rid)
+        return rid
 
     def _add_model(self, session: Session, model_id: str, base_model: str, rank: int, seed=None) -> TrainingModel:
         """A LoRA training client on ``base_model`` (seeded, if asked), registered in ``session``. Its
@@ -379,15 +475,79 @@ class Backend:
             m.client.check_inputs(datums, loss_fn, config)  # fields, target tokens, config keys: a 400, not a failure
             return datums, config
 
-        datums, config = self.validate_ordered(m, int(request.seq_id), prepare)
-        forward_only = request.forward_only
+        seq_id, forward_only = int(request.seq_id), request.forward_only
+        with self.lock:
+            if seq_id in m.submitted:  # a resend: the first request's answer
+                return self.submit_ordered(m, seq_id, lambda: None)
+            chunk = self._chunk(m, request, seq_id)
+            prev, m.last_chunk = m.last_chunk, chunk
+        # the chunks before this one of the same SDK call, if any, were submitted (and may have run)
+        follows = prev is not None and chunk.first > 0
+        try:
+            datums, config = prepare()
+        except (ValueError, TypeError) as exc:
+            message = _shift_datum_indices(str(exc), chunk.first)
+            drop = follows and not forward_only
+            if drop:
+                message += (
+                    f" This forward_backward was sent in chunks (the SDK splits a call above "
+                    f"{self.fwdbwd_chunk_bytes} estimated bytes), and the chunks before this one had already run: "
+                    "so that the next optim_step cannot step on part of the batch, the gradients accumulated since "
+                    "the last optim_step were dropped. Fix the datum and send the whole batch again."
+                )
+            chunk.refused = f"a forward_backward was refused at datums[{chunk.first}:{chunk.first + chunk.n}]"
+            reason = chunk.refused + ", after its earlier chunks had run"
+            self.submit_ordered(m, seq_id, lambda: self._refused_chunk(m, drop, reason))
+            raise UserError(message) from None
+        except Exception:
+            self.submit_ordered(m, seq_id, lambda: {"type": "refused_at_submit"})
+            raise
+        # the rest of a call whose earlier chunk was refused: the SDK sends it all the same, and it runs (it
+        # cannot be told apart from a new call for sure), but the next optim_step will not step on its gradient
+        continuation = follows and prev.refused is not None and not forward_only
+        if continuation:
+            chunk.refused = prev.refused
 
         def run():
             call = m.client.forward if forward_only else m.client.forward_backward
             out = call(datums, loss_fn, config).result()
+            if continuation:
+                m.partial = (
+                    f"{chunk.refused}, and the chunks after it (datums[{chunk.first}] on) ran: the gradients held "
+                    "would be those of part of that batch"
+                )
             return wire.forward_backward_output([o["logprobs"] for o in out.loss_fn_outputs], out.loss, out.metrics)
 
-        return self.submit_ordered(m, int(request.seq_id), run)
+        return self.submit_ordered(m, seq_id, run)
+
+    def _chunk(self, m: TrainingModel, request, seq_id: int) -> _Chunk:
+        """This request as a chunk of an SDK call. It continues the request before it when it has the next seq_id
+        and the same loss, and the SDK would have cut there: the earlier chunk plus this one's first datum pass
+        the chunk size (otherwise the SDK would have put that datum in the earlier chunk)."""
+        sizes = [_datum_bytes(d) for d in request.data]
+        config = tuple(sorted((k, repr(v)) for k, v in wire.loss_fn_config(request).items()))
+        key = (request.loss_fn, config, bool(request.forward_only))
+        prev = m.last_chunk
+        first = 0
+        if (
+            prev is not None
+            and prev.seq_id == seq_id - 1
+            and prev.key == key
+            and sizes
+            and prev.nbytes + sizes[0] > self.fwdbwd_chunk_bytes
+        ):
+            first = prev.first + prev.n
+        return _Chunk(seq_id, sum(sizes), first, len(sizes), key)
+
+    @staticmethod
+    def _refused_chunk(m: TrainingModel, drop: bool, reason: str) -> dict:
+        """A refused chunk's place in the order: where the chunks before it ran, their gradients go, with every
+        gradient since the last optim_step (they cannot be told apart)."""
+        if drop:
+            for q in m.client.trainable_parameters():
+                q.grad = None
+            m.dropped, m.partial = reason, None
+        return {"type": "refused_at_submit"}
 
     def optim_step(self, body: dict) -> str:
         m = self.model(body["model_id"])
@@ -421,7 +581,22 @@ class Backend:
         params = self.validate_ordered(m, seq_id, prepare)
 
         def run():
-            metrics = m.client.optim_step(params).result()
+            partial, dropped = m.partial, m.dropped
+            m.partial = m.dropped = None
+            if partial is not None:
+                for q in m.client.trainable_parameters():
+                    q.grad = None
+                raise UserError(
+                    f"optim_step refused, and no weight changed: {partial}. The gradients accumulated since the last "
+                    "optim_step were dropped (a forward_backward sent since then among them). Send the whole batch "
+                    "again, fixed, then optim_step."
+                )
+            try:
+                metrics = m.client.optim_step(params).result()
+            except NoGradientError as exc:
+                if dropped is None:
+                    raise
+                raise NoGradientError(f"{exc} ({dropped}, and the gradients were dropped)") from None
             return {"metrics": metrics, "type": "optim_step"}
 
         return self.submit_ordered(m, seq_id, run)
@@ -436,7 +611,9 @@ class Backend:
 
         def prepare():
             if name != given:  # 'run/1', 'run_1' and 'run:1' would all be 'run_1'
-                raise UserError(f"checkpoint name {given!r}: use letters, digits, '-', '_' and '.' only")
+                raise UserError(f"checkpoint name {_shown(given)}: use letters, digits, '-', '_' and '.' only")
+            # a longer one passed these checks, and the write failed in the worker (ENAMETOOLONG)
+            _check_name_length(name, given)
             if resend:  # a resend of this very save: submit_ordered answers it
                 return
             # a save of the same name still queued counts as existing (both would get one path)
@@ -449,6 +626,12 @@ class Backend:
         def run():
             try:
                 m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
+            except OSError as exc:  # a save moves no weight: the model keeps working (it was marked broken)
+                raise CheckpointWriteError(
+                    f"save_state could not write {path} to {m.client._state_path(name)} on the server: "
+                    f"{exc.strerror or exc}. Nothing else changed: the model still works; free space there, or "
+                    "start the server with another --state-dir, and save again"
+                ) from None
             finally:
                 with self.lock:
                     m.saving.discard(name)
@@ -471,8 +654,12 @@ class Backend:
             raise UserError(f"{path!r} is not a checkpoint path from save_state (tinker://<model>/weights/<name>)")
         model_id, name = path[len(prefix) :].split("/weights/", 1)
         folder = self.state_dir / _safe(model_id) / "checkpoints" / _safe(name)
-        if not (folder / "state.pt").exists():
-            raise UserError(f"no checkpoint at {path!r} on this server")
+        try:  # a name too long for the file system raised OSError here: HTTP 500, which the SDK retried for ever
+            found = (folder / "state.pt").exists()
+        except OSError as exc:
+            raise UserError(f"no checkpoint at {_shown(path)} on this server ({exc.strerror or exc})") from None
+        if not found:
+            raise UserError(f"no checkpoint at {_shown(path)} on this server")
         return folder
 
     def load_weights(self, body: dict) -> str:
@@ -481,20 +668,34 @@ class Backend:
         if "model_id" in body:
             m = self.model(body["model_id"])
             seq_id = _integer(body.get("seq_id"), "seq_id")
-            self.validate_ordered(m, seq_id, lambda: self._checkpoint_dir(path))
+
+            def prepare():
+                _check_optimizer_config(body)
+                self._checkpoint_dir(path)
+
+            self.validate_ordered(m, seq_id, prepare)
             return self.submit_ordered(m, seq_id, lambda: self._load_into(m, path, with_optimizer))
-        # create_training_client_from_state: a new model in the session, made from the checkpoint
+        # create_training_client_from_state: a new model in the session, made from the checkpoint. What
+        # create_model refuses is refused here too, when the request arrives (an optimizer other than AdamW was
+        # accepted, and only the first optim_step said no)
         session = self.session(body["session_id"])
-        model_seq_id = _integer(body.get("model_seq_id", len(session.models)), "model_seq_id", low=0)
-        model_id = f"{session.session_id}:train:{model_seq_id}"
+        if body.get("model_seq_id") is not None:
+            _integer(body["model_seq_id"], "model_seq_id", low=0)
+        _check_optimizer_config(body)
+        base_model = body.get("base_model")
+        self._checkpoint_dir(path)
+        asked = ("load_weights", path, with_optimizer, base_model)
 
-        def make():
-            state = torch.load(self._checkpoint_dir(path) / "state.pt", map_location="cpu", weights_only=False)
-            base = body.get("base_model") or state["extra"]["base_model"]
-            m = self._add_model(session, model_id, base, int(state["extra"]["lora_rank"]))
-            return self._load_into(m, path, with_optimizer)
+        def make(model_id: str):
+            def run():
+                state = torch.load(self._checkpoint_dir(path) / "state.pt", map_location="cpu", weights_only=False)
+                base = base_model or state["extra"]["base_model"]
+                m = self._add_model(session, model_id, base, int(state["extra"]["lora_rank"]))
+                return self._load_into(m, path, with_optimizer)
 
-        return self.submit(session.session_id, make)
+            return run
+
+        return self._submit_new_model(session, body.get("model_seq_id"), asked, make)
 
     def _load_into(self, m: TrainingModel, path: str, with_optimizer: bool) -> dict:
         folder = self._checkpoint_dir(path)
@@ -502,6 +703,7 @@ class Backend:
             m.client.load_state(folder, optimizer=with_optimizer)
         except ValueError as exc:  # saved from another model
             raise UserError(f"checkpoint {path!r} does not fit {m.model_id}: {exc}") from None
+        m.partial = m.dropped = None  # the load dropped every gradient
         return {"path": path, "model_id": m.model_id, "type": "load_weights"}
 
     # ------------------------------------------------------------------ sampling
@@ -516,6 +718,17 @@ class Backend:
         m = self.model(body["model_id"])
         session = self.session(m.session_id)
         name = body.get("path")
+        seq_id = _integer(body.get("seq_id"), "seq_id")
+
+        def prepare():
+            kind = body.get("kind", "snapshot")
+            if kind not in (None, "snapshot"):  # an inflight sampler was served as a snapshot, without a word
+                raise UserError(
+                    f"sampler kind {_shown(kind)}: edurl.serve implements snapshot samplers only (fixed weights, "
+                    "saved when asked); send kind='snapshot' (the default), and save again after each step"
+                )
+
+        self.validate_ordered(m, seq_id, prepare)
 
         def run():
             snapshot = m.client.save_weights_and_get_sampling_client()
@@ -527,7 +740,7 @@ class Backend:
             sampler_id = self._register_sampler(session, m.base_model, None, snapshot)
             return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
 
-        return self.submit_ordered(m, _integer(body.get("seq_id"), "seq_id"), run)
+        return self.submit_ordered(m, seq_id, run)
 
     def create_sampling_session(self, body: dict) -> dict:
         session = self.session(body["session_id"])
@@ -796,7 +1009,10 @@ CLIENT_CONFIG = {
     # refused chunk left the other chunks' gradients in place, and when it was not the first, the SDK never sent
     # the first, so the server waited for that seq_id for ever. Here a call is one request (so one 400 refuses the
     # whole batch and nothing runs) unless it nears the body limit (client_config below sets the bytes), and the
-    # chunks of a call that large go one after another, the first first, so a refused one leaves no gap
+    # chunks of a call that large go one after another, the first first, so a refused one leaves no gap. The
+    # chunks before a refused one have run, and the SDK still sends those after it: Backend.forward_backward
+    # recognises a call's chunks (consecutive seq_ids, one loss, cut where the SDK would cut), drops the earlier
+    # chunks' gradients, and has the next optim_step refuse the later ones'
     "parallel_fwdbwd_chunks": False,
     "fwdbwd_max_chunk_len": 2**31 - 1,
 }
@@ -818,6 +1034,7 @@ def create_app(
         state_dir = tempfile.mkdtemp(prefix="edurl-serve-")
         atexit.register(shutil.rmtree, state_dir, True)
     backend = Backend(models or ModelRegistry(), Path(state_dir), poll_seconds=poll_seconds)
+    backend.fwdbwd_chunk_bytes = max_body_bytes // 4
     app = FastAPI(title="edurl.serve: a local Tinker-compatible server", docs_url=None, redoc_url=None)
     app.state.backend = backend
     app.add_middleware(_Limits, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -856,7 +1073,7 @@ def create_app(
     async def client_config(request: Request):
         # the SDK's estimate counts tensor bytes only; a request's protobuf framing adds to it (a lot, for datums of
         # a few tokens), so a chunk is kept to a quarter of the body limit
-        return {**CLIENT_CONFIG, "fwdbwd_max_chunk_bytes_count": max_body_bytes // 4}
+        return {**CLIENT_CONFIG, "fwdbwd_max_chunk_bytes_count": backend.fwdbwd_chunk_bytes}
 
     @app.post(f"{API}/client/dynamic_config")
     async def dynamic_config(request: Request):
