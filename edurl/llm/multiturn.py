@@ -129,6 +129,16 @@ class GameSFTConfig:
             choices={"game": GAMES},
         )
         check_warmup(self)
+        calculator_only = {"tool_fraction": 0.5, "easy_fraction": 0.0}  # they changed the key, not the demonstrations
+        unused = [
+            n for n, default in calculator_only.items() if self.game != "calculator" and getattr(self, n) != default
+        ]
+        if unused:
+            raise ValueError(
+                f"{unused} shape the calculator's demonstrations and do nothing in {self.game!r} (but would cache the "
+                f"same warm start again under another key); leave them at their defaults "
+                f"({', '.join(f'{n}={calculator_only[n]!r}' for n in unused)}), or set game='calculator'"
+            )
 
     def key(self) -> str:
         """A short hash of everything that determines the trained weights (the threads that actually train)."""
@@ -330,6 +340,11 @@ class MultiTurnConfig:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.sft, GameSFTConfig):  # sft="calculator" failed with "'str' object has no attribute"
+            raise TypeError(
+                f"sft must be a GameSFTConfig, got {type(self.sft).__name__} {self.sft!r}: pass e.g. "
+                "sft=GameSFTConfig(game='calculator')"
+            )
         check_fields(
             self,
             positive_int=("group_size", "batch_size", "max_steps", "max_tokens", "eval_every", "num_eval"),

@@ -422,6 +422,65 @@ def test_builder_rejects_an_env_factory_that_reuses_one_env(char_tokenizer):
     assert isinstance(GuessNumberGroupBuilder(3, ChatMLRenderer(char_tokenizer), 2), EnvGroupBuilder)
 
 
+class _OneEnvTwice(EnvGroupBuilder):
+    """A builder of one's own that returns one env twice (ProblemGroupBuilder refuses that; this one did not)."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def make_envs(self):
+        return [self.env, self.env]
+
+
+class _AsyncGuess(GuessNumberEnv):
+    """Tinker's Env has async methods; one ported as it is was called without await."""
+
+    async def initial_observation(self):
+        return super().initial_observation()
+
+
+def test_rollouts_refuse_one_env_twice_an_async_env_and_credit_for_an_empty_episode(char_tokenizer, small_model):
+    """One env in two places was stepped twice a round (6 guesses in a 5-guess game, no error); an env with async
+    def methods failed with "cannot unpack non-iterable coroutine object"; turn_advantages on an episode with no
+    turns raised an IndexError where advantages() and merged_datum name it."""
+    from edurl.llm.envs import Trajectory, TrajectoryGroup
+
+    r = ChatMLRenderer(char_tokenizer)
+    sampler, params = SamplingClient(small_model, char_tokenizer), SamplingParams(max_tokens=4, seed=0)
+    env = GuessNumberEnv(3, r)
+    for builders in ([_OneEnvTwice(env)], [ProblemGroupBuilder(lambda: GuessNumberEnv(3, r), 2), _OneEnvTwice(env)]):
+        with pytest.raises(ValueError, match=r"builders\[\d\] \(_OneEnvTwice\).*already in this rollout"):
+            do_group_rollouts(builders, sampler, params, 3)
+    with pytest.raises(TypeError, match=r"_AsyncGuess.initial_observation is an async def .*plain def"):
+        do_group_rollouts([ProblemGroupBuilder(lambda: _AsyncGuess(3, r), 2)], sampler, params, 3)
+    win = _play_scripted(GuessNumberEnv(21, r, shaped=True), r, GAME)
+    with pytest.raises(ValueError, match="trajectory 1 has no transitions; an episode needs at least one model turn"):
+        TrajectoryGroup([win, Trajectory([], None)], [0.0, 0.0]).turn_advantages()
+
+
+def test_guess_number_refuses_a_secret_or_range_no_guess_can_meet(char_tokenizer):
+    """GuessNumberEnv(3.5) was a game no (integer) guess wins; win_rate on an empty range divided by zero or gave
+    a rate (1.0 for random_blind on [5, 3])."""
+    r = ChatMLRenderer(char_tokenizer)
+    for kwargs, message in [
+        (dict(secret=3.5), "secret must be a whole number"),
+        (dict(secret=True), "secret must be a whole number"),
+        (dict(secret=3, low=0.5, high=9.5), "low and high must be whole numbers"),
+        (dict(secret=3, low=5, high=4), r"the range \[5, 4\] is empty"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            GuessNumberEnv(renderer=r, **kwargs)
+    for player in ("bisect", "random_in_range", "random_blind"):
+        for low, high in ((5, 4), (5, 3)):
+            with pytest.raises(ValueError, match="is empty: high must be >= low"):
+                win_rate(player, low, high)
+        with pytest.raises(ValueError, match="tries must be an int >= 0"):
+            win_rate(player, tries=-1)
+    import numpy as np
+
+    assert GuessNumberEnv(np.int64(3), r).secret == 3  # a NumPy secret, as rng.integers draws it
+
+
 # ---------------------------------------------------------------- guess the number
 
 

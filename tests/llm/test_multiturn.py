@@ -336,6 +336,15 @@ def test_multiturn_config_refuses_settings_that_would_do_nothing():
         MultiTurnConfig(tool_cost=0.1)
     assert MultiTurnConfig(sft=calculator, tool_cost=0.1).env_kwargs()["tool_cost"] == 0.1
     assert MultiTurnConfig(per_turn_credit=True, discount=0.0).discount == 0.0
+    # the warm start's calculator fields did nothing in guess_number but change the cache key (a second 4-minute
+    # warm start, the same weights); sft as a string failed with "'str' object has no attribute 'game'"
+    with pytest.raises(
+        ValueError, match=r"\['tool_fraction', 'easy_fraction'\] shape the calculator's .*'guess_number'"
+    ):
+        GameSFTConfig(tool_fraction=0.75, easy_fraction=0.25)
+    assert GameSFTConfig(game="calculator", tool_fraction=0.75).tool_fraction == 0.75
+    with pytest.raises(TypeError, match=r"sft must be a GameSFTConfig, got str 'calculator'"):
+        MultiTurnConfig(sft="calculator")
 
 
 def test_train_multiturn_under_torchrun_is_refused_before_any_work(monkeypatch, tmp_path):

@@ -27,6 +27,7 @@ async twin (``initial_observation_async``, ``step_async``), as in :mod:`edurl.ll
 from __future__ import annotations
 
 import asyncio
+import inspect
 import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -204,8 +205,10 @@ class TrajectoryGroup:
         if not 0 <= discount <= 1:
             raise ValueError(f"discount must be in [0, 1], got {discount!r}")
         to_go = []
-        for t, extra in zip(self.trajectories, self.group_rewards):
+        for i, (t, extra) in enumerate(zip(self.trajectories, self.group_rewards)):
             rewards = [x.reward for x in t.transitions]
+            if not rewards:  # an IndexError from rewards[-1] once
+                raise ValueError(f"trajectory {i} has no transitions; an episode needs at least one model turn")
             rewards[-1] += extra
             g, backwards = 0.0, []
             for r in reversed(rewards):
@@ -315,6 +318,18 @@ class MessageEnv(Env):
 # ---------------------------------------------------------------- rollouts
 
 
+def _not_a_coroutine(value, env, method: str):
+    """``value`` unless ``env.method`` is an ``async def`` (Tinker's Env is async): its coroutine was unpacked as a
+    result and failed with "cannot unpack non-iterable coroutine object"."""
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited: closed, so Python does not warn about it
+        raise TypeError(
+            f"{type(env).__name__}.{method} is an async def (as in the Tinker Cookbook); here it is called without "
+            f"await. Write it as a plain def; edurl's Env has the async twins ({method}_async) that call it"
+        )
+    return value
+
+
 def _play(
     envs: Sequence[Env], sampler: SamplingClient, params: SamplingParams, max_turns: int, prefix_cache: bool = False
 ) -> list[Trajectory]:
@@ -325,7 +340,8 @@ def _play(
     obs: list[ModelInput | None] = []
     stops: list[StopCondition] = []
     for env in envs:
-        ob, stop = env.initial_observation()
+        ob_stop = _not_a_coroutine(env.initial_observation(), env, "initial_observation")
+        ob, stop = ob_stop
         obs.append(ob)
         stops.append(list(stop))
     transitions: list[list[Transition]] = [[] for _ in envs]
@@ -351,7 +367,7 @@ def _play(
                 seq = response.sequences[0]
                 if isinstance(envs[i], MessageEnv):
                     envs[i].stop_reason = seq.stop_reason
-                result = envs[i].step(list(seq.tokens))
+                result = _not_a_coroutine(envs[i].step(list(seq.tokens)), envs[i], "step")
                 if not isinstance(result, StepResult):
                     raise TypeError(f"{type(envs[i]).__name__}.step returned {type(result).__name__}, not a StepResult")
                 ac = TokensWithLogprobs(list(seq.tokens), list(seq.logprobs), seq.stop_reason)
@@ -404,6 +420,16 @@ def do_group_rollouts(
     check_count(max_turns, "max_turns", "model turns")  # -1 played no turn and returned empty episodes
     env_groups = [list(b.make_envs()) for b in builders]
     flat = [env for group in env_groups for env in group]
+    seen: set[int] = set()
+    for k, group in enumerate(env_groups):  # one env stepped twice a round played two episodes as one, silently
+        for env in group:
+            if id(env) in seen:
+                raise ValueError(
+                    f"builders[{k}] ({type(builders[k]).__name__}).make_envs() gave an Env object that is already in "
+                    "this rollout; every episode needs an Env of its own (build a new one for each, e.g. "
+                    "[make_env() for _ in range(G)], not [env] * G)"
+                )
+            seen.add(id(env))
     trajectories = _play(flat, sampler, params, max_turns, prefix_cache)
     groups, k = [], 0
     for builder, envs in zip(builders, env_groups):

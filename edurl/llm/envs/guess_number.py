@@ -16,6 +16,7 @@ ignoring the answers, wins 5/32; a uniformly random guess inside the remaining r
 
 from __future__ import annotations
 
+import numbers
 import random
 import re
 from collections.abc import Callable
@@ -83,6 +84,14 @@ def check_reward_settings(
         raise ValueError(f"scratchpad_bonus must be in [0, 1], got {scratchpad_bonus!r}")
 
 
+def _check_range(low, high) -> None:
+    """The game's range: whole numbers (guesses are), low <= high."""
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in (low, high)):
+        raise ValueError(f"low and high must be whole numbers (guesses are), got low={low!r}, high={high!r}")
+    if high < low:
+        raise ValueError(f"the range [{low}, {high}] is empty: high must be >= low")
+
+
 class GuessNumberEnv(MessageEnv):
     """One game of guess-the-number against ``secret``. Metrics: ``win``, ``guesses``, ``illegal`` (the last reply
     had no number, or was cut off), ``central`` (the share of guesses so far that fell in the middle half of
@@ -123,6 +132,9 @@ class GuessNumberEnv(MessageEnv):
         scratchpad_bonus: float = 0.0,
     ):
         super().__init__(renderer)
+        _check_range(low, high)
+        if isinstance(secret, bool) or not isinstance(secret, numbers.Integral):  # 3.5 made a game no guess wins
+            raise ValueError(f"secret must be a whole number (guesses are), got {secret!r}")
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is outside [{low}, {high}]")
         check_reward_settings(max_guesses, guess_penalty, shaped, win_bonus, relative, scratchpad_bonus, high - low + 1)
@@ -253,6 +265,9 @@ def _random_win(n: int, tries: int) -> float:
 def win_rate(player: str, low: int = 0, high: int = 31, tries: int = 5) -> float:
     """Exact win rate over a uniform secret: ``"bisect"``, ``"random_in_range"`` or ``"random_blind"`` (distinct
     random guesses that ignore the answers: tries / n)."""
+    _check_range(low, high)  # high < low divided by zero or gave a rate above 0 for an empty range
+    if isinstance(tries, bool) or not isinstance(tries, numbers.Integral) or tries < 0:
+        raise ValueError(f"tries must be an int >= 0, got {tries!r}")
     n = high - low + 1
     if player == "bisect":
         return sum(play(bisect_guess, s, random.Random(0), low, high, tries)[1] for s in range(low, high + 1)) / n
