@@ -12,10 +12,7 @@ How a request flows:
   ``request_id`` at once and queue the work. A training client's operations run in the order of their
   ``seq_id``; a repeated ``(model_id, seq_id)`` is the same operation, not a new one. The client config
   (``CLIENT_CONFIG``) has the SDK send a forward_backward as one request unless it nears the body limit, so that
-  a refused batch runs none of its datums. A call that large goes in chunks, and when one is refused, no part of
-  the batch is stepped on: the gradients of the chunks before it are dropped (the error says so), and the next
-  optim_step refuses the gradients of the chunks the SDK sends after it. All model work runs on one worker
-  thread, in arrival order.
+  a refused batch runs none of its datums. All model work runs on one worker thread, in arrival order.
 - ``retrieve_future`` long-polls: it waits up to ``poll_seconds`` for the result, then answers ``try_again``.
   A failed operation answers ``{"error": ..., "category": "user"}``, which the SDK raises as
   ``RequestFailedError``.
@@ -38,7 +35,6 @@ import hmac
 import itertools
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -63,6 +59,7 @@ from edurl.llm.clients import (
 from edurl.llm.sampling import SamplingParams, check_prompts, embedding_rows, sample
 from edurl.serve import wire
 from edurl.serve.models import ModelRegistry
+from edurl.utils import file_in_the_way
 
 PROTO = "application/x-protobuf"
 API = "/api/v1"
@@ -152,9 +149,6 @@ class TrainingModel:
     submitted: dict[int, str] = field(default_factory=dict)  # seq_id -> request_id, to recognise a resend
     broken: str | None = None
     saving: set[str] = field(default_factory=set)  # checkpoint names whose save_state is queued, not yet written
-    last_chunk: _Chunk | None = None  # the last forward_backward request submitted, to recognise an SDK call's chunks
-    dropped: str | None = None  # why a refused chunk dropped the gradients since the last optim_step
-    partial: str | None = None  # why the gradients held now may be those of part of a refused call
 
 
 @dataclass
@@ -176,37 +170,6 @@ class Session:
     # second model over the first
     created: dict[int, tuple[tuple, str]] = field(default_factory=dict)
     next_model_seq: int = 0
-
-
-@dataclass
-class _Chunk:
-    """A forward_backward request as the SDK's chunking sees it: the SDK splits a call into chunks of at most
-    ``fwdbwd_max_chunk_bytes_count`` estimated bytes, each a request with the next seq_id."""
-
-    seq_id: int
-    nbytes: int
-    first: int  # index, within the SDK call, of the chunk's first datum (0 unless it continues a call)
-    n: int
-    key: tuple  # (loss_fn, loss_fn_config, forward_only): the chunks of one call share it
-    refused: str | None = None  # why the call this chunk belongs to was refused, if it was
-
-
-def _datum_bytes(datum) -> int:
-    """The SDK's size estimate of one protobuf datum (tinker's ``_estimate_datum_bytes_count_proto``): token
-    bytes plus tensor bytes, which decides where it cuts a forward_backward into chunks."""
-    n = 0
-    for chunk in datum.model_input:
-        n += len(chunk.encoded_text.tokens) if chunk.WhichOneof("chunk") == "encoded_text" else chunk.ByteSize()
-    for t in datum.loss_fn_inputs.values():
-        n += len(t.dense) if t.WhichOneof("encoding") == "dense" else t.ByteSize()
-    return n
-
-
-def _shift_datum_indices(message: str, offset: int) -> str:
-    """``datums[3]`` (or ``data[3]``) of a chunk as the index within the whole SDK call."""
-    if not offset:
-        return message
-    return re.sub(r"\b(datums|data)\[(\d+)\]", lambda x: f"{x.group(1)}[{int(x.group(2)) + offset}]", message)
 
 
 class Backend:
@@ -241,8 +204,6 @@ class Backend:
         self.counter = itertools.count()
         self.sample_queue: list[_SampleJob] = []
         self.sample_calls = 0  # batched sampler calls made so far (the tests read it)
-        # the chunk size the client config gives the SDK (create_app sets it from the body limit)
-        self.fwdbwd_chunk_bytes = 16 * 2**20
 
     # ------------------------------------------------------------------ bookkeeping
     def session(self, session_id: str) -> Session:
@@ -475,79 +436,15 @@ class Backend:
             m.client.check_inputs(datums, loss_fn, config)  # fields, target tokens, config keys: a 400, not a failure
             return datums, config
 
-        seq_id, forward_only = int(request.seq_id), request.forward_only
-        with self.lock:
-            if seq_id in m.submitted:  # a resend: the first request's answer
-                return self.submit_ordered(m, seq_id, lambda: None)
-            chunk = self._chunk(m, request, seq_id)
-            prev, m.last_chunk = m.last_chunk, chunk
-        # the chunks before this one of the same SDK call, if any, were submitted (and may have run)
-        follows = prev is not None and chunk.first > 0
-        try:
-            datums, config = prepare()
-        except (ValueError, TypeError) as exc:
-            message = _shift_datum_indices(str(exc), chunk.first)
-            drop = follows and not forward_only
-            if drop:
-                message += (
-                    f" This forward_backward was sent in chunks (the SDK splits a call above "
-                    f"{self.fwdbwd_chunk_bytes} estimated bytes), and the chunks before this one had already run: "
-                    "so that the next optim_step cannot step on part of the batch, the gradients accumulated since "
-                    "the last optim_step were dropped. Fix the datum and send the whole batch again."
-                )
-            chunk.refused = f"a forward_backward was refused at datums[{chunk.first}:{chunk.first + chunk.n}]"
-            reason = chunk.refused + ", after its earlier chunks had run"
-            self.submit_ordered(m, seq_id, lambda: self._refused_chunk(m, drop, reason))
-            raise UserError(message) from None
-        except Exception:
-            self.submit_ordered(m, seq_id, lambda: {"type": "refused_at_submit"})
-            raise
-        # the rest of a call whose earlier chunk was refused: the SDK sends it all the same, and it runs (it
-        # cannot be told apart from a new call for sure), but the next optim_step will not step on its gradient
-        continuation = follows and prev.refused is not None and not forward_only
-        if continuation:
-            chunk.refused = prev.refused
+        datums, config = self.validate_ordered(m, int(request.seq_id), prepare)
+        forward_only = request.forward_only
 
         def run():
             call = m.client.forward if forward_only else m.client.forward_backward
             out = call(datums, loss_fn, config).result()
-            if continuation:
-                m.partial = (
-                    f"{chunk.refused}, and the chunks after it (datums[{chunk.first}] on) ran: the gradients held "
-                    "would be those of part of that batch"
-                )
             return wire.forward_backward_output([o["logprobs"] for o in out.loss_fn_outputs], out.loss, out.metrics)
 
-        return self.submit_ordered(m, seq_id, run)
-
-    def _chunk(self, m: TrainingModel, request, seq_id: int) -> _Chunk:
-        """This request as a chunk of an SDK call. It continues the request before it when it has the next seq_id
-        and the same loss, and the SDK would have cut there: the earlier chunk plus this one's first datum pass
-        the chunk size (otherwise the SDK would have put that datum in the earlier chunk)."""
-        sizes = [_datum_bytes(d) for d in request.data]
-        config = tuple(sorted((k, repr(v)) for k, v in wire.loss_fn_config(request).items()))
-        key = (request.loss_fn, config, bool(request.forward_only))
-        prev = m.last_chunk
-        first = 0
-        if (
-            prev is not None
-            and prev.seq_id == seq_id - 1
-            and prev.key == key
-            and sizes
-            and prev.nbytes + sizes[0] > self.fwdbwd_chunk_bytes
-        ):
-            first = prev.first + prev.n
-        return _Chunk(seq_id, sum(sizes), first, len(sizes), key)
-
-    @staticmethod
-    def _refused_chunk(m: TrainingModel, drop: bool, reason: str) -> dict:
-        """A refused chunk's place in the order: where the chunks before it ran, their gradients go, with every
-        gradient since the last optim_step (they cannot be told apart)."""
-        if drop:
-            for q in m.client.trainable_parameters():
-                q.grad = None
-            m.dropped, m.partial = reason, None
-        return {"type": "refused_at_submit"}
+        return self.submit_ordered(m, int(request.seq_id), run)
 
     def optim_step(self, body: dict) -> str:
         m = self.model(body["model_id"])
@@ -581,22 +478,7 @@ class Backend:
         params = self.validate_ordered(m, seq_id, prepare)
 
         def run():
-            partial, dropped = m.partial, m.dropped
-            m.partial = m.dropped = None
-            if partial is not None:
-                for q in m.client.trainable_parameters():
-                    q.grad = None
-                raise UserError(
-                    f"optim_step refused, and no weight changed: {partial}. The gradients accumulated since the last "
-                    "optim_step were dropped (a forward_backward sent since then among them). Send the whole batch "
-                    "again, fixed, then optim_step."
-                )
-            try:
-                metrics = m.client.optim_step(params).result()
-            except NoGradientError as exc:
-                if dropped is None:
-                    raise
-                raise NoGradientError(f"{exc} ({dropped}, and the gradients were dropped)") from None
+            metrics = m.client.optim_step(params).result()
             return {"metrics": metrics, "type": "optim_step"}
 
         return self.submit_ordered(m, seq_id, run)
@@ -627,10 +509,13 @@ class Backend:
             try:
                 m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
             except OSError as exc:  # a save moves no weight: the model keeps working (it was marked broken)
+                folder = m.client._state_path(name)
+                # the in-process client's own message advises its log_dir, which an HTTP client cannot set
+                cause = exc.strerror or file_in_the_way(folder) or str(exc)
                 raise CheckpointWriteError(
-                    f"save_state could not write {path} to {m.client._state_path(name)} on the server: "
-                    f"{exc.strerror or exc}. Nothing else changed: the model still works; free space there, or "
-                    "start the server with another --state-dir, and save again"
+                    f"save_state could not write {path} to {folder} on the server: {cause}. No weight changed, and "
+                    "the model still works: make room there, or restart the server with another --state-dir, and "
+                    "save again"
                 ) from None
             finally:
                 with self.lock:
@@ -703,7 +588,6 @@ class Backend:
             m.client.load_state(folder, optimizer=with_optimizer)
         except ValueError as exc:  # saved from another model
             raise UserError(f"checkpoint {path!r} does not fit {m.model_id}: {exc}") from None
-        m.partial = m.dropped = None  # the load dropped every gradient
         return {"path": path, "model_id": m.model_id, "type": "load_weights"}
 
     # ------------------------------------------------------------------ sampling
@@ -1009,10 +893,7 @@ CLIENT_CONFIG = {
     # refused chunk left the other chunks' gradients in place, and when it was not the first, the SDK never sent
     # the first, so the server waited for that seq_id for ever. Here a call is one request (so one 400 refuses the
     # whole batch and nothing runs) unless it nears the body limit (client_config below sets the bytes), and the
-    # chunks of a call that large go one after another, the first first, so a refused one leaves no gap. The
-    # chunks before a refused one have run, and the SDK still sends those after it: Backend.forward_backward
-    # recognises a call's chunks (consecutive seq_ids, one loss, cut where the SDK would cut), drops the earlier
-    # chunks' gradients, and has the next optim_step refuse the later ones'
+    # chunks of a call that large go one after another, the first first, so a refused one leaves no gap
     "parallel_fwdbwd_chunks": False,
     "fwdbwd_max_chunk_len": 2**31 - 1,
 }
@@ -1034,7 +915,6 @@ def create_app(
         state_dir = tempfile.mkdtemp(prefix="edurl-serve-")
         atexit.register(shutil.rmtree, state_dir, True)
     backend = Backend(models or ModelRegistry(), Path(state_dir), poll_seconds=poll_seconds)
-    backend.fwdbwd_chunk_bytes = max_body_bytes // 4
     app = FastAPI(title="edurl.serve: a local Tinker-compatible server", docs_url=None, redoc_url=None)
     app.state.backend = backend
     app.add_middleware(_Limits, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -1073,7 +953,7 @@ def create_app(
     async def client_config(request: Request):
         # the SDK's estimate counts tensor bytes only; a request's protobuf framing adds to it (a lot, for datums of
         # a few tokens), so a chunk is kept to a quarter of the body limit
-        return {**CLIENT_CONFIG, "fwdbwd_max_chunk_bytes_count": backend.fwdbwd_chunk_bytes}
+        return {**CLIENT_CONFIG, "fwdbwd_max_chunk_bytes_count": max_body_bytes // 4}
 
     @app.post(f"{API}/client/dynamic_config")
     async def dynamic_config(request: Request):

@@ -57,7 +57,8 @@ def test_a_save_that_cannot_write_fails_alone_and_the_model_keeps_working(backen
     in_the_way.parent.mkdir(parents=True, exist_ok=True)
     in_the_way.write_text("a file where the checkpoints folder belongs\n")
     out = result(backend, backend.save_weights({"model_id": model_id, "seq_id": 1, "path": "first"}))
-    assert "could not write" in out["error"] and str(in_the_way) in out["error"], out
+    assert "could not write" in out["error"] and "which is a file" in out["error"], out
+    assert "log_dir" not in out["error"], out  # the in-process client's advice, which an HTTP client cannot follow
     assert m.broken is None
     in_the_way.unlink()
     out = result(backend, backend.save_weights({"model_id": model_id, "seq_id": 2, "path": "first"}))
@@ -136,7 +137,7 @@ def test_an_inflight_sampler_is_refused_not_served_as_a_snapshot(backend):
     assert "sampling_session_id" in out, out
 
 
-# ---------------------------------------------------------------------- a forward_backward the SDK splits
+# ---------------------------------------------------------------------- a forward_backward the SDK may split
 @pytest.fixture(scope="module")
 def small_body_server(tmp_path_factory):
     """A server in this process whose body limit (0.05 MiB) makes the SDK split a call of 25 datums of 89 tokens
@@ -181,32 +182,6 @@ BAD = types.Datum(
     loss_fn_inputs={"target_tokens": TOKENS[1:-1] + [10**6], "weights": [1.0] * (len(TOKENS) - 1)},
 )
 ADAM = types.AdamParams(learning_rate=1e-3)
-
-
-def test_a_refused_later_chunk_drops_the_earlier_chunks_gradients(small_body_server):
-    """The chunks before the refused one had run, and the next optim_step stepped on their gradients (grad_norm
-    19533); the error named the datum's index within its chunk (datums[0]), not within the call."""
-    tc = small_body_server.create_lora_training_client(base_model=TINY_ARITHMETIC, rank=4).result()
-    with pytest.raises(tinker.BadRequestError, match=r"datums\[18\].*gradients accumulated since the last"):
-        tc.forward_backward([GOOD] * 18 + [BAD], loss_fn="cross_entropy").result(timeout=60)
-    with pytest.raises(tinker.RequestFailedError, match="found no gradients.*refused at datums"):
-        tc.optim_step(ADAM).result(timeout=60)
-    tc.forward_backward([GOOD] * 18, loss_fn="cross_entropy").result(timeout=60)  # the batch sent again, fixed
-    assert math.isfinite(tc.optim_step(ADAM).result(timeout=60).metrics["optim/grad_norm"])
-
-
-def test_the_chunks_after_a_refused_one_are_not_stepped_on(small_body_server):
-    """The SDK sends the chunks after a refused one all the same, and they ran: the next optim_step stepped on
-    part of the batch."""
-    tc = small_body_server.create_lora_training_client(base_model=TINY_ARITHMETIC, rank=4).result()
-    batch = [GOOD] * 25
-    batch[12] = BAD  # in the second chunk, at its index 3
-    with pytest.raises(tinker.BadRequestError, match=r"datums\[12\]"):
-        tc.forward_backward(batch, loss_fn="cross_entropy").result(timeout=60)
-    with pytest.raises(tinker.RequestFailedError, match="optim_step refused, and no weight changed"):
-        tc.optim_step(ADAM).result(timeout=60)
-    tc.forward_backward([GOOD] * 25, loss_fn="cross_entropy").result(timeout=60)
-    assert math.isfinite(tc.optim_step(ADAM).result(timeout=60).metrics["optim/grad_norm"])
 
 
 def test_a_small_refused_call_keeps_the_gradients_before_it(small_body_server):
