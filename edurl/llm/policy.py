@@ -12,6 +12,7 @@ which Chapter 7 uses as the KL reference without a second copy in memory.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from numbers import Integral
 from pathlib import Path
@@ -21,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from edurl.llm.renderer import require_chat_template
 from edurl.utils import device as default_device
+from edurl.utils import warn_at_caller
 
 
 @dataclass
@@ -151,10 +153,12 @@ def _require_whitespace_round_trip(tokenizer, source: str) -> None:
 
 
 def _require_saved_ids(tokenizer, folder: Path | None, source: str) -> None:
-    """Refuse a tokenizer that encodes differently from the ``tokenizer.json`` saved in ``folder``. AutoTokenizer
-    reads any folder whose config says ``qwen2`` with Qwen2's tokenizer class, which builds its own pre-tokenizer
-    (every digit a token of its own); the course's BPE tokenizer, saved beside a model of ``arch='qwen2'``, merges
-    digits, so "12+34=?" became other ids than the model was trained on, with no error."""
+    """Refuse a tokenizer that encodes differently from the ``tokenizer.json`` saved in ``folder``, in a folder whose
+    config says ``qwen2``, and warn elsewhere. AutoTokenizer reads a ``qwen2`` folder with Qwen2's tokenizer class,
+    which builds its own pre-tokenizer (every digit a token of its own); the course's BPE tokenizer, saved beside a
+    model of ``arch='qwen2'``, merges digits, so "12+34=?" became other ids than the model was trained on, with no
+    error. A real Qwen2 checkpoint's file cuts text that way too, and passes. For other model types a difference is
+    not a known trap, so it is reported, not refused (the weights still load)."""
     file = folder / "tokenizer.json" if folder is not None else None
     if file is None or not file.is_file():
         return
@@ -166,14 +170,24 @@ def _require_saved_ids(tokenizer, folder: Path | None, source: str) -> None:
     except Exception:  # a tokenizer.json this version of tokenizers cannot read: AutoTokenizer's reading stands
         return
     loaded = tokenizer.encode(probe, add_special_tokens=False)
-    if list(loaded) != list(saved):
-        raise RuntimeError(
-            f"AutoTokenizer loaded {source!r} as {type(tokenizer).__name__}, which encodes {probe!r} as {list(loaded)}, "
-            f"but the folder's tokenizer.json encodes it as {saved}: the model would read other ids than it was "
-            "trained on. A course model saved with TinyLMConfig(arch='qwen2') gives its own tokenizer to Qwen2's "
-            "tokenizer class, which cuts text Qwen2's way (see edurl/llm/model.py): save it with arch='llama', or "
-            "build a BPE tokenizer for it with build_bpe_tokenizer(corpus, split='qwen2')"
-        )
+    if list(loaded) == list(saved):
+        return
+    message = (
+        f"AutoTokenizer loaded {source!r} as {type(tokenizer).__name__}, which encodes {probe!r} as {list(loaded)}, "
+        f"but the folder's tokenizer.json encodes it as {saved}: the model would read other ids than it was trained on"
+    )
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        model_type = None
+    if model_type != "qwen2":
+        warn_at_caller(f"{message}. Check that the tokenizer loaded is the one the model was trained with.")
+        return
+    raise RuntimeError(
+        f"{message}. A course model saved with TinyLMConfig(arch='qwen2') gives its own tokenizer to Qwen2's "
+        "tokenizer class, which cuts text Qwen2's way (see edurl/llm/model.py): save it with arch='llama', or build "
+        "a BPE tokenizer for it with build_bpe_tokenizer(corpus, split='qwen2')"
+    )
 
 
 def check_lora(lora) -> None:

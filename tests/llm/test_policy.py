@@ -181,6 +181,23 @@ def test_a_tokenizer_that_reloads_with_other_ids_is_refused(tmp_path):
     ):
         load_policy(tmp_path / "gpt2", device="cpu")
     _, tok = load_policy(tmp_path / "qwen2", device="cpu")  # Qwen2's own split reloads with the same ids
+    # another model type is not the known trap: a difference is reported, and the weights still load
+    import edurl.llm.policy as policy
+    from edurl.llm.model import TinyLMConfig, build_tiny_lm
+
+    gpt2_split = build_bpe_tokenizer(corpus, vocab_size=300)
+    build_tiny_lm(gpt2_split, TinyLMConfig(hidden_size=16, num_layers=1, num_heads=2)).save_pretrained(
+        tmp_path / "llama"
+    )
+    gpt2_split.save_pretrained(tmp_path / "llama")
+    real = policy.AutoTokenizer.from_pretrained
+    try:  # a reader that cuts digits as Qwen2's does, on a llama folder
+        policy.AutoTokenizer.from_pretrained = lambda *a, **k: real(tmp_path / "qwen2")
+        with pytest.warns(UserWarning, match="other ids than it was trained on. Check that the tokenizer"):
+            model, _ = load_policy(tmp_path / "llama", device="cpu")
+    finally:
+        policy.AutoTokenizer.from_pretrained = real
+    assert type(model).__name__ == "LlamaForCausalLM"
     saved = build_bpe_tokenizer(corpus, vocab_size=300, split="qwen2")
     assert tok.encode("12+34=?\n46", add_special_tokens=False) == saved.encode("12+34=?\n46", add_special_tokens=False)
 
