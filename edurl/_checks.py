@@ -55,25 +55,25 @@ def check_same_shape(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str)
 def check_count(value, name: str, unit: str) -> None:
     """Raise a ValueError unless ``value`` is a whole number >= 1 (a Python or NumPy int, not a bool): a count
     of ``unit`` such as sweeps or episodes."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if not is_whole(value) or value < 1:
         raise ValueError(f"{name} must be a whole number of {unit} >= 1, got {value!r}.")
 
 
-def _whole(v) -> bool:
+def is_whole(v) -> bool:
     """A Python or NumPy int (``np.arange``'s seeds), not a bool."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 _RULES = {
-    "positive_int": ("a positive int", lambda v: _whole(v) and v >= 1),
-    "nonneg_int": ("an int >= 0", lambda v: _whole(v) and v >= 0),
+    "positive_int": ("a positive int", lambda v: is_whole(v) and v >= 1),
+    "nonneg_int": ("an int >= 0", lambda v: is_whole(v) and v >= 0),
     "positive": ("a finite number > 0", lambda v: _real(v) and math.isfinite(v) and v > 0),
     "nonneg": ("a finite number >= 0", lambda v: _real(v) and math.isfinite(v) and v >= 0),
     "unit": ("a number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
     "finite": ("a finite number", lambda v: _real(v) and math.isfinite(v)),
     "sizes": (
         "a non-empty tuple of positive ints",
-        lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(_whole(s) and s >= 1 for s in v),
+        lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(is_whole(s) and s >= 1 for s in v),
     ),
 }
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from numbers import Integral
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from edurl._checks import is_whole
 from edurl.llm.renderer import require_chat_template
 from edurl.utils import device as default_device
 from edurl.utils import warn_at_caller
@@ -194,7 +194,7 @@ def check_lora(lora) -> None:
     """Refuse, before anything loads, a ``lora`` that is neither a rank (an int >= 1) nor :class:`LoraSettings`
     with one: ``True`` became rank True and ``2.0`` an AttributeError deep in peft, after the model had loaded."""
     rank = lora.rank if isinstance(lora, LoraSettings) else lora
-    if isinstance(rank, bool) or not isinstance(rank, Integral) or rank < 1:
+    if not is_whole(rank) or rank < 1:
         raise ValueError(
             f"lora must be a LoRA rank (an int >= 1, e.g. lora=16), LoraSettings(rank=...) or None for full weights; "
             f"got {'LoraSettings with rank ' if isinstance(lora, LoraSettings) else ''}{rank!r}"

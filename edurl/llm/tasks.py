@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from edurl._checks import is_whole
 from edurl.llm.rewards import is_integer_answer
 
 SPLITS = ("train", "valid", "test")
@@ -89,7 +89,7 @@ def format_answer(answer: object) -> str:
 
 def _check_n(n) -> int:
     """A number of problems to sample: a whole number >= 0 (a NumPy int too, not a bool), as an int."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+    if not is_whole(n) or n < 0:
         raise ValueError(f"n must be an int >= 0, got {n!r}: the number of problems to sample")
     return int(n)
 

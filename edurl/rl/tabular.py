@@ -24,12 +24,11 @@ moving; ``solve_policy_values`` solves the same linear system directly, as an in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral
 
 import numpy as np
 import torch
 
-from edurl._checks import check_count, check_gamma, check_tensor
+from edurl._checks import check_count, check_gamma, check_tensor, is_whole
 from edurl.utils import progress as progress_bar
 
 __all__ = [
@@ -288,7 +287,7 @@ def monte_carlo_value(
     so give the env a time limit long enough for gamma**limit to be negligible.
     """
     gamma = check_gamma(gamma)
-    if isinstance(num_episodes, bool) or not isinstance(num_episodes, Integral) or num_episodes < 2:
+    if not is_whole(num_episodes) or num_episodes < 2:
         raise ValueError(  # 2.0 failed in np.empty, None in the comparison
             f"num_episodes must be a whole number >= 2 to estimate a standard error, got {num_episodes!r}."
         )

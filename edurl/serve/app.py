@@ -508,7 +508,7 @@ class Backend:
         def run():
             try:
                 m.client.save_state(name, extra={"base_model": m.base_model, "lora_rank": m.lora_rank})
-            except OSError as exc:  # a save moves no weight: the model keeps working (it was marked broken)
+            except OSError as exc:  # a save moves no weight: the model keeps working (it was once marked broken)
                 folder = m.client._state_path(name)
                 # the in-process client's own message advises its log_dir, which an HTTP client cannot set
                 cause = exc.strerror or file_in_the_way(folder) or str(exc)
@@ -564,8 +564,6 @@ class Backend:
         # create_model refuses is refused here too, when the request arrives (an optimizer other than AdamW was
         # accepted, and only the first optim_step said no)
         session = self.session(body["session_id"])
-        if body.get("model_seq_id") is not None:
-            _integer(body["model_seq_id"], "model_seq_id", low=0)
         _check_optimizer_config(body)
         base_model = body.get("base_model")
         self._checkpoint_dir(path)

@@ -16,12 +16,12 @@ ignoring the answers, wins 5/32; a uniformly random guess inside the remaining r
 
 from __future__ import annotations
 
-import numbers
 import random
 import re
 from collections.abc import Callable
 from functools import cache
 
+from edurl._checks import is_whole
 from edurl.llm.envs.base import MessageEnv, ProblemGroupBuilder
 from edurl.llm.renderer import ChatMLRenderer, Message
 
@@ -86,7 +86,7 @@ def check_reward_settings(
 
 def _check_range(low, high) -> None:
     """The game's range: whole numbers (guesses are), low <= high."""
-    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in (low, high)):
+    if not (is_whole(low) and is_whole(high)):
         raise ValueError(f"low and high must be whole numbers (guesses are), got low={low!r}, high={high!r}")
     if high < low:
         raise ValueError(f"the range [{low}, {high}] is empty: high must be >= low")
@@ -133,7 +133,7 @@ class GuessNumberEnv(MessageEnv):
     ):
         super().__init__(renderer)
         _check_range(low, high)
-        if isinstance(secret, bool) or not isinstance(secret, numbers.Integral):  # 3.5 made a game no guess wins
+        if not is_whole(secret):  # 3.5 made a game no guess wins
             raise ValueError(f"secret must be a whole number (guesses are), got {secret!r}")
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is outside [{low}, {high}]")
@@ -266,7 +266,7 @@ def win_rate(player: str, low: int = 0, high: int = 31, tries: int = 5) -> float
     """Exact win rate over a uniform secret: ``"bisect"``, ``"random_in_range"`` or ``"random_blind"`` (distinct
     random guesses that ignore the answers: tries / n)."""
     _check_range(low, high)  # high < low divided by zero or gave a rate above 0 for an empty range
-    if isinstance(tries, bool) or not isinstance(tries, numbers.Integral) or tries < 0:
+    if not is_whole(tries) or tries < 0:
         raise ValueError(f"tries must be an int >= 0, got {tries!r}")
     n = high - low + 1
     if player == "bisect":
