@@ -564,6 +564,8 @@ class Backend:
         # create_model refuses is refused here too, when the request arrives (an optimizer other than AdamW was
         # accepted, and only the first optim_step said no)
         session = self.session(body["session_id"])
+        if body.get("model_seq_id") is not None:  # named before the path (_submit_new_model checks it again)
+            _integer(body["model_seq_id"], "model_seq_id", low=0)
         _check_optimizer_config(body)
         base_model = body.get("base_model")
         self._checkpoint_dir(path)
