@@ -25,6 +25,8 @@ from transformers import PreTrainedTokenizerBase
 
 from edurl.utils import warn_at_caller
 
+ROLES = ("system", "user", "assistant", "tool")  # the roles whose names a ChatML turn writes as text
+
 Message = dict[str, str]
 
 
@@ -91,6 +93,18 @@ class ChatMLRenderer:
             raise ValueError(f"ChatMLRenderer needs the special tokens {missing} in the tokenizer's vocabulary")
         self.im_start = vocab["<|im_start|>"]
         self.im_end = vocab["<|im_end|>"]
+        # every turn spells its role and a newline as text: a tokenizer that has no ids for them (a character
+        # tokenizer built on digits alone) turned them into its unknown token, and the renderer wrote prompts no
+        # model could tell apart, with no error until a later check blamed something else
+        unk = tokenizer.unk_token_id
+        unspelled = [s for s in (*ROLES, "\n") if unk is not None and unk in self._encode(s)]
+        if unspelled:
+            raise ValueError(
+                f"the tokenizer cannot spell {unspelled} (it encodes them with its unknown token "
+                f"{tokenizer.unk_token!r}), which every ChatML turn writes as text. Build the character tokenizer "
+                "with an alphabet that has the role names' letters and '\\n' (build_char_tokenizer()'s default "
+                "does), or use a byte-level tokenizer such as build_bpe_tokenizer's"
+            )
         # the tokenizer's end of sequence when it is not <|im_end|>: sample() stops on the model's EOS too, and a base
         # Qwen2.5 ends its replies with <|endoftext|>, its tokenizer's EOS. Not every <|endoftext|>: a tokenizer whose
         # EOS is <|im_end|> may pad with it (the course's build_bpe_tokenizer does; its character tokenizer pads with
