@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from edurl._checks import is_whole
 from edurl.utils import file_in_the_way, warn_at_caller
 
 __all__ = ["MetricsLogger", "load_metrics", "truncate_metrics"]
@@ -100,7 +101,7 @@ class MetricsLogger:
         Metric names may contain ``/``; pass them with ``**{"optim/entropy": x}``. Every value is
         checked before anything is written, so a bad value never leaves a half-written line.
         """
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        if not is_whole(step):
             raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}.")
         if self._file.closed:
             raise ValueError(
@@ -128,7 +129,7 @@ def truncate_metrics(log_dir: str | Path, before_step: int) -> int:
     the checkpoint of step ``before_step`` must not log twice. A last line without its newline (a write cut
     short) is dropped too. The file is replaced in one rename, so a kill leaves the old or the new file,
     never a mix. Returns the number of lines kept."""
-    if isinstance(before_step, bool) or not isinstance(before_step, numbers.Integral):
+    if not is_whole(before_step):
         raise ValueError(
             f"before_step must be the step (an int) of the checkpoint the run resumes from, got {before_step!r}."
         )

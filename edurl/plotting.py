@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from edurl._checks import check_count, check_tensor
+from edurl._checks import check_count, check_tensor, is_whole
 from edurl.utils import warn_at_caller
 
 __all__ = [
@@ -310,9 +310,9 @@ def staleness_schedule(
     which exist once the trainer has finished step s - k - 1; the sampler does one batch at a time, and so does the
     trainer. k = 0 is the synchronous loop. One row per batch: ``batch``, ``weights`` (the step whose weights
     sampled it), ``staleness``, ``sample_start``, ``sample_end``, ``train_start``, ``train_end`` (seconds)."""
-    if isinstance(max_steps_off_policy, bool) or not isinstance(max_steps_off_policy, int) or max_steps_off_policy < 0:
+    if not is_whole(max_steps_off_policy) or max_steps_off_policy < 0:
         raise ValueError(f"max_steps_off_policy must be an int >= 0, got {max_steps_off_policy!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if not is_whole(steps) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     if not all(isinstance(t, numbers.Real) and 0 < t < float("inf") for t in (sample_seconds, train_seconds)):
         raise ValueError(f"durations must be finite numbers > 0, got {sample_seconds!r} and {train_seconds!r}")

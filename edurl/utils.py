@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import numbers
 import os
 import platform
 import random
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from edurl._checks import is_whole
 
 __all__ = ["device", "seed_everything", "cpu_threads", "torch_threads", "keep_freed_memory"]
 
@@ -128,7 +129,7 @@ def seed_everything(seed: int, *, deterministic: bool | None = None) -> int:
     """
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be True, False or None, got {deterministic!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    if not is_whole(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}.")
     if not 0 <= seed < 2**32:
         raise ValueError(f"seed must be in [0, 2**32), got {seed}. NumPy's legacy RNG accepts no other range.")
@@ -181,7 +182,7 @@ def cpu_threads(num_threads: int) -> int:
     alone. ``make test`` runs two notebooks at once, so it sets the cap to cores / workers. Every thread
     count the library sets (:func:`torch_threads`, the notebooks' first cell) goes through here.
     """
-    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+    if not is_whole(num_threads) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int, got {num_threads!r}.")
     num_threads = int(num_threads)  # a NumPy int too
     raw = os.environ.get(MAX_THREADS_ENV)
@@ -214,7 +215,7 @@ def torch_threads(num_threads: int | None, device: str | torch.device | None = "
     if num_threads is None or (device != "cpu" and _pick_device(device).type != "cpu"):
         yield
         return
-    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+    if not is_whole(num_threads) or num_threads < 1:
         raise ValueError(f"num_threads must be a positive int or None, got {num_threads!r}.")
     previous = torch.get_num_threads()
     torch.set_num_threads(cpu_threads(num_threads))
@@ -287,7 +288,7 @@ def progress(
     """
     from tqdm.auto import tqdm
 
-    if isinstance(max_redraws, bool) or not isinstance(max_redraws, numbers.Integral) or max_redraws < 1:
+    if not is_whole(max_redraws) or max_redraws < 1:
         raise ValueError(f"max_redraws must be a whole number >= 1, got {max_redraws!r}; pass disable=True for no bar.")
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)

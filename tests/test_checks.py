@@ -131,3 +131,34 @@ def test_numpy_ints_are_counts_and_seeds_and_are_stored_as_python_ints():
     for bad in (np.int64(-1), True, 2.0):
         with pytest.raises(ValueError, match="PPOConfig.seed must be an int >= 0"):
             PPOConfig(seed=bad)
+
+
+def test_the_hand_written_count_checks_take_numpy_ints_too():
+    """SamplingParams(max_tokens=np.int64(8)), Dr. GRPO's max_tokens, LengthBiasConfig and staleness_schedule
+    each had their own isinstance(int) test, which refused NumPy ints that the configs take."""
+    import json
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from edurl.llm.length_bias import LengthBiasConfig
+    from edurl.llm.losses import check_aggregation
+    from edurl.llm.sampling import SamplingParams
+    from edurl.plotting import staleness_schedule
+
+    params = SamplingParams(max_tokens=np.int64(8), stop=[np.int64(3)])
+    assert params.max_tokens == 8 and type(params.max_tokens) is int and params.stop_sequences() == [[3]]
+    check_aggregation("seq_mean_token_sum_norm", np.int64(16))
+    config = LengthBiasConfig(steps=np.int64(2), max_tokens=np.int32(8))
+    assert type(config.steps) is int and type(config.max_tokens) is int
+    json.dumps(asdict(config))
+    assert staleness_schedule(np.int64(1), np.int64(3)).equals(staleness_schedule(1, 3))
+    for bad in (True, 2.0, np.int64(0)):
+        with pytest.raises(ValueError, match="max_tokens must be a positive int"):
+            SamplingParams(max_tokens=bad)
+        with pytest.raises(ValueError, match="needs max_tokens, a positive int"):
+            check_aggregation("seq_mean_token_sum_norm", bad)
+        with pytest.raises(ValueError, match="steps must be a positive int"):
+            LengthBiasConfig(steps=bad)
+        with pytest.raises(ValueError, match="steps must be an int >= 1"):
+            staleness_schedule(1, bad)

@@ -19,7 +19,7 @@ from numbers import Integral
 
 import torch
 
-from edurl._checks import check_count, check_tensor
+from edurl._checks import check_count, check_tensor, is_whole
 
 __all__ = ["TorchCartPole"]
 
@@ -60,7 +60,7 @@ class TorchCartPole:
         for name, flag in (("autoreset", autoreset), ("check_actions", check_actions)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}.")
-        if not isinstance(max_episode_steps, Integral) or isinstance(max_episode_steps, bool) or max_episode_steps < 1:
+        if not is_whole(max_episode_steps) or max_episode_steps < 1:
             raise ValueError(
                 f"max_episode_steps must be a positive int (CartPole-v1's is 500), got {max_episode_steps!r}."
             )
@@ -218,7 +218,7 @@ class TorchCartPole:
 def _seed(value) -> int:
     """One seed for a generator: a non-negative int (a NumPy int too), as Gymnasium asks, below 2**64, the most a
     ``torch.Generator`` takes (Gymnasium takes larger ones)."""
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < 0:
+    if not is_whole(value) or value < 0:
         raise ValueError(f"each seed must be a non-negative int, got {type(value).__name__} {value!r}.")
     if value >= 2**64:
         raise ValueError(f"each seed must be below 2**64 (a torch.Generator's range), got {value}; use seed % 2**64.")

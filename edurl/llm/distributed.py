@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from edurl._checks import is_whole
 from edurl.llm.losses import AGGREGATION_MODES
 
 __all__ = ["SINGLE", "World", "init_world", "launch", "loss_share"]
@@ -270,7 +271,7 @@ def launch(
     Returns the finished process with its captured ``stdout`` and ``stderr`` (text). Raises ``RuntimeError``
     with the end of stderr when it exits with a non-zero status, and ``TimeoutError`` past ``timeout``.
     """
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 0:
+    if not is_whole(nproc) or nproc < 0:
         raise ValueError(f"nproc must be 0 (one plain process) or the number of torchrun ranks, got {nproc!r}")
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc else []
     cmd = [sys.executable, *launcher, *map(str, args)]

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from edurl._checks import is_whole
 from edurl.llm import losses as L
 from edurl.utils import progress as progress_bar
 from edurl.utils import torch_threads
@@ -73,8 +74,9 @@ class LengthBiasConfig:
             raise ValueError(f"aggregation must be one of {L.AGGREGATION_MODES}, got {self.aggregation!r}")
         for name in ("steps", "batch_size", "group_size", "max_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_whole(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+            setattr(self, name, int(value))  # a NumPy int too, stored as a Python one
         if self.group_size < 2:
             raise ValueError("group_size must be >= 2: a group of one has advantage 0 after centring")
         if self.max_tokens < 2:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from edurl._checks import check_same_shape, check_tensor
+from edurl._checks import check_same_shape, check_tensor, is_whole
 from edurl.objectives import check_clip_range, clip_fraction, clipped_surrogate
 
 __all__ = [
@@ -322,9 +322,7 @@ def check_aggregation(mode: str, max_tokens: int | None = None) -> None:
     """Refuse an unknown aggregation ``mode``, and Dr. GRPO's without its generation budget ``max_tokens``."""
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; known modes: {', '.join(AGGREGATION_MODES)}.")
-    if mode == "seq_mean_token_sum_norm" and (
-        max_tokens is None or not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
-    ):
+    if mode == "seq_mean_token_sum_norm" and (not is_whole(max_tokens) or max_tokens < 1):
         raise ValueError(
             f"aggregation 'seq_mean_token_sum_norm' (Dr. GRPO) divides by number of sequences x a fixed "
             f"generation budget, so it needs max_tokens, a positive int (got {max_tokens!r}). Pass the "

@@ -36,13 +36,13 @@ prefilled whole, as without the cache, so the cache never conditions on tokens t
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from edurl._checks import is_whole
 from edurl.llm.decode import fast_decoder
 from edurl.llm.padding import pad
 from edurl.llm.policy import refuse_prompt_learning
@@ -66,8 +66,9 @@ class SamplingParams:
     """Seed for this call's random draws; None uses torch's global generator."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        if not is_whole(self.max_tokens) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be a positive int, got {self.max_tokens!r}")
+        self.max_tokens = int(self.max_tokens)  # a NumPy int too; a plain int travels to the server as JSON
         if not 0 <= self.temperature < math.inf:  # at inf every token is equally likely
             raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {self.temperature!r}")
         if 0 < self.temperature < 1e-6:
@@ -95,9 +96,7 @@ class SamplingParams:
         return seqs
 
 
-def _is_id(x) -> bool:
-    """A token id: an int (a NumPy integer too), not a bool."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+_is_id = is_whole  # a token id: an int (a NumPy integer too), not a bool
 
 
 @dataclass
