@@ -4,6 +4,7 @@ REINFORCE update (2.2), run beside the library's for a few updates from the same
 from __future__ import annotations
 
 import copy
+import numbers
 
 import gymnasium as gym
 import torch
@@ -20,6 +21,7 @@ from edurl.exercises._core import (
     _where_it_raised,
     compare_outputs,
     finish,
+    format_value,
     run_checker,
     with_hints,
 )
@@ -199,6 +201,26 @@ def _update_losses(policy, batch, gamma: float) -> dict[str, float]:
     }
 
 
+def _one_number(loss) -> float | None:
+    """The loss an update returned as a float, as ``train_reinforce`` logs it: a one-element tensor or a Python
+    number; None for anything else (None itself, a tuple, a per-step vector)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
+        return float(loss)
+    return None
+
+
+def _describe(loss) -> str:
+    if loss is None:
+        return "None (a missing return?)"
+    if isinstance(loss, torch.Tensor):
+        return (
+            f"a tensor of shape {tuple(loss.shape)}: return the mean you called backward() on, not the per-step terms"
+        )
+    return f"{type(loss).__name__} {format_value(loss)}"
+
+
 def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-4 * abs(b) + 1e-7
 
@@ -329,7 +351,15 @@ def _check_update(fn) -> Verdict:
                 "episode per env with the policy's sampled actions, resetting env i with seeds[i].",
                 _library_update,
             )
-        expected, got = float(ref_loss.detach()), float(torch.as_tensor(loss).detach())
+        expected, got = float(ref_loss.detach()), _one_number(loss)
+        if got is None:
+            return Verdict(
+                name,
+                FAILED,
+                f"{where}: the loss returned should be one number, the loss you called backward() on, got "
+                f"{_describe(loss)}.",
+                _library_update,
+            )
         if not _close(got, expected):
             mistake = next(
                 (m for m, v in _update_losses(before, ref_batch, _GAMMA).items() if _close(got, v)),
@@ -344,7 +374,9 @@ def _check_update(fn) -> Verdict:
             return Verdict(
                 name,
                 FAILED,
-                f"{where}: the loss is right but the parameters did not change: take the step.",
+                f"{where}: the loss is right but the parameters did not change. Zero the gradients, fill them with "
+                "backward(), and take the optimizer's step last: a step taken before backward() or after the "
+                "zeroing finds no gradient and changes nothing (and without a step nothing changes either).",
                 _library_update,
             )
         if not _same_params(now, _params(ref_policy)):

@@ -11,8 +11,9 @@ from edurl.rl import collect_episodes, discounted_returns, reinforce_loss, reinf
 from .conftest import assert_rejected
 
 
-def _update(weights_of, *, zero_grad=True, seeds_used=True, mask=True, step=True):
-    """A learner's update with one knob per realistic mistake; the defaults are right."""
+def _update(weights_of, *, zero_grad=True, seeds_used=True, mask=True, step=True, order="zero_grad backward step"):
+    """A learner's update with one knob per realistic mistake; the defaults are right. ``order`` is the order of the
+    three optimizer calls; ``returns`` what the update returns as its loss."""
 
     def update(policy, optimizer, envs, seeds, gamma, device):
         batch = collect_episodes(envs, policy.act, device, seeds=seeds if seeds_used else None)
@@ -21,13 +22,25 @@ def _update(weights_of, *, zero_grad=True, seeds_used=True, mask=True, step=True
             obs, actions, G = batch.obs[batch.mask], batch.actions[batch.mask], returns[batch.mask]
         else:
             obs, actions, G = batch.obs.flatten(0, 1), batch.actions.flatten(), returns.flatten()
-        loss = reinforce_loss(policy(obs).log_prob(actions), G)
-        if zero_grad:
-            optimizer.zero_grad()
-        loss.backward()
-        if step:
-            optimizer.step()
+        logprobs = policy(obs).log_prob(actions)
+        loss = reinforce_loss(logprobs, G)
+        calls = {"zero_grad": optimizer.zero_grad if zero_grad else None, "backward": loss.backward}
+        calls["step"] = optimizer.step if step else None
+        for name in order.split():
+            if calls[name] is not None:
+                calls[name]()
         return batch, loss
+
+    return update
+
+
+def _returning(loss_of):
+    """The right update, returning ``loss_of(batch, loss)`` as its loss: a missing return, a step's own return,
+    per-step terms; each made the checker raise (float() of None, of a tuple, of a vector)."""
+
+    def update(policy, optimizer, envs, seeds, gamma, device):
+        batch, loss = reinforce_update(policy, optimizer, envs, seeds, gamma, device)
+        return batch, loss_of(batch, loss)
 
     return update
 
@@ -83,7 +96,15 @@ def test_reinforce_update_checker_passes(fn):
         (_update(rewards_only), "by its own reward r_t, not by the reward-to-go"),
         (_update(reward_to_go, mask=False), "padded steps"),
         (_update(reward_to_go, seeds_used=False), "resetting env i with seeds[i]"),
-        (_update(reward_to_go, step=False), "did not change: take the step"),
+        (_update(reward_to_go, step=False), "did not change. Zero the gradients"),
+        # the step runs with no gradient (after zero_grad, or before backward): Adam skips every parameter, and "take
+        # the step" was said to a learner who did
+        (_update(reward_to_go, order="backward zero_grad step"), "a step taken before backward() or after the zeroing"),
+        (_update(reward_to_go, order="zero_grad step backward"), "a step taken before backward() or after the zeroing"),
+        (_returning(lambda batch, loss: None), "one number, the loss you called backward() on, got None"),
+        (_returning(lambda batch, loss: (batch, loss)), "got tuple"),
+        (_returning(lambda batch, loss: loss.expand(3)), "a tensor of shape (3,): return the mean"),
+        (_returning(lambda batch, loss: [loss.item()]), "got list"),  # train_reinforce logs float(loss)
         (ascent, "parameters after the step differ"),
         (lambda policy, optimizer, envs, seeds, gamma, device: None, "expected (batch, loss), got NoneType"),
     ],
