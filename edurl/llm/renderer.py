@@ -97,7 +97,7 @@ class ChatMLRenderer:
         # tokenizer built on digits alone) turned them into its unknown token, and the renderer wrote prompts no
         # model could tell apart, with no error until a later check blamed something else
         unk = tokenizer.unk_token_id
-        unspelled = [s for s in (*ROLES, "\n") if unk is not None and unk in self._encode(s)]
+        unspelled = [] if unk is None else [s for s in (*ROLES, "\n") if unk in self._encode(s)]
         if unspelled:
             raise ValueError(
                 f"the tokenizer cannot spell {unspelled} (it encodes them with its unknown token "

@@ -81,7 +81,7 @@ class SamplingParams:
         if (
             isinstance(self.stop, (str, bytes))
             or not isinstance(self.stop, (list, tuple))
-            or not all(_is_id(s) or (isinstance(s, (list, tuple)) and all(map(_is_id, s))) for s in self.stop)
+            or not all(is_whole(s) or (isinstance(s, (list, tuple)) and all(map(is_whole, s))) for s in self.stop)
         ):
             raise TypeError(
                 f"stop must be a list of token ids or of token-id sequences, e.g. renderer.get_stop_sequences() or "
@@ -90,13 +90,10 @@ class SamplingParams:
 
     def stop_sequences(self) -> list[list[int]]:
         """``stop`` as a list of token-id sequences."""
-        seqs = [[int(s)] if _is_id(s) else [int(t) for t in s] for s in self.stop]
+        seqs = [[int(s)] if is_whole(s) else [int(t) for t in s] for s in self.stop]
         if any(len(s) == 0 for s in seqs):
             raise ValueError("stop sequences must not be empty")
         return seqs
-
-
-_is_id = is_whole  # a token id: an int (a NumPy integer too), not a bool
 
 
 @dataclass
